@@ -1,0 +1,1 @@
+"""jaxrl_scale: ScaleRL on JAX."""

@@ -1,0 +1,445 @@
+"""Typed run configuration: nested frozen dataclasses, YAML overrides, dotted CLI overrides.
+
+One source of truth: the dataclasses below hold every default. A YAML file only overrides
+them, and `key.sub=value` arguments override the file. Every section validates itself in
+`__post_init__`; an unknown key, a wrong type or an invalid value becomes a one-line
+`UserError` naming the dotted key (with the nearest valid name for typos).
+
+    cfg = config.load("configs/cpu_tiny.yaml", ["rl.loss=grpo", "optim.lr=1e-6"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import pathlib
+import types
+import typing
+from typing import Any, Literal
+
+import yaml
+
+from jaxrl_scale.errors import UserError
+
+_MISSING = object()
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+  if not cond:
+    raise UserError(f"config key '{key}': {message}")
+
+
+# ----------------------------------------------------------------------------------------
+# Sections.
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """Where a run writes and how long it runs."""
+
+  name: str = "run"
+  output_dir: str = "runs/run"
+  seed: int = 0
+  steps: int = 100  # RL optimizer steps
+  log_every: int = 1
+
+  def __post_init__(self):
+    _check(self.steps >= 0, "run.steps", f"must be >= 0, got {self.steps}")
+    _check(self.log_every >= 1, "run.log_every", f"must be >= 1, got {self.log_every}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """Which policy to train: a named preset (random init) or a Hugging Face directory."""
+
+  preset: str = "tiny_llama"
+  path: str | None = None  # Hugging Face directory; overrides preset when set
+  tokenizer: str = "byte"  # "byte" (built-in) or a directory holding tokenizer.json
+  dtype: Literal["float32", "bfloat16"] = "float32"  # activations
+  param_dtype: Literal["float32", "bfloat16"] = "float32"
+  # ScaleRL "FP32 logits": LM head matmul and log-softmax in float32 in BOTH sampler and
+  # trainer, whatever the activation dtype (paper sec. 3.2: A 0.52 -> 0.61).
+  lm_head_fp32: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """How the device set splits into a trainer slice and a generator slice.
+
+  `trainer_devices` / `generator_devices` are counts (int >= 1) or fractions of all devices
+  (0 < x < 1). With `colocated` both roles share all devices and alternate.
+  """
+
+  colocated: bool = False
+  trainer_devices: float = 0.5
+  generator_devices: float = 0.5
+  trainer_tp: int = 1  # trainer mesh is ('fsdp', 'tp'); fsdp takes the remaining devices
+  generator_tp: int = 1  # generator mesh is ('data', 'tp'); data takes the remaining devices
+  simulated_cpu_devices: int = 8  # CPU only: devices to simulate when no accelerator exists
+
+  def __post_init__(self):
+    for key in ("trainer_devices", "generator_devices"):
+      v = getattr(self, key)
+      _check(v > 0, f"mesh.{key}", f"must be a count >= 1 or a fraction in (0, 1), got {v}")
+      _check(v < 1 or float(v).is_integer(), f"mesh.{key}", f"a count must be whole, got {v}")
+    for key in ("trainer_tp", "generator_tp", "simulated_cpu_devices"):
+      v = getattr(self, key)
+      _check(v >= 1, f"mesh.{key}", f"must be >= 1, got {v}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Prompt source: a built-in task, a TFDS dataset or a local JSONL/Parquet file."""
+
+  source: str = "arithmetic"  # built-in task name, "tfds:NAME", or a .jsonl/.parquet path
+  data_dir: str | None = None  # TFDS data_dir (prepared datasets)
+  prompt_field: str = "prompt"
+  answer_field: str = "answer"
+  id_field: str | None = None
+  num_train: int = 2000  # built-in tasks: prompts generated
+  num_validation: int = 64  # held-out prompts, split by seed
+  max_prompt_tokens: int = 64
+  chat_template: bool = True  # use tokenizer_config.json's template when present
+  seed: int = 0
+
+  def __post_init__(self):
+    _check(self.num_validation >= 0, "data.num_validation", "must be >= 0")
+    _check(self.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+  """Generation on the generator slice."""
+
+  num_slots: int = 64  # concurrent sequences (continuous batching)
+  max_new_tokens: int = 32
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0  # 0 = off
+  decode_chunk: int = 8  # decode steps per jitted call; weight swaps happen between chunks
+  prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
+  stop_strings: tuple[str, ...] = ()
+  # Forced length interruption (paper sec. 4): at a thinking budget drawn uniformly from
+  # [interrupt_min, interrupt_max] tokens, force the phrase, then answer within answer_budget.
+  interrupt: bool = False
+  interrupt_min: int = 0
+  interrupt_max: int = 0
+  answer_budget: int = 0
+  interrupt_phrase: str = (
+      "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>")
+
+  def __post_init__(self):
+    _check(self.num_slots >= 1, "sampler.num_slots", "must be >= 1")
+    _check(self.max_new_tokens >= 1, "sampler.max_new_tokens", "must be >= 1")
+    _check(self.temperature >= 0, "sampler.temperature", "must be >= 0")
+    _check(0 < self.top_p <= 1, "sampler.top_p", f"must be in (0, 1], got {self.top_p}")
+    _check(self.top_k >= 0, "sampler.top_k", "must be >= 0")
+    _check(self.decode_chunk >= 1, "sampler.decode_chunk", "must be >= 1")
+    _check(self.interrupt_min <= self.interrupt_max, "sampler.interrupt_min",
+           "must be <= sampler.interrupt_max")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+  """The policy objective: loss, aggregation, advantages, filters, curriculum."""
+
+  loss: str = "cispo"  # registered name: cispo, grpo, dapo, gspo, reinforce
+  aggregation: str = "prompt_avg"  # sample_avg, prompt_avg (ScaleRL), token_avg
+  advantage_norm: Literal["batch", "prompt", "none"] = "batch"
+  generations_per_prompt: int = 16
+  prompts_per_step: int = 48
+  eps_max: float = 5.0  # CISPO absolute cap on the importance ratio
+  clip_low: float = 0.2  # GRPO / DAPO
+  clip_high: float = 0.28  # DAPO (GRPO uses clip_low for both)
+  gspo_clip_low: float = 3e-3
+  gspo_clip_high: float = 5e-3
+  zero_variance_filter: bool = True
+  length_penalty: bool = False  # DAPO overlong penalty instead of interruption
+  length_penalty_max: int = 0  # L_max
+  length_penalty_cache: int = 0  # L_cache
+  no_positive_resampling: bool = True
+  npr_threshold: float = 0.9
+  npr_min_samples: int = 16
+  reward_correct: float = 1.0
+  reward_incorrect: float = -1.0
+
+  def __post_init__(self):
+    _check(self.generations_per_prompt >= 2, "rl.generations_per_prompt",
+           "must be >= 2 (advantages are group-centred)")
+    _check(self.prompts_per_step >= 1, "rl.prompts_per_step", "must be >= 1")
+    _check(self.eps_max > 0, "rl.eps_max", "must be > 0")
+    _check(0 < self.npr_threshold <= 1, "rl.npr_threshold", "must be in (0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """AdamW with linear warmup then a constant rate (paper: lr 5e-7, eps 1e-15, wd 0.01)."""
+
+  lr: float = 5e-7
+  warmup_steps: int = 100
+  b1: float = 0.9
+  b2: float = 0.999
+  eps: float = 1e-15  # paper: avoids epsilon underflow acting as implicit gradient clipping
+  weight_decay: float = 0.01
+  max_grad_norm: float | None = None  # global-norm clipping; None = off
+  micro_batch_prompts: int = 0  # 0 = whole batch in one micro-batch
+  max_nonfinite_steps: int = 5  # abort after this many NaN/inf updates in a row
+
+  def __post_init__(self):
+    _check(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
+    _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+    _check(self.eps >= 0, "optim.eps", "must be >= 0")
+    _check(self.micro_batch_prompts >= 0, "optim.micro_batch_prompts", "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+  """Supervised warm start on (prompt, solution) pairs before RL."""
+
+  steps: int = 0  # 0 = no warm start
+  lr: float = 1e-3
+  batch_size: int = 32
+
+  def __post_init__(self):
+    _check(self.steps >= 0, "sft.steps", "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+  """How generation and training overlap (paper sec. 3.1)."""
+
+  mode: Literal["pipeline", "ppo_offpolicy", "sync", "colocated"] = "pipeline"
+  max_staleness: int = 8  # PipelineRL-k / PPO-off-policy-k
+  queue_size: int = 4  # rollout batches buffered on the host
+  reward_workers: int = 4
+
+  def __post_init__(self):
+    _check(self.max_staleness >= 0, "pipeline.max_staleness", "must be >= 0")
+    _check(self.queue_size >= 1, "pipeline.queue_size", "must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  every: int = 10  # steps between validation evals (0 = off)
+  samples_per_prompt: int = 4  # mean@k
+  temperature: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+  every: int = 50
+  keep: int = 3
+  async_save: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class ForecastConfig:
+  """Live sigmoid forecast of the validation pass rate (scaling/)."""
+
+  enabled: bool = True
+  target_compute_hours: float | None = None  # default: the run's projected total
+  min_compute_hours: float = 0.0  # points below this are excluded from the fit
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  run: RunConfig = RunConfig()
+  model: ModelSpec = ModelSpec()
+  mesh: MeshConfig = MeshConfig()
+  data: DataConfig = DataConfig()
+  sampler: SamplerConfig = SamplerConfig()
+  rl: RLConfig = RLConfig()
+  optim: OptimConfig = OptimConfig()
+  sft: SFTConfig = SFTConfig()
+  pipeline: PipelineConfig = PipelineConfig()
+  eval: EvalConfig = EvalConfig()
+  checkpoint: CheckpointConfig = CheckpointConfig()
+  forecast: ForecastConfig = ForecastConfig()
+
+
+# ----------------------------------------------------------------------------------------
+# Building a config from nested dicts, with typed one-line errors.
+
+
+def _nearest(name: str, choices, prefix: str = "") -> str:
+  match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+  return f" (did you mean '{prefix}{match[0]}'?)" if match else ""
+
+
+def _type_name(tp) -> str:
+  return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+  """Converts `value` to the annotated type `tp`, or raises UserError naming `key`."""
+  origin = typing.get_origin(tp)
+  if origin in (typing.Union, types.UnionType):
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+      return None
+    errors = []
+    for arg in args:
+      if arg is type(None):
+        continue
+      try:
+        return _coerce(value, arg, key)
+      except UserError as e:
+        errors.append(e)
+    raise UserError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
+  if origin is Literal:
+    choices = typing.get_args(tp)
+    if value not in choices:
+      hint = _nearest(str(value), [str(c) for c in choices])
+      raise UserError(f"config key '{key}': must be one of {list(choices)}, got {value!r}{hint}")
+    return value
+  if origin is tuple:
+    if isinstance(value, str):
+      value = [value]
+    if not isinstance(value, (list, tuple)):
+      raise UserError(f"config key '{key}': expected a list, got {value!r}")
+    (elem, *rest) = typing.get_args(tp)
+    return tuple(_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value))
+  if dataclasses.is_dataclass(tp):
+    if isinstance(value, tp):
+      return value
+    if not isinstance(value, dict):
+      raise UserError(f"config key '{key}': expected a mapping of fields, got {value!r}")
+    return _from_dict(tp, value, key + ".")
+  if tp is bool:
+    if isinstance(value, bool):
+      return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+      return value.lower() in ("true", "yes", "1")
+    raise UserError(f"config key '{key}': expected true/false, got {value!r}")
+  if tp is int:
+    if isinstance(value, bool) or not isinstance(value, (int, str, float)):
+      raise UserError(f"config key '{key}': expected an integer, got {value!r}")
+    try:
+      f = float(value)
+    except ValueError:
+      raise UserError(f"config key '{key}': expected an integer, got {value!r}") from None
+    if not f.is_integer():
+      raise UserError(f"config key '{key}': expected an integer, got {value!r}")
+    return int(f)
+  if tp is float:
+    # YAML 1.1 reads "1e-3" (no dot) as a string; accept any float() spelling.
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+      raise UserError(f"config key '{key}': expected a number, got {value!r}")
+    try:
+      return float(value)
+    except ValueError:
+      raise UserError(f"config key '{key}': expected a number, got {value!r}") from None
+  if tp is str:
+    if isinstance(value, (dict, list)) or value is None:
+      raise UserError(f"config key '{key}': expected a string, got {value!r}")
+    return str(value)
+  raise TypeError(f"unsupported config annotation {tp!r} for '{key}'")
+
+
+def _from_dict(cls, data: dict, prefix: str = ""):
+  hints = typing.get_type_hints(cls)
+  names = [f.name for f in dataclasses.fields(cls)]
+  kwargs = {}
+  for k, v in data.items():
+    if k not in hints:
+      raise UserError(f"unknown config key '{prefix}{k}'{_nearest(str(k), names, prefix)}")
+    kwargs[k] = _coerce(v, hints[k], prefix + k)
+  return cls(**kwargs)
+
+
+def from_dict(data: dict, cls=Config):
+  """Builds `cls` from a nested dict of overrides on top of the defaults."""
+  return _from_dict(cls, data or {})
+
+
+def to_dict(cfg) -> dict:
+  """Nested plain dict (tuples become lists) for saving the resolved config."""
+
+  def convert(x):
+    if dataclasses.is_dataclass(x):
+      return {f.name: convert(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, tuple):
+      return [convert(v) for v in x]
+    return x
+
+  return convert(cfg)
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+  """['rl.loss=grpo', 'optim.lr=1e-6'] -> {'rl': {'loss': 'grpo'}, 'optim': {'lr': '1e-6'}}.
+
+  Values are read as YAML scalars or flow lists ("[16, 32]"), so types match a YAML file.
+  """
+  out: dict = {}
+  for item in overrides:
+    if "=" not in item:
+      raise UserError(f"override '{item}' is not of the form key.sub=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+      raise UserError(f"override '{item}' has an empty key")
+    try:
+      value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+      value = raw
+    node = out
+    parts = key.split(".")
+    for part in parts[:-1]:
+      node = node.setdefault(part, {})
+      if not isinstance(node, dict):
+        raise UserError(f"override '{item}' conflicts with an earlier override of '{part}'")
+    node[parts[-1]] = value
+  return out
+
+
+def _merge(base: dict, extra: dict) -> dict:
+  out = dict(base)
+  for k, v in extra.items():
+    if isinstance(v, dict) and isinstance(out.get(k), dict):
+      out[k] = _merge(out[k], v)
+    else:
+      out[k] = v
+  return out
+
+
+def read_yaml(path: str | pathlib.Path) -> dict:
+  path = pathlib.Path(path)
+  try:
+    text = path.read_text()
+  except OSError as e:
+    raise UserError(f"cannot read config file {path}: {e.strerror}") from None
+  try:
+    data = yaml.safe_load(text)
+  except yaml.YAMLError as e:
+    mark = getattr(e, "problem_mark", None)
+    where = f" line {mark.line + 1}" if mark is not None else ""
+    raise UserError(f"config file {path}{where}: invalid YAML") from None
+  if data is None:
+    return {}
+  if not isinstance(data, dict):
+    raise UserError(f"config file {path}: top level must be a mapping of sections")
+  return data
+
+
+def load(path: str | pathlib.Path | None = None, overrides: list[str] = (), cls=Config):
+  """Defaults, then the YAML file at `path` (if any), then dotted `overrides`."""
+  data = read_yaml(path) if path is not None else {}
+  data = _merge(data, parse_overrides(list(overrides)))
+  try:
+    return from_dict(data, cls)
+  except UserError as e:
+    if path is not None:
+      raise UserError(f"{e} (in {path} or overrides)") from None
+    raise
+
+
+def replace(cfg, **changes):
+  """dataclasses.replace for dotted keys: replace(cfg, **{'rl.loss': 'grpo'})."""
+  nested: dict = {}
+  for key, value in changes.items():
+    node = nested
+    parts = key.split(".")
+    for part in parts[:-1]:
+      node = node.setdefault(part, {})
+    node[parts[-1]] = value
+  return _from_dict(type(cfg), _merge(to_dict(cfg), nested))

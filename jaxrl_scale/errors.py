@@ -1,0 +1,8 @@
+"""The one exception type that reaches the user as a one-line message."""
+
+
+class UserError(Exception):
+  """Bad input from the user (config, file, flag): the CLI prints it as one line, no traceback.
+
+  The message must name the offending thing: the file, the key, the row or the column.
+  """

@@ -1,0 +1,1 @@
+"""Device layout: trainer and generator slices, their meshes, weight transfer between them."""
