@@ -1,0 +1,103 @@
+"""Orbax checkpoints of a run: device state (params, optimizer) plus host state (JSON).
+
+Host state is everything a resumed run needs that is not an array: step, policy version,
+curriculum, data iterator position, RNG seeds, compute so far, metrics offset. Both go into
+one orbax step directory, saved atomically (orbax writes to a temporary directory and renames
+it when complete), so a crash mid-save leaves the previous checkpoints intact.
+
+Restore reads the arrays straight into the shardings of an abstract target (a pytree of
+`jax.ShapeDtypeStruct` with `.sharding`), so no host gathers a full copy. A latest checkpoint
+that cannot be read falls back to the one before it, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import warnings
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+from jaxrl_scale.errors import UserError
+
+log = logging.getLogger(__name__)
+
+_STATE = "state"
+_HOST = "host"
+
+
+class Checkpointer:
+  """Save / restore with retention; async saves by default."""
+
+  def __init__(self, directory: str | pathlib.Path, keep: int = 3, async_save: bool = True):
+    self.directory = pathlib.Path(directory).absolute()
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep,
+        enable_async_checkpointing=async_save,
+        create=True,
+    )
+    self._manager = ocp.CheckpointManager(
+        self.directory, options=options, item_names=(_STATE, _HOST))
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    steps = self.all_steps()
+    return steps[-1] if steps else None
+
+  def save(self, step: int, state: Any, host: dict[str, Any]) -> None:
+    """Starts saving `state` (a pytree of arrays) and `host` (JSON-serialisable) at `step`."""
+    self._manager.save(
+        step,
+        args=ocp.args.Composite(**{
+            _STATE: ocp.args.StandardSave(state),
+            _HOST: ocp.args.JsonSave(host),
+        }),
+        force=True,
+    )
+
+  def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict]:
+    """Restores (step, state, host) from `step`, or the newest readable checkpoint.
+
+    Args:
+      abstract_state: pytree of jax.ShapeDtypeStruct (with shardings) matching the saved state.
+      step: a specific step; None walks back from the newest until one restores.
+    """
+    candidates = [step] if step is not None else list(reversed(self.all_steps()))
+    if not candidates:
+      raise UserError(f"no checkpoint found in {self.directory}")
+    errors = []
+    for s in candidates:
+      try:
+        restored = self._manager.restore(
+            s,
+            args=ocp.args.Composite(**{
+                _STATE: ocp.args.StandardRestore(abstract_state),
+                _HOST: ocp.args.JsonRestore(),
+            }),
+        )
+      except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: try the previous one
+        errors.append(f"step {s}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        if step is None:
+          warnings.warn(
+              f"checkpoint step {s} in {self.directory} is unreadable "
+              f"({type(e).__name__}); falling back to an earlier one", stacklevel=2)
+        continue
+      return s, restored[_STATE], dict(restored[_HOST])
+    raise UserError(f"no readable checkpoint in {self.directory}: " + "; ".join(errors))
+
+  def wait(self) -> None:
+    """Blocks until pending async saves are on disk."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
