@@ -96,6 +96,10 @@ class DataConfig:
   prompt_field: str = "prompt"
   answer_field: str = "answer"
   id_field: str | None = None
+  solution_field: str | None = None  # worked solutions for the SFT warm start
+  # How the answer field reads: "raw" as is, "gsm8k" (after '####'), "boxed" (last \boxed{}).
+  answer_format: Literal["raw", "gsm8k", "boxed"] = "raw"
+  task: str = "math"  # reward function for local / TFDS prompts (built-in tasks set their own)
   num_train: int = 2000  # built-in tasks: prompts generated
   num_validation: int = 64  # held-out prompts, split by seed
   max_prompt_tokens: int = 64
@@ -190,6 +194,8 @@ class OptimConfig:
     _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
     _check(self.eps >= 0, "optim.eps", "must be >= 0")
     _check(self.micro_batch_prompts >= 0, "optim.micro_batch_prompts", "must be >= 0")
+    _check(self.max_grad_norm is None or self.max_grad_norm > 0, "optim.max_grad_norm",
+           f"must be > 0 or null, got {self.max_grad_norm}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,9 +205,22 @@ class SFTConfig:
   steps: int = 0  # 0 = no warm start
   lr: float = 1e-3
   batch_size: int = 32
+  warmup_steps: int = 10
+  weight_decay: float = 0.0
+  max_grad_norm: float | None = 1.0  # global-norm clipping; None = off
+  micro_batch_size: int = 0  # examples per micro-batch; 0 = whole batch at once
 
   def __post_init__(self):
     _check(self.steps >= 0, "sft.steps", "must be >= 0")
+    _check(self.lr > 0, "sft.lr", f"must be > 0, got {self.lr}")
+    _check(self.batch_size >= 1, "sft.batch_size", f"must be >= 1, got {self.batch_size}")
+    _check(self.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0")
+    _check(self.max_grad_norm is None or self.max_grad_norm > 0, "sft.max_grad_norm",
+           f"must be > 0 or null, got {self.max_grad_norm}")
+    _check(self.micro_batch_size >= 0, "sft.micro_batch_size", "must be >= 0")
+    _check(self.micro_batch_size == 0 or self.batch_size % self.micro_batch_size == 0,
+           "sft.micro_batch_size",
+           f"must divide sft.batch_size={self.batch_size}, got {self.micro_batch_size}")
 
 
 @dataclasses.dataclass(frozen=True)

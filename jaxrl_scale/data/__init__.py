@@ -1,0 +1,1 @@
+"""Prompt data: built-in tasks, TFDS / local-file records, templates and prompt sources."""
