@@ -149,7 +149,7 @@ class RLConfig:
 
   loss: str = "cispo"  # registered name: cispo, grpo, dapo, gspo, reinforce
   aggregation: str = "prompt_avg"  # sample_avg, prompt_avg (ScaleRL), token_avg
-  advantage_norm: Literal["batch", "prompt", "none"] = "batch"
+  advantage_norm: str = "batch"  # registered name: batch (ScaleRL), prompt, none
   generations_per_prompt: int = 16
   prompts_per_step: int = 48
   eps_max: float = 5.0  # CISPO absolute cap on the importance ratio
