@@ -29,7 +29,7 @@ def test_yaml_then_overrides(tmp_path):
     (["rll.loss=grpo"], r"unknown config key 'rll' \(did you mean 'rl'\?\)"),
     (["run.steps=abc"], r"'run.steps': expected an integer"),
     (["run.steps=1.5"], r"'run.steps': expected an integer"),
-    (["rl.advantage_norm=btach"], r"'rl.advantage_norm'.*did you mean 'batch'"),
+    (["pipeline.mode=pipline"], r"'pipeline.mode'.*did you mean 'pipeline'"),
     (["model.lm_head_fp32=maybe"], r"'model.lm_head_fp32': expected true/false"),
     (["sampler.top_p=0"], r"'sampler.top_p': must be in \(0, 1\]"),
     (["optim.lr=-1"], r"'optim.lr': must be > 0"),
