@@ -1,0 +1,110 @@
+"""Reward functions by name, so a config (or a research fork) picks or adds a verifier.
+
+A reward function takes the untrusted model response and the record's ground-truth
+answer and returns a `Verdict` (a bare bool is accepted too). It must not raise on any
+response; if it does anyway, the `Scorer` counts an error and gives the incorrect
+reward instead of crashing the run.
+
+  @registry.register_reward("yes_no")
+  def yes_no(response: str, answer: str) -> bool:
+    return response.strip().lower() == answer
+
+Built-in names: "math", "arithmetic", "countdown", "countdown_subset"
+(jaxrl_scale/rewards/verifiers.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+from collections.abc import Callable
+
+from jaxrl_scale.errors import UserError
+
+# Why a verdict is what it is; the Scorer counts each reason.
+CORRECT = "correct"
+WRONG = "wrong"  # an answer was found and parsed, and it is not the ground truth
+NO_ANSWER = "no_answer"  # nothing that looks like a final answer
+UNPARSEABLE = "unparseable"  # an answer was found but is not a value / expression we read
+REASONS = (CORRECT, WRONG, NO_ANSWER, UNPARSEABLE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+  """What a verifier concluded about one response.
+
+  Attributes:
+    correct: whether the response earns the "correct" reward.
+    extracted: the final answer as found in the response (None when there is none).
+    reason: one of REASONS.
+    detail: a short human-readable explanation (extraction method, what differed).
+  """
+  correct: bool
+  extracted: str | None
+  reason: str
+  detail: str = ""
+
+  def __post_init__(self):
+    if self.reason not in REASONS:
+      raise ValueError(f"Verdict.reason must be one of {REASONS}, got {self.reason!r}")
+    if self.correct != (self.reason == CORRECT):
+      raise ValueError(f"Verdict.correct={self.correct} contradicts reason={self.reason!r}")
+
+
+RewardFn = Callable[[str, str], "Verdict | bool"]
+
+_REWARDS: dict[str, RewardFn] = {}
+_BUILTINS_MODULE = "jaxrl_scale.rewards.verifiers"
+
+
+def _load_builtins() -> None:
+  # Imported on first lookup, not at module import, because verifiers.py registers
+  # itself through this module.
+  importlib.import_module(_BUILTINS_MODULE)
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+  """Decorator registering `fn(response, answer) -> Verdict | bool` under `name`.
+
+  Args:
+    name: the name configs use; re-registering a name raises ValueError.
+
+  Returns:
+    The decorator, which returns the function unchanged.
+  """
+  if not name or not isinstance(name, str):
+    raise ValueError(f"reward name must be a non-empty string, got {name!r}")
+
+  def decorator(fn: RewardFn) -> RewardFn:
+    if name in _REWARDS and _REWARDS[name] is not fn:
+      raise ValueError(f"reward {name!r} is already registered")
+    _REWARDS[name] = fn
+    return fn
+
+  return decorator
+
+
+def get_reward(name: str) -> RewardFn:
+  """The reward function registered as `name` (UserError naming the nearest names)."""
+  _load_builtins()
+  if name not in _REWARDS:
+    near = difflib.get_close_matches(name, _REWARDS, n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+    raise UserError(f"unknown reward {name!r}{hint} (known: {', '.join(sorted(_REWARDS))})")
+  return _REWARDS[name]
+
+
+def list_rewards() -> list[str]:
+  """All registered reward names, sorted."""
+  _load_builtins()
+  return sorted(_REWARDS)
+
+
+def as_verdict(out: Verdict | bool) -> Verdict:
+  """A reward function's return value as a Verdict (TypeError for anything else)."""
+  if isinstance(out, Verdict):
+    return out
+  if isinstance(out, bool):
+    return Verdict(out, None, CORRECT if out else WRONG)
+  raise TypeError(f"a reward function must return a Verdict or bool, got {type(out).__name__}")

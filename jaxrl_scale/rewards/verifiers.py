@@ -1,0 +1,164 @@
+r"""Built-in verifiers: "math", "arithmetic", "countdown" and "countdown_subset".
+
+Ground-truth formats follow the record contract in jaxrl_scale/data/tasks.py:
+  math        any answer string ("72", "\frac{3}{4}", "50\%", "(1, 2)").
+  arithmetic  an integer in plain decimal ("46", "-7").
+  countdown   json.dumps({"numbers": [3, 5, 2], "target": 16}).
+A malformed ground truth is the dataset's fault, not the model's: it raises
+`AnswerFormatError`, which the Scorer counts as an error.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+
+from jaxrl_scale.rewards import math as math_answers
+from jaxrl_scale.rewards import registry
+from jaxrl_scale.rewards import safe_eval
+
+_INTEGER_RE = re.compile(r"[+-]?\d+", re.ASCII)
+_DIGITS_RE = re.compile(r"\d+", re.ASCII)
+# What a bare countdown expression line may contain (the prose before it is trimmed off).
+_EXPRESSION_CHARS = frozenset("0123456789+-*/()[] \t×÷·")
+
+
+class AnswerFormatError(ValueError):
+  """The ground-truth answer does not have the format its verifier expects."""
+
+
+def _no_answer(method: str) -> registry.Verdict:
+  return registry.Verdict(False, None, registry.NO_ANSWER, f"no final answer found ({method})")
+
+
+@registry.register_reward("math")
+def math_reward(response: str, answer: str) -> registry.Verdict:
+  r"""Final answer (\boxed{}, "the answer is", last number) equivalent to `answer`."""
+  found = math_answers.extract_answer(response)
+  if found.text is None:
+    return _no_answer(found.method)
+  outcome = math_answers.compare(found.text, answer)
+  detail = (f"from {found.method}; normalized: {math_answers.normalize(found.text)} vs "
+            f"{math_answers.normalize(answer)}")
+  return registry.Verdict(outcome == registry.CORRECT, found.text, outcome, detail)
+
+
+@registry.register_reward("arithmetic")
+def arithmetic_reward(response: str, answer: str) -> registry.Verdict:
+  """The final answer is a plain integer equal to `answer` (no expressions: "12*3" for
+  36 would let a model restate the question instead of computing it)."""
+  gold_text = answer.strip()
+  if not _INTEGER_RE.fullmatch(gold_text):
+    raise AnswerFormatError(f"arithmetic answer must be an integer, got {answer!r}")
+  found = math_answers.extract_answer(response)
+  if found.text is None:
+    return _no_answer(found.method)
+  text = math_answers.normalize(found.text)
+  if not _INTEGER_RE.fullmatch(text):
+    return registry.Verdict(False, found.text, registry.UNPARSEABLE,
+                            f"from {found.method}: {text!r} is not an integer")
+  value, gold = int(text), int(gold_text)
+  detail = f"from {found.method}: {value} vs {gold}"
+  reason = registry.CORRECT if value == gold else registry.WRONG
+  return registry.Verdict(value == gold, found.text, reason, detail)
+
+
+def parse_countdown_answer(answer: str) -> tuple[list[int], int]:
+  """'{"numbers": [3, 5, 2], "target": 16}' -> ([3, 5, 2], 16)."""
+  try:
+    obj = json.loads(answer)
+    numbers, target = obj["numbers"], obj["target"]
+  except (json.JSONDecodeError, TypeError, KeyError):
+    raise AnswerFormatError('countdown answer must be JSON {"numbers": [...], "target": N}, '
+                            f"got {answer!r}") from None
+  ints = [*numbers, target] if isinstance(numbers, list) else [None]
+  if not all(isinstance(x, int) and not isinstance(x, bool) for x in ints):
+    raise AnswerFormatError(f"countdown numbers and target must be integers, got {answer!r}")
+  return numbers, target
+
+
+def _countdown_candidate(text: str) -> tuple[str | None, str]:
+  """The expression text: last \\boxed{}, else last <answer> tag, else last non-empty line."""
+  boxed = math_answers.find_last_boxed(text)
+  if boxed is not None:
+    return boxed, "boxed"
+  start = text.rfind("<answer>")
+  if start >= 0:
+    end = text.find("</answer>", start)
+    if end >= 0:
+      return text[start + len("<answer>"):end], "answer_tag"
+  stripped = text.strip()
+  if not stripped:
+    return None, "none"
+  return stripped.rsplit("\n", 1)[-1], "last_line"
+
+
+def _expression_part(candidate: str) -> str:
+  """Of "(3+5)*2 = 16" or "16 = (3+5)*2", the side with the most numbers."""
+  parts = candidate.replace("$", "").strip().rstrip(".").split("=")
+  return max(parts, key=lambda p: len(_DIGITS_RE.findall(p))).strip()
+
+
+def _trailing_expression(line: str) -> str:
+  """The longest suffix made of expression characters ("So: (3+5)*2" -> "(3+5)*2").
+
+  Only at a word boundary (a space or ':' before it), so "2^4" does not become "4".
+  """
+  i = len(line)
+  while i > 0 and line[i - 1] in _EXPRESSION_CHARS:
+    i -= 1
+  if 0 < i < len(line) and not (line[i].isspace() or line[i - 1] == ":"):
+    return ""
+  return line[i:].strip()
+
+
+def _countdown(response: str, answer: str, exact_use: bool) -> registry.Verdict:
+  numbers, target = parse_countdown_answer(answer)
+  text = math_answers.strip_think(response)
+  if text is None:
+    return _no_answer("unfinished_think")
+  candidate, method = _countdown_candidate(text)
+  if candidate is None:
+    return _no_answer(method)
+  if len(candidate) > safe_eval.MAX_CHARS:
+    return _no_answer("too_long")
+  expression = _expression_part(candidate)
+  try:
+    value, literals = safe_eval.evaluate_with_literals(expression, safe_eval.COUNTDOWN)
+  except safe_eval.EvalError as e:
+    trimmed = _trailing_expression(expression) if method == "last_line" else ""
+    if not trimmed or trimmed == expression:
+      return registry.Verdict(False, expression, registry.UNPARSEABLE, f"from {method}: {e}")
+    expression = trimmed
+    try:
+      value, literals = safe_eval.evaluate_with_literals(expression, safe_eval.COUNTDOWN)
+    except safe_eval.EvalError as e2:
+      return registry.Verdict(False, expression, registry.UNPARSEABLE, f"from {method}: {e2}")
+  used = collections.Counter(int(x) for x in literals)
+  given = collections.Counter(numbers)
+  ok_numbers = used == given if exact_use else not used - given
+  if not ok_numbers:
+    rule = "each exactly once" if exact_use else "each at most once"
+    return registry.Verdict(False, expression, registry.WRONG,
+                            f"uses {sorted(used.elements())}, allowed {sorted(numbers)} ({rule})")
+  if value != target:
+    return registry.Verdict(False, expression, registry.WRONG,
+                            f"evaluates to {value}, target {target}")
+  return registry.Verdict(True, expression, registry.CORRECT, f"from {method}: = {target}")
+
+
+@registry.register_reward("countdown")
+def countdown_reward(response: str, answer: str) -> registry.Verdict:
+  """An expression over the numbers, each used exactly once, equal to the target.
+
+  "Exactly once" is what the built-in countdown prompts ask for (jaxrl_scale/data/tasks.py)
+  and what TinyZero's countdown verifier checks; "countdown_subset" allows leaving numbers out.
+  """
+  return _countdown(response, answer, exact_use=True)
+
+
+@registry.register_reward("countdown_subset")
+def countdown_subset_reward(response: str, answer: str) -> registry.Verdict:
+  """Like "countdown", but each number may be used at most once (a subset suffices)."""
+  return _countdown(response, answer, exact_use=False)
