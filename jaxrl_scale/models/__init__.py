@@ -1,0 +1,12 @@
+"""The policy model: an nnx Llama 3 / Qwen2 / Qwen3 decoder, its sharding, HF checkpoints I/O.
+
+  config       ModelConfig, named presets, Hugging Face config.json conversion
+  layers       RMSNorm, RoPE, GQA attention, SwiGLU MLP
+  transformer  Transformer (full-sequence and KV-cache paths), KVCache, init_cache
+  sharding     logical-axis rules, create_sharded_model, sharded caches
+  hf_io        load_hf_model / save_hf_model (safetensors, sharded, no unsharded copy)
+  tokenizer    built-in byte tokenizer and Hugging Face tokenizers
+
+Import the submodules (`from jaxrl_scale.models import transformer`); this file imports
+nothing so that cheap callers (the CLI parser) do not pay for JAX.
+"""

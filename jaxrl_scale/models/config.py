@@ -1,0 +1,359 @@
+"""Decoder shape and dtype configuration: one frozen dataclass, named presets, HF config I/O.
+
+`ModelConfig` describes the three supported Hugging Face families with one set of fields:
+
+  llama  Llama 3 / 3.1: optional 'llama3' RoPE scaling, no biases.
+  qwen2  Qwen2 / Qwen2.5: bias on the q/k/v projections.
+  qwen3  Qwen3: RMSNorm on each q/k head, head_dim independent of hidden_size.
+
+The family fixes which of `qkv_bias` / `qk_norm` is set, so every config can be written back
+as a Hugging Face config.json that `transformers` understands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any, Callable
+
+from jaxrl_scale.errors import UserError
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+DTYPES = ("float32", "bfloat16")
+
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def _check(cond: bool, key: str, message: str) -> None:
+  if not cond:
+    raise UserError(f"ModelConfig.{key}: {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """Llama 3.1 ('llama3') RoPE frequency scaling; see `layers.rope_frequencies`."""
+
+  factor: float = 8.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position_embeddings: int = 8192
+
+  def __post_init__(self):
+    _check(self.factor > 0, "rope_scaling.factor", f"must be > 0, got {self.factor}")
+    _check(self.low_freq_factor > 0, "rope_scaling.low_freq_factor",
+           f"must be > 0, got {self.low_freq_factor}")
+    _check(self.high_freq_factor > self.low_freq_factor, "rope_scaling.high_freq_factor",
+           f"must exceed low_freq_factor={self.low_freq_factor}, got {self.high_freq_factor}")
+    _check(self.original_max_position_embeddings > 0,
+           "rope_scaling.original_max_position_embeddings",
+           f"must be > 0, got {self.original_max_position_embeddings}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shapes (D hidden, N heads, K kv heads, H head dim, F mlp, V vocab) and dtype policy."""
+
+  family: str
+  vocab_size: int
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  intermediate_size: int
+  rope_theta: float = 10_000.0
+  rope_scaling: RopeScaling | None = None
+  rms_norm_eps: float = 1e-6
+  qkv_bias: bool = False
+  qk_norm: bool = False
+  tie_embeddings: bool = False
+  max_position_embeddings: int = 4096
+  param_dtype: str = "float32"
+  dtype: str = "float32"  # activations
+  # ScaleRL "FP32 logits": LM head matmul and log-softmax in float32 whatever `dtype` is.
+  lm_head_fp32: bool = True
+  bos_token_id: int | None = None
+  eos_token_ids: tuple[int, ...] = ()
+  pad_token_id: int | None = None
+
+  def __post_init__(self):
+    _check(self.family in FAMILIES, "family", f"must be one of {FAMILIES}, got {self.family!r}")
+    for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                "head_dim", "intermediate_size", "max_position_embeddings"):
+      v = getattr(self, key)
+      _check(isinstance(v, int) and not isinstance(v, bool) and v > 0, key,
+             f"must be a positive int, got {v!r}")
+    _check(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
+           f"must divide num_heads={self.num_heads}, got {self.num_kv_heads}")
+    _check(self.head_dim % 2 == 0, "head_dim", f"must be even for RoPE, got {self.head_dim}")
+    _check(self.rope_theta > 0, "rope_theta", f"must be > 0, got {self.rope_theta}")
+    _check(self.rms_norm_eps > 0, "rms_norm_eps", f"must be > 0, got {self.rms_norm_eps}")
+    for key in ("param_dtype", "dtype"):
+      v = getattr(self, key)
+      _check(v in DTYPES, key, f"must be one of {DTYPES}, got {v!r}")
+    want_bias, want_norm = self.family == "qwen2", self.family == "qwen3"
+    _check(self.qkv_bias == want_bias, "qkv_bias",
+           f"is {want_bias} for family {self.family!r}, got {self.qkv_bias}")
+    _check(self.qk_norm == want_norm, "qk_norm",
+           f"is {want_norm} for family {self.family!r}, got {self.qk_norm}")
+    _check(self.rope_scaling is None or isinstance(self.rope_scaling, RopeScaling), "rope_scaling",
+           f"must be a RopeScaling or None, got {type(self.rope_scaling).__name__}")
+    if not isinstance(self.eos_token_ids, tuple):
+      object.__setattr__(self, "eos_token_ids", tuple(self.eos_token_ids))
+    for key in ("bos_token_id", "pad_token_id"):
+      v = getattr(self, key)
+      _check(v is None or 0 <= v < self.vocab_size, key,
+             f"must be in [0, vocab_size={self.vocab_size}), got {v}")
+    for v in self.eos_token_ids:
+      _check(0 <= v < self.vocab_size, "eos_token_ids",
+             f"must be in [0, vocab_size={self.vocab_size}), got {v}")
+
+  def num_params(self) -> int:
+    """Parameter count (embedding counted once when tied)."""
+    d, n, k, h, f = (self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim,
+                     self.intermediate_size)
+    attn = d * n * h * 2 + d * k * h * 2
+    if self.qkv_bias:
+      attn += (n + 2 * k) * h
+    if self.qk_norm:
+      attn += 2 * h
+    layer = attn + 3 * d * f + 2 * d
+    embed = self.vocab_size * d * (1 if self.tie_embeddings else 2)
+    return self.num_layers * layer + embed + d
+
+
+# ----------------------------------------------------------------------------------------
+# Presets. Real shapes come from the published config.json of each checkpoint.
+
+_QWEN_SPECIAL = dict(bos_token_id=151643, eos_token_ids=(151645,), pad_token_id=151643)
+_LLAMA31_SPECIAL = dict(bos_token_id=128000, eos_token_ids=(128001, 128008, 128009))
+# Tiny presets match the built-in byte tokenizer (models/tokenizer.py: 264 ids, pad 256,
+# bos 257, eos 258).
+_TINY = dict(vocab_size=264, bos_token_id=257, eos_token_ids=(258,), pad_token_id=256)
+
+
+def qwen3_0p6b() -> ModelConfig:
+  return ModelConfig(family="qwen3", vocab_size=151936, hidden_size=1024, num_layers=28,
+                     num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=3072,
+                     rope_theta=1_000_000.0, qk_norm=True, tie_embeddings=True,
+                     max_position_embeddings=40960, **_QWEN_SPECIAL)
+
+
+def qwen3_1p7b() -> ModelConfig:
+  return ModelConfig(family="qwen3", vocab_size=151936, hidden_size=2048, num_layers=28,
+                     num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=6144,
+                     rope_theta=1_000_000.0, qk_norm=True, tie_embeddings=True,
+                     max_position_embeddings=40960, **_QWEN_SPECIAL)
+
+
+def qwen3_8b() -> ModelConfig:
+  return ModelConfig(family="qwen3", vocab_size=151936, hidden_size=4096, num_layers=36,
+                     num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=12288,
+                     rope_theta=1_000_000.0, qk_norm=True, tie_embeddings=False,
+                     max_position_embeddings=40960, **_QWEN_SPECIAL)
+
+
+def qwen2p5_1p5b() -> ModelConfig:
+  return ModelConfig(family="qwen2", vocab_size=151936, hidden_size=1536, num_layers=28,
+                     num_heads=12, num_kv_heads=2, head_dim=128, intermediate_size=8960,
+                     rope_theta=1_000_000.0, qkv_bias=True, tie_embeddings=True,
+                     max_position_embeddings=32768, **_QWEN_SPECIAL)
+
+
+def qwen2p5_7b() -> ModelConfig:
+  return ModelConfig(family="qwen2", vocab_size=152064, hidden_size=3584, num_layers=28,
+                     num_heads=28, num_kv_heads=4, head_dim=128, intermediate_size=18944,
+                     rope_theta=1_000_000.0, qkv_bias=True, tie_embeddings=False,
+                     max_position_embeddings=32768, **_QWEN_SPECIAL)
+
+
+def llama3p1_8b() -> ModelConfig:
+  return ModelConfig(family="llama", vocab_size=128256, hidden_size=4096, num_layers=32,
+                     num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=14336,
+                     rope_theta=500_000.0, rope_scaling=RopeScaling(), rms_norm_eps=1e-5,
+                     max_position_embeddings=131072, **_LLAMA31_SPECIAL)
+
+
+def tiny_llama() -> ModelConfig:
+  return ModelConfig(family="llama", **_TINY, hidden_size=64, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+                     rope_theta=10_000.0, rms_norm_eps=1e-5, max_position_embeddings=2048,
+                     rope_scaling=RopeScaling(factor=4.0, original_max_position_embeddings=256))
+
+
+def tiny_qwen2() -> ModelConfig:
+  return ModelConfig(family="qwen2", **_TINY, hidden_size=64, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+                     qkv_bias=True, tie_embeddings=True, max_position_embeddings=2048)
+
+
+def tiny_qwen3() -> ModelConfig:
+  # head_dim 32 != hidden 64 / heads 4, as in real Qwen3 models.
+  return ModelConfig(family="qwen3", **_TINY, hidden_size=64, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=128,
+                     qk_norm=True, tie_embeddings=True, max_position_embeddings=2048)
+
+
+def small() -> ModelConfig:
+  """About 50M parameters: the largest model the CPU demo is meant to train."""
+  return ModelConfig(family="llama", **_TINY, hidden_size=640, num_layers=11,
+                     num_heads=10, num_kv_heads=5, head_dim=64, intermediate_size=1728,
+                     rope_theta=10_000.0, rms_norm_eps=1e-5, max_position_embeddings=4096)
+
+
+PRESETS: dict[str, Callable[[], ModelConfig]] = {
+    "qwen3_0p6b": qwen3_0p6b,
+    "qwen3_1p7b": qwen3_1p7b,
+    "qwen3_8b": qwen3_8b,
+    "qwen2p5_1p5b": qwen2p5_1p5b,
+    "qwen2p5_7b": qwen2p5_7b,
+    "llama3p1_8b": llama3p1_8b,
+    "tiny_llama": tiny_llama,
+    "tiny_qwen2": tiny_qwen2,
+    "tiny_qwen3": tiny_qwen3,
+    "small": small,
+}
+
+
+def preset(name: str) -> ModelConfig:
+  """Returns the named preset; unknown names raise UserError listing the valid ones."""
+  if name not in PRESETS:
+    near = difflib.get_close_matches(name, PRESETS, n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise UserError(f"model preset {name!r} is unknown; {hint}valid: {', '.join(sorted(PRESETS))}")
+  return PRESETS[name]()
+
+
+# ----------------------------------------------------------------------------------------
+# Hugging Face config.json <-> ModelConfig.
+
+# float16 checkpoints load as float32: lossless, whereas bfloat16 would drop mantissa bits.
+_HF_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
+
+
+def _hf_get(hf: dict[str, Any], key: str, source: str, default: Any = dataclasses.MISSING) -> Any:
+  if key in hf and hf[key] is not None:
+    return hf[key]
+  if default is dataclasses.MISSING:
+    raise UserError(f"{source}: missing key '{key}'")
+  return default
+
+
+def _hf_rope(hf: dict[str, Any], source: str) -> tuple[float, RopeScaling | None]:
+  # transformers >= 5 writes `rope_parameters` (theta inside); older files `rope_theta` +
+  # `rope_scaling`. Real checkpoints on the Hub use the old form.
+  params = hf.get("rope_parameters") or {}
+  theta = float(params.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+  scaling = hf.get("rope_scaling") or params
+  rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+  if rope_type == "default":
+    return theta, None
+  if rope_type != "llama3":
+    raise UserError(f"{source}: key 'rope_scaling.rope_type' = {rope_type!r} is unsupported "
+                    "(supported: 'default', 'llama3')")
+  try:
+    return theta, RopeScaling(
+        factor=float(scaling["factor"]),
+        low_freq_factor=float(scaling["low_freq_factor"]),
+        high_freq_factor=float(scaling["high_freq_factor"]),
+        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]))
+  except KeyError as e:
+    raise UserError(f"{source}: missing key 'rope_scaling.{e.args[0]}'") from None
+
+
+def from_hf_config(hf: dict[str, Any], source: str = "config.json", **overrides: Any
+                   ) -> ModelConfig:
+  """Builds a ModelConfig from a parsed Hugging Face config.json.
+
+  Args:
+    hf: the parsed config.json.
+    source: what to name in error messages (usually the file path).
+    **overrides: ModelConfig fields to set instead of the derived values (e.g. dtype).
+
+  Returns:
+    The config. Unsupported architectures or options raise UserError naming the key.
+  """
+  family = hf.get("model_type")
+  if family not in FAMILIES:
+    raise UserError(f"{source}: key 'model_type' = {family!r} is unsupported "
+                    f"(supported: {', '.join(FAMILIES)})")
+  act = hf.get("hidden_act", "silu")
+  if act != "silu":
+    raise UserError(f"{source}: key 'hidden_act' = {act!r} is unsupported (only 'silu')")
+  for key in ("attention_bias", "mlp_bias", "use_sliding_window"):
+    if hf.get(key):
+      raise UserError(f"{source}: key '{key}' = true is unsupported")
+  hidden = int(_hf_get(hf, "hidden_size", source))
+  heads = int(_hf_get(hf, "num_attention_heads", source))
+  theta, scaling = _hf_rope(hf, source)
+  eos = hf.get("eos_token_id")
+  eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),)
+  torch_dtype = hf.get("torch_dtype", hf.get("dtype")) or "float32"
+  if torch_dtype not in _HF_DTYPES:
+    raise UserError(f"{source}: key 'torch_dtype' = {torch_dtype!r} is unsupported "
+                    f"(supported: {', '.join(_HF_DTYPES)})")
+  fields = dict(
+      family=family,
+      vocab_size=int(_hf_get(hf, "vocab_size", source)),
+      hidden_size=hidden,
+      num_layers=int(_hf_get(hf, "num_hidden_layers", source)),
+      num_heads=heads,
+      num_kv_heads=int(_hf_get(hf, "num_key_value_heads", source, heads)),
+      head_dim=int(_hf_get(hf, "head_dim", source, hidden // heads)),
+      intermediate_size=int(_hf_get(hf, "intermediate_size", source)),
+      rope_theta=theta,
+      rope_scaling=scaling,
+      rms_norm_eps=float(_hf_get(hf, "rms_norm_eps", source, 1e-6)),
+      qkv_bias=family == "qwen2",
+      qk_norm=family == "qwen3",
+      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      max_position_embeddings=int(_hf_get(hf, "max_position_embeddings", source, 4096)),
+      param_dtype=_HF_DTYPES[torch_dtype],
+      dtype=_HF_DTYPES[torch_dtype],
+      bos_token_id=hf.get("bos_token_id"),
+      eos_token_ids=eos_ids,
+      pad_token_id=hf.get("pad_token_id"),
+  )
+  fields.update(overrides)
+  return ModelConfig(**fields)
+
+
+def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
+  """The Hugging Face config.json for `cfg` (old-style rope keys, read by every version)."""
+  hf: dict[str, Any] = {
+      "architectures": [_ARCHITECTURES[cfg.family]],
+      "model_type": cfg.family,
+      "vocab_size": cfg.vocab_size,
+      "hidden_size": cfg.hidden_size,
+      "intermediate_size": cfg.intermediate_size,
+      "num_hidden_layers": cfg.num_layers,
+      "num_attention_heads": cfg.num_heads,
+      "num_key_value_heads": cfg.num_kv_heads,
+      "head_dim": cfg.head_dim,
+      "hidden_act": "silu",
+      "max_position_embeddings": cfg.max_position_embeddings,
+      "rms_norm_eps": cfg.rms_norm_eps,
+      "rope_theta": cfg.rope_theta,
+      "rope_scaling": None,
+      "tie_word_embeddings": cfg.tie_embeddings,
+      "torch_dtype": cfg.param_dtype,
+      "attention_dropout": 0.0,
+      "use_cache": True,
+      "bos_token_id": cfg.bos_token_id,
+      "eos_token_id": (cfg.eos_token_ids[0] if len(cfg.eos_token_ids) == 1
+                       else list(cfg.eos_token_ids) or None),
+      "pad_token_id": cfg.pad_token_id,
+  }
+  if cfg.rope_scaling is not None:
+    hf["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(cfg.rope_scaling)}
+  if cfg.family == "llama":
+    hf.update(attention_bias=False, mlp_bias=False)
+  else:
+    hf.update(use_sliding_window=False, sliding_window=None)
+    if cfg.family == "qwen3":
+      hf["attention_bias"] = False
+  return hf

@@ -1,0 +1,201 @@
+"""Decoder building blocks: RMSNorm, RoPE (with Llama 3.1 scaling), GQA attention, SwiGLU.
+
+Every parameter carries its logical axis names in the `out_sharding` metadata (with eager
+sharding off, so nothing is placed at creation); `models.sharding` maps them onto a mesh.
+
+Logical axes: 'vocab' V, 'embed' D, 'q_heads' N, 'kv_heads' K, 'head_dim' H, 'mlp' F,
+'norm' (RMSNorm scales; always replicated).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_scale.models.config import ModelConfig, RopeScaling
+
+# Finite (not -inf) so a query with no visible key (a padding row) gets a uniform softmax
+# instead of NaN; such rows are ignored by callers.
+_MASKED = float(np.finfo(np.float32).min)
+
+
+def param(value: jax.Array, axes: tuple[str | None, ...]) -> nnx.Param:
+  """A parameter annotated with logical axes, never sharded eagerly."""
+  return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+  """RMSNorm over the last axis, computed in float32 as Hugging Face does."""
+
+  def __init__(self, dim: int, eps: float, param_dtype: jnp.dtype):
+    self.scale = param(jnp.ones((dim,), param_dtype), ("norm",))
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+    # HF casts back before the scale multiply; same order keeps bf16 parity.
+    scale = self.scale[...].astype(x.dtype)
+    return scale.reshape((1,) * (x.ndim - 1) + scale.shape) * x32.astype(x.dtype)
+
+
+class Einsum(nnx.Module):
+  """A projection `x @ kernel (+ bias)` written as an einsum with named axes."""
+
+  def __init__(self, spec: str, shape: tuple[int, ...], axes: tuple[str | None, ...], *,
+               rngs: nnx.Rngs, param_dtype: jnp.dtype, dtype: jnp.dtype,
+               bias_axes: tuple[str | None, ...] | None = None):
+    self.spec = spec
+    self.dtype = dtype
+    init = nnx.initializers.normal(stddev=0.02)
+    self.kernel = param(init(rngs.params(), shape, param_dtype), axes)
+    if bias_axes is not None:
+      bias_shape = shape[len(shape) - len(bias_axes):]
+      self.bias = param(jnp.zeros(bias_shape, param_dtype), bias_axes)
+    else:
+      self.bias = None
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    y = jnp.einsum(self.spec, x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+    if self.bias is not None:
+      bias = self.bias[...].astype(self.dtype)
+      y = y + bias.reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
+    return y
+
+
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+  """Inverse frequencies [H/2] (float32), with Llama 3.1 'llama3' scaling when given.
+
+  llama3 scaling leaves high frequencies (wavelength < original_len / high_freq_factor)
+  alone, divides low frequencies (wavelength > original_len / low_freq_factor) by `factor`
+  and interpolates smoothly between.
+  """
+  inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+  if scaling is not None:
+    old_len = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > old_len / scaling.low_freq_factor,
+                      inv_freq / scaling.factor, inv_freq)
+    smooth = ((old_len / wavelen - scaling.low_freq_factor)
+              / (scaling.high_freq_factor - scaling.low_freq_factor))
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= old_len / scaling.high_freq_factor) & (
+        wavelen <= old_len / scaling.low_freq_factor)
+    inv_freq = np.where(medium, smoothed, scaled)
+  return inv_freq.astype(np.float32)
+
+
+def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq_h: np.ndarray) -> jax.Array:
+  """Rotates halves of the head dim (the HF `rotate_half` convention), in float32."""
+  angle_BTh = positions_BT.astype(jnp.float32)[:, :, None] * jnp.asarray(inv_freq_h)[None, None, :]
+  cos_BT1h = jnp.cos(angle_BTh)[:, :, None, :]
+  sin_BT1h = jnp.sin(angle_BTh)[:, :, None, :]
+  x1, x2 = jnp.split(x_BTNH.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos_BT1h - x2 * sin_BT1h, x2 * cos_BT1h + x1 * sin_BT1h], axis=-1)
+  return out.astype(x_BTNH.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query attention; query head n reads kv head n // (N / K), as in HF."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    pd, dt = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
+    bias = ("q_heads", "head_dim") if cfg.qkv_bias else None
+    kv_bias = ("kv_heads", "head_dim") if cfg.qkv_bias else None
+    kw = dict(rngs=rngs, param_dtype=pd, dtype=dt)
+    self.q_proj = Einsum("BTD,DNH->BTNH", (d, n, h), ("embed", "q_heads", "head_dim"),
+                         bias_axes=bias, **kw)
+    self.k_proj = Einsum("BTD,DKH->BTKH", (d, k, h), ("embed", "kv_heads", "head_dim"),
+                         bias_axes=kv_bias, **kw)
+    self.v_proj = Einsum("BTD,DKH->BTKH", (d, k, h), ("embed", "kv_heads", "head_dim"),
+                         bias_axes=kv_bias, **kw)
+    self.o_proj = Einsum("BTNH,NHD->BTD", (n, h, d), ("q_heads", "head_dim", "embed"), **kw)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(h, cfg.rms_norm_eps, pd)
+      self.k_norm = RMSNorm(h, cfg.rms_norm_eps, pd)
+    else:
+      self.q_norm = self.k_norm = None
+    # Static (hashable) settings: the frequencies are rebuilt in numpy at trace time.
+    self.rope = (h, cfg.rope_theta, cfg.rope_scaling)
+    self.num_kv_heads = k
+
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, allowed_BTS: jax.Array,
+               kv: tuple[jax.Array, jax.Array] | None = None, slot_BT: jax.Array | None = None,
+               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """Attention output, and the updated (k, v) cache when `kv` is given.
+
+    Args:
+      x_BTD: normalised input.
+      positions_BT: RoPE positions of the T tokens.
+      allowed_BTS: which keys each query may attend to. S = T without a cache, else S_max.
+      kv: (k_BSKH, v_BSKH) cache of this layer, or None for the full-sequence path.
+      slot_BT: cache slot of each new token (out-of-range slots are dropped, not clamped).
+    """
+    q_BTNH = self.q_proj(x_BTD)
+    k_BTKH = self.k_proj(x_BTD)
+    v_BTKH = self.v_proj(x_BTD)
+    if self.q_norm is not None:
+      q_BTNH = self.q_norm(q_BTNH)
+      k_BTKH = self.k_norm(k_BTKH)
+    inv_freq_h = rope_frequencies(*self.rope)
+    q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq_h)
+    k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq_h)
+
+    new_kv = None
+    if kv is None:
+      k_BSKH, v_BSKH = k_BTKH, v_BTKH
+    else:
+      b_BT = jnp.broadcast_to(jnp.arange(x_BTD.shape[0])[:, None], slot_BT.shape)
+      k_BSKH = kv[0].at[b_BT, slot_BT].set(k_BTKH.astype(kv[0].dtype), mode="drop")
+      v_BSKH = kv[1].at[b_BT, slot_BT].set(v_BTKH.astype(kv[1].dtype), mode="drop")
+      new_kv = (k_BSKH, v_BSKH)
+      k_BSKH, v_BSKH = k_BSKH.astype(q_BTNH.dtype), v_BSKH.astype(q_BTNH.dtype)
+
+    b, t, n, h = q_BTNH.shape
+    k = self.num_kv_heads
+    q_BTKGH = q_BTNH.reshape(b, t, k, n // k, h)
+    scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
+                              preferred_element_type=jnp.float32) * (h ** -0.5)
+    scores_BKGTS = jnp.where(allowed_BTS[:, None, None, :, :], scores_BKGTS, _MASKED)
+    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
+    out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
+    return self.o_proj(out_BTKGH.reshape(b, t, n, h)), new_kv
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    kw = dict(rngs=rngs, param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype))
+    self.gate_proj = Einsum("BTD,DF->BTF", (d, f), ("embed", "mlp"), **kw)
+    self.up_proj = Einsum("BTD,DF->BTF", (d, f), ("embed", "mlp"), **kw)
+    self.down_proj = Einsum("BTF,FD->BTD", (f, d), ("mlp", "embed"), **kw)
+
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    return self.down_proj(jax.nn.silu(self.gate_proj(x_BTD)) * self.up_proj(x_BTD))
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x))."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    pd = jnp.dtype(cfg.param_dtype)
+    self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd)
+    self.self_attn = Attention(cfg, rngs=rngs)
+    self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, allowed_BTS: jax.Array,
+               kv: tuple[jax.Array, jax.Array] | None = None, slot_BT: jax.Array | None = None,
+               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    attn_BTD, new_kv = self.self_attn(self.input_layernorm(x_BTD), positions_BT, allowed_BTS,
+                                      kv, slot_BT)
+    x_BTD = x_BTD + attn_BTD
+    x_BTD = x_BTD + self.mlp(self.post_attention_layernorm(x_BTD))
+    return x_BTD, new_kv

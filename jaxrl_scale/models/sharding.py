@@ -1,0 +1,130 @@
+"""Logical-axis -> mesh-axis rules, sharded model creation and sharded KV caches.
+
+Params carry logical axis names (`layers.param`); `DEFAULT_RULES` maps each to a mesh axis:
+the "parallel" dim of every matrix (vocab, heads, mlp) goes over 'tp' and the model dim over
+'fsdp'. A rule naming an axis the mesh lacks (e.g. 'fsdp' on the generator's ('data', 'tp')
+mesh) or a dim that the axis size does not divide falls back to replication for that dim, so
+one rule set serves every mesh.
+
+Meshes are expected to use `AxisType.Auto`: shardings are fixed at the jit boundary and the
+compiler propagates them through the model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl_scale.models import transformer
+from jaxrl_scale.models.config import ModelConfig
+
+Rules = Mapping[str, str | None]
+
+DEFAULT_RULES: Rules = {
+    "vocab": "tp",
+    "embed": "fsdp",
+    "q_heads": "tp",
+    "kv_heads": "tp",
+    "head_dim": None,
+    "mlp": "tp",
+    "norm": None,
+}
+
+# Axes a KV cache [B, S, K, H] is split over: rows over the data-parallel axis of whichever
+# mesh it lives on, kv heads over 'tp'.
+_BATCH_AXES = ("data", "fsdp")
+
+
+def logical_to_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh,
+                    rules: Rules = DEFAULT_RULES) -> PartitionSpec:
+  """PartitionSpec for an array with logical `axes`; see the module docstring for fallbacks."""
+  spec: list[str | None] = []
+  used: set[str] = set()
+  for name, dim in zip(axes, shape):
+    axis = rules.get(name) if name is not None else None
+    if axis is None or axis not in mesh.shape or axis in used or dim % mesh.shape[axis]:
+      spec.append(None)
+    else:
+      spec.append(axis)
+      used.add(axis)
+  return PartitionSpec(*spec)
+
+
+def _is_var(x: Any) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def state_shardings(state: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES) -> Any:
+  """NamedShardings for a tree of nnx Variables (concrete or abstract), same structure.
+
+  Variables without logical axes (e.g. optimizer step counters) are replicated.
+  """
+
+  def one(x: Any) -> NamedSharding:
+    if _is_var(x):
+      axes = x.get_metadata().get("out_sharding") or ()
+      shape = x.get_value().shape
+    else:
+      axes, shape = (), getattr(x, "shape", ())
+    if len(axes) != len(shape):
+      axes = (None,) * len(shape)
+    return NamedSharding(mesh, logical_to_spec(tuple(axes), tuple(shape), mesh, rules))
+
+  return jax.tree.map(one, state, is_leaf=_is_var)
+
+
+def abstract_model(cfg: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+  """(graphdef, abstract state) of a model: shapes and metadata, no memory."""
+  abs_model = nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0)))
+  return nnx.split(abs_model)
+
+
+def create_sharded_model(cfg: ModelConfig, mesh: Mesh, seed: int = 0,
+                         rules: Rules = DEFAULT_RULES) -> transformer.Transformer:
+  """A randomly initialised model whose params are born sharded on `mesh`.
+
+  The init runs under jit with out_shardings, so no device ever holds an unsharded copy.
+  """
+  graphdef, abs_state = abstract_model(cfg)
+  shardings = state_shardings(abs_state, mesh, rules)
+
+  def init() -> nnx.State:
+    return nnx.state(transformer.Transformer(cfg, rngs=nnx.Rngs(seed)))
+
+  state = jax.jit(init, out_shardings=shardings)()
+  return nnx.merge(graphdef, state)
+
+
+def shard_model(model: transformer.Transformer, mesh: Mesh,
+                rules: Rules = DEFAULT_RULES) -> transformer.Transformer:
+  """Moves an existing model's params onto `mesh` (e.g. for the generator slice)."""
+  graphdef, state = nnx.split(model)
+  state = jax.device_put(state, state_shardings(state, mesh, rules))
+  return nnx.merge(graphdef, state)
+
+
+def cache_shardings(cfg: ModelConfig, mesh: Mesh, batch: int) -> transformer.KVCache:
+  """Shardings for a KVCache on `mesh`: rows over 'data'/'fsdp', kv heads over 'tp'."""
+  row_axis = next((a for a in _BATCH_AXES if a in mesh.shape and batch % mesh.shape[a] == 0),
+                  None)
+  head_axis = "tp" if "tp" in mesh.shape and cfg.num_kv_heads % mesh.shape["tp"] == 0 else None
+  kv = NamedSharding(mesh, PartitionSpec(row_axis, None, head_axis, None))
+  return transformer.KVCache(k=(kv,) * cfg.num_layers, v=(kv,) * cfg.num_layers,
+                             valid_BS=NamedSharding(mesh, PartitionSpec(row_axis, None)))
+
+
+def init_sharded_cache(cfg: ModelConfig, mesh: Mesh, batch: int, max_len: int,
+                       dtype: str | None = None) -> transformer.KVCache:
+  """`transformer.init_cache`, created directly in `cache_shardings`."""
+  init = jax.jit(lambda: transformer.init_cache(cfg, batch, max_len, dtype),
+                 out_shardings=cache_shardings(cfg, mesh, batch))
+  return init()
+
+
+def param_count(state: Any) -> int:
+  """Number of scalars in a state tree."""
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(state))

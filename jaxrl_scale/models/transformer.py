@@ -1,0 +1,223 @@
+"""The decoder (Llama 3 / Qwen2 / Qwen3) with a full-sequence path and a KV-cache path.
+
+Shapes: B batch, T tokens in this call, S key slots, D hidden, V vocab, K kv heads, H head dim.
+
+Full-sequence path (trainer)
+  `model(tokens_BT, positions_BT, mask_BT) -> logits_BTV`, or in two steps
+  `h_BTD = model.hidden_states(tokens_BT, positions_BT, mask_BT)` and `model.logits(h_BTD)`.
+  mask_BT is True at real tokens. Query t of row b attends key s iff s <= t (array order) and
+  mask_BT[b, s]. positions_BT only feed RoPE, so left padding works with
+  positions = max(cumsum(mask) - 1, 0) and right padding with positions = arange(T).
+  Outputs at padding positions are finite garbage; ignore them.
+  For training, `hidden_states(..., remat=True)` recomputes layers in the backward pass and
+  `token_log_probs(h_BTD, targets_BT, chunk_size=c)` never holds all [B, T, V] logits.
+
+KV-cache path (sampler)
+  `cache = init_cache(cfg, batch=B, max_len=S)` holds, per layer, k and v of shape [B, S, K, H]
+  and a per-row slot mask `valid_BS` (all False at first).
+  `h_BTD, cache = model.hidden_states(tokens_BT, positions_BT, mask_BT, cache=cache,
+  cache_index_B=idx_B)` (or `model(...)` for `(logits_BTV, cache)`):
+    * Write: token t of row b goes to slot idx_B[b] + t, and valid_BS[b, slot] is set to
+      mask_BT[b, t] (padding is written but marked invalid). Slots >= S are dropped, never
+      clamped, so idx_B[b] = S leaves row b's cache untouched. idx_B must be >= 0.
+    * Read: token t of row b attends to slot s iff valid_BS[b, s] (after this call's writes)
+      and s <= idx_B[b] + t. Rows are independent: one call may prefill row 0 from slot 0
+      while row 1 decodes at slot 57 (its one real token first, T - 1 masked after it; the
+      invalid slots it writes past its head are overwritten by its next steps).
+    * Slots are storage order, positions are RoPE angles; the sampler usually keeps
+      position == slot for the real tokens. Prefill: T = bucket length, right padded, idx = 0,
+      mask marks the prompt's L real tokens; decode then continues at slot L, position L,
+      overwriting the invalid padding slots. Decode: T = 1, each row at its own slot.
+    * Valid bits are only cleared by overwriting or by `clear_rows`. Reads never look past the
+      current slot, so a new sequence that starts at slot 0 and writes contiguously never
+      sees an old one; `clear_rows` is for anything else.
+  The result at a token with mask False is garbage; the row's logits for the next token are
+  those at its last real token. `sharding.init_sharded_cache` builds the cache on a mesh.
+
+Dtypes: params in cfg.param_dtype, activations in cfg.dtype, softmax of attention in float32.
+With cfg.lm_head_fp32 the LM head matmul and log-softmax run in float32 (ScaleRL "FP32
+logits"; the paper traces a large gain in the asymptote to this).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_scale.models import layers
+from jaxrl_scale.models.config import ModelConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+  """Per-layer keys/values [B, S, K, H] and the written-and-real slot mask [B, S]."""
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  valid_BS: jax.Array
+
+  @property
+  def max_len(self) -> int:
+    return self.valid_BS.shape[1]
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> KVCache:
+  """An empty cache (zeros, nothing valid); dtype defaults to cfg.dtype.
+
+  For a cache placed on a mesh see `sharding.init_sharded_cache`.
+  """
+  dt = jnp.dtype(dtype or cfg.dtype)
+  shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  return KVCache(k=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
+                 v=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
+                 valid_BS=jnp.zeros((batch, max_len), jnp.bool_))
+
+
+def clear_rows(cache: KVCache, rows_B: jax.Array) -> KVCache:
+  """Marks every slot of the rows where rows_B is True as unwritten."""
+  return dataclasses.replace(cache, valid_BS=cache.valid_BS & ~rows_B[:, None])
+
+
+class Embedder(nnx.Module):
+  """Token embedding table [V, D]; also the LM head when embeddings are tied."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    init = nnx.initializers.normal(stddev=0.02)
+    shape = (cfg.vocab_size, cfg.hidden_size)
+    self.embedding = layers.param(init(rngs.params(), shape, jnp.dtype(cfg.param_dtype)),
+                                  ("vocab", "embed"))
+
+  def __call__(self, tokens_BT: jax.Array) -> jax.Array:
+    return jnp.take(self.embedding[...], tokens_BT, axis=0)
+
+
+class Transformer(nnx.Module):
+  """Decoder-only transformer; see the module docstring for the call contract.
+
+  Param tree (paths as in `nnx.state(model)`):
+    embed_tokens.embedding                      [V, D]
+    layers[i].input_layernorm.scale             [D]
+    layers[i].self_attn.{q,k,v}_proj.kernel     [D, N|K, H]   (+ .bias [N|K, H] for qwen2)
+    layers[i].self_attn.{q,k}_norm.scale        [H]           (qwen3)
+    layers[i].self_attn.o_proj.kernel           [N, H, D]
+    layers[i].post_attention_layernorm.scale    [D]
+    layers[i].mlp.{gate,up}_proj.kernel         [D, F]
+    layers[i].mlp.down_proj.kernel              [F, D]
+    norm.scale                                  [D]
+    lm_head.kernel                              [D, V]        (untied only)
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed_tokens = Embedder(cfg, rngs=rngs)
+    self.layers = nnx.List([layers.DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.norm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, jnp.dtype(cfg.param_dtype))
+    if cfg.tie_embeddings:
+      self.lm_head = None
+    else:
+      self.lm_head = layers.Einsum(
+          "BTD,DV->BTV", (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), rngs=rngs,
+          param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype))
+
+  def hidden_states(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
+                    cache: KVCache | None = None, cache_index_B: jax.Array | None = None,
+                    *, remat: bool = False) -> jax.Array | tuple[jax.Array, KVCache]:
+    """Final-norm hidden states h_BTD; with a cache, (h_BTD, new_cache).
+
+    remat=True (full-sequence path only) recomputes each layer in the backward pass instead
+    of storing its activations.
+    """
+    if (cache is None) != (cache_index_B is None):
+      raise ValueError("cache and cache_index_B must be given together")
+    x_BTD = self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype))
+    mask_BT = mask_BT.astype(jnp.bool_)
+    _, t = tokens_BT.shape
+    if cache is None:
+      causal_TS = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
+      allowed_BTS = causal_TS[None, :, :] & mask_BT[:, None, :]
+      call = nnx.remat(_call_layer) if remat else _call_layer
+      for layer in self.layers:
+        x_BTD = call(layer, x_BTD, positions_BT, allowed_BTS)
+      return self.norm(x_BTD)
+
+    slot_BT = cache_index_B.astype(jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    b_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[0])[:, None], slot_BT.shape)
+    valid_BS = cache.valid_BS.at[b_BT, slot_BT].set(mask_BT, mode="drop")
+    slots_S = jnp.arange(cache.max_len, dtype=jnp.int32)
+    allowed_BTS = valid_BS[:, None, :] & (slots_S[None, None, :] <= slot_BT[:, :, None])
+    new_k, new_v = [], []
+    for i, layer in enumerate(self.layers):
+      x_BTD, (k_BSKH, v_BSKH) = layer(x_BTD, positions_BT, allowed_BTS,
+                                      (cache.k[i], cache.v[i]), slot_BT)
+      new_k.append(k_BSKH)
+      new_v.append(v_BSKH)
+    return self.norm(x_BTD), KVCache(k=tuple(new_k), v=tuple(new_v), valid_BS=valid_BS)
+
+  def _head(self) -> tuple[jax.Array, str]:
+    if self.lm_head is None:
+      return self.embed_tokens.embedding[...], "BTD,VD->BTV"
+    return self.lm_head.kernel[...], "BTD,DV->BTV"
+
+  def logits(self, h_BTD: jax.Array) -> jax.Array:
+    """LM head; float32 (full-precision matmul) when cfg.lm_head_fp32."""
+    w, spec = self._head()
+    return _logits(h_BTD, w, spec, self.cfg)
+
+  def token_log_probs(self, h_BTD: jax.Array, targets_BT: jax.Array,
+                      chunk_size: int | None = None) -> jax.Array:
+    """log p(targets_BT | h_BTD) as float32; the log-softmax runs in the LM head's dtype.
+
+    With chunk_size (a divisor of T) the [B, T, V] logits are never all alive at once: chunks
+    of the sequence go through the head one at a time and are recomputed in the backward
+    pass, which bounds memory for large vocabularies.
+    """
+    w, spec = self._head()
+    cfg = self.cfg
+
+    def one(h_BtD: jax.Array, t_Bt: jax.Array) -> jax.Array:
+      logp_BtV = jax.nn.log_softmax(_logits(h_BtD, w, spec, cfg), axis=-1)
+      return jnp.take_along_axis(logp_BtV, t_Bt[:, :, None], axis=-1)[:, :, 0]
+
+    b, t = targets_BT.shape
+    if chunk_size is None or chunk_size >= t:
+      return one(h_BTD, targets_BT).astype(jnp.float32)
+    if t % chunk_size:
+      raise ValueError(f"chunk_size {chunk_size} must divide the sequence length {t}")
+    n = t // chunk_size
+    h_NBtD = h_BTD.reshape(b, n, chunk_size, -1).transpose(1, 0, 2, 3)
+    t_NBt = targets_BT.reshape(b, n, chunk_size).transpose(1, 0, 2)
+    out_NBt = jax.lax.map(jax.checkpoint(lambda args: one(*args)), (h_NBtD, t_NBt))
+    return out_NBt.transpose(1, 0, 2).reshape(b, t).astype(jnp.float32)
+
+  def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
+               cache: KVCache | None = None, cache_index_B: jax.Array | None = None,
+               ) -> jax.Array | tuple[jax.Array, KVCache]:
+    """logits_BTV; with a cache, (logits_BTV, new_cache)."""
+    out = self.hidden_states(tokens_BT, positions_BT, mask_BT, cache, cache_index_B)
+    if cache is None:
+      return self.logits(out)
+    h_BTD, new_cache = out
+    return self.logits(h_BTD), new_cache
+
+
+def _call_layer(layer: layers.DecoderLayer, x_BTD: jax.Array, positions_BT: jax.Array,
+                allowed_BTS: jax.Array) -> jax.Array:
+  return layer(x_BTD, positions_BT, allowed_BTS)[0]
+
+
+def _logits(h_BTD: jax.Array, w: jax.Array, spec: str, cfg: ModelConfig) -> jax.Array:
+  if cfg.lm_head_fp32:
+    # ScaleRL FP32 logits; HIGHEST so TPUs do not drop to a single bf16 matmul pass.
+    dtype, precision = jnp.float32, jax.lax.Precision.HIGHEST
+  else:
+    dtype, precision = jnp.dtype(cfg.dtype), None
+  return jnp.einsum(spec, h_BTD.astype(dtype), w.astype(dtype), precision=precision)
+
+
+def create_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
+  """A randomly initialised model on the default device (for a mesh see sharding.py)."""
+  return Transformer(cfg, rngs=nnx.Rngs(seed))
