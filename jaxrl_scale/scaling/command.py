@@ -1,0 +1,107 @@
+"""`jaxrl-scale fit`: fit the sigmoid scaling curve to metrics files and forecast.
+
+Only the standard library is imported at module level: `add_arguments` runs whenever the
+CLI parser is built, and JAX is paid for only when `fit` actually runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  """Declares the `fit` flags."""
+  parser.add_argument("metrics", nargs="+", metavar="METRICS",
+                      help="metrics.jsonl or CSV file(s); several files are compared")
+  parser.add_argument("--x", default="compute_hours", help="compute column")
+  parser.add_argument("--y", default="val/pass_rate", help="pass-rate column")
+  parser.add_argument("--r0", type=float, default=None,
+                      help="pass rate at zero compute (default: the step-0 eval, else fitted)")
+  parser.add_argument("--min-compute", type=float, default=0.0, metavar="C",
+                      help="ignore points below this compute (the paper skips ~1 epoch)")
+  parser.add_argument("--target", type=float, default=None, metavar="C",
+                      help="forecast the pass rate at this compute (default: 2x the data)")
+  parser.add_argument("--target-pass-rate", type=float, default=None, metavar="R",
+                      help="also report the compute needed to reach this pass rate")
+  parser.add_argument("--backtest", type=float, default=None, metavar="FRAC",
+                      help="fit on compute <= FRAC x max compute, report error on the rest")
+  parser.add_argument("--plot", default=None, metavar="F.png", help="write a plot here")
+  parser.add_argument("--json", action="store_true", help="print one JSON object")
+  parser.add_argument("--bootstrap", type=int, default=1000, metavar="K",
+                      help="bootstrap refits for the intervals (0: none)")
+  parser.add_argument("--level", type=float, default=0.95, help="interval level")
+  parser.add_argument("--grid", choices=("auto", "paper"), default="auto",
+                      help="auto: grid scaled to the data; paper: A 0.45..0.80, "
+                      "C_mid 100..40000 GPU-hours")
+  parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+
+
+def _check_args(args) -> None:
+  from jaxrl_scale.errors import UserError
+  checks = [
+      (args.r0 is None or 0.0 <= args.r0 <= 1.0, "--r0 must be in [0, 1]"),
+      (args.min_compute >= 0.0, "--min-compute must be >= 0"),
+      (args.target is None or args.target > 0.0, "--target must be > 0"),
+      (args.target_pass_rate is None or 0.0 < args.target_pass_rate < 1.0,
+       "--target-pass-rate must be in (0, 1)"),
+      (args.backtest is None or 0.0 < args.backtest < 1.0, "--backtest must be in (0, 1)"),
+      (0.0 < args.level < 1.0, "--level must be in (0, 1)"),
+      (args.bootstrap >= 0, "--bootstrap must be >= 0"),
+  ]
+  for ok, message in checks:
+    if not ok:
+      raise UserError(message)
+
+
+def run(args) -> int:
+  """Runs `jaxrl-scale fit`; returns the exit status."""
+  _check_args(args)
+  from jaxrl_scale.scaling import compare as compare_lib
+  from jaxrl_scale.scaling import fit as fit_lib
+  from jaxrl_scale.scaling import forecast
+  from jaxrl_scale.scaling import io
+
+  curves = [io.read_curve(p, args.x, args.y) for p in args.metrics]
+  _dedupe_names(curves)
+  options = forecast.AnalysisOptions(
+      r0=args.r0, min_compute=args.min_compute, target_compute=args.target,
+      target_pass_rate=args.target_pass_rate, backtest=args.backtest, n_boot=args.bootstrap,
+      level=args.level, seed=args.seed, fit=fit_lib.FitOptions(grid=args.grid))
+  if len(curves) > 1 and args.target is None and args.backtest is None:
+    # One common target so the forecasts are comparable.
+    last = max(float(c.compute.max()) for c in curves)
+    options = dataclasses.replace(options, target_compute=2.0 * last)
+  reports = [forecast.analyse(c, options) for c in curves]
+  comparison = None
+  if len(reports) > 1:
+    comparison = compare_lib.compare(reports, n_boot=args.bootstrap, seed=args.seed,
+                                     level=args.level, options=options.fit)
+  if args.plot:
+    from jaxrl_scale.scaling import plot
+    plot.plot_reports(reports, args.plot, x_label=f"{args.x} (log scale)", y_label=args.y)
+
+  if args.json:
+    if comparison is None:
+      obj = reports[0].to_dict()
+    else:
+      obj = {"runs": [r.to_dict() for r in reports], "comparison": comparison.to_dict()}
+    if args.plot:
+      obj["plot"] = args.plot
+    print(json.dumps(obj, indent=2, allow_nan=False))
+  else:
+    from jaxrl_scale.scaling import text
+    print(text.render(reports, comparison, plot_path=args.plot))
+  sys.stdout.flush()
+  return 0
+
+
+def _dedupe_names(curves) -> None:
+  seen: dict[str, int] = {}
+  for i, c in enumerate(curves):
+    n = seen.get(c.name, 0)
+    seen[c.name] = n + 1
+    if n:
+      curves[i] = dataclasses.replace(c, name=f"{c.name}#{n + 1}")

@@ -1,0 +1,118 @@
+"""Human-readable report of `jaxrl-scale fit` (the `--json` output carries the same facts)."""
+
+from __future__ import annotations
+
+import math
+
+from jaxrl_scale.scaling import bootstrap as boot_lib
+from jaxrl_scale.scaling import compare as compare_lib
+from jaxrl_scale.scaling import forecast
+
+
+def num(v: float | None, digits: int = 3) -> str:
+  """Compact number: fixed for pass rates and exponents, scientific for large compute."""
+  if v is None or (isinstance(v, float) and math.isnan(v)):
+    return "-"
+  if math.isinf(v):
+    return "never" if v > 0 else "-inf"
+  if v != 0 and (abs(v) >= 1e4 or abs(v) < 1e-2):
+    return f"{v:.{max(digits - 1, 1)}e}"
+  if abs(v) >= 100:
+    return f"{v:.0f}"
+  return f"{v:.{digits}f}" if abs(v) < 10 else f"{v:.1f}"
+
+
+def span(p: tuple[float, float] | None, digits: int = 3) -> str:
+  return "" if p is None else f"[{num(p[0], digits)}, {num(p[1], digits)}]"
+
+
+def table(rows: list[list[str]], indent: str = "  ") -> str:
+  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+  return "\n".join(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+                   for r in rows)
+
+
+_R0_SOURCE = {"given": "--r0", "step0": "step-0 eval", "fitted": "fitted"}
+
+
+def render_run(r: forecast.RunReport) -> str:
+  s = r.sigmoid
+  x_fit = r.curve.compute[r.fit_mask]
+  lines = [f"{r.name}  ({r.curve.path})",
+           f"  fitted {s.n_points} eval points, compute {num(float(x_fit.min()))} .. "
+           f"{num(float(x_fit.max()))}; R0 = {s.r0:.3f} ({_R0_SOURCE[r.r0_source]}); "
+           f"residual sd {math.sqrt(s.sse / s.n_points):.4f}", ""]
+  head = "estimate"
+  level = f"{r.level:.0%} interval"
+  if r.samples is not None:
+    level += f" ({r.samples.size} bootstrap refits)"
+  a_txt = f"{s.a:.3f}" if r.well_determined else f"~{s.a:.3f} (not determined)"
+  rows = [["sigmoid", head, level, ""],
+          ["A", a_txt, span(r.interval("a")),
+           f"paper's noise margin on A: +-{boot_lib.PAPER_A_MARGIN}"],
+          ["B", num(s.b), span(r.interval("b")), ""],
+          ["C_mid", num(s.c_mid), span(r.interval("c_mid")), "compute of half the gain"]]
+  lines += [table(rows), "  R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
+            f"  power law R(C) = A - D / C^B: A = {r.power.a:.3f}, B = {num(r.power.b)}, "
+            f"D = {num(r.power.d)} (for comparison; unbounded forms over-predict A)", ""]
+  lines.append(f"  forecast at C = {num(r.target_compute)} ({r.target_source}): "
+               f"{r.forecast:.3f} {span(r.forecast_interval)}, "
+               f"power law {r.power_forecast:.3f}")
+  if r.target_pass_rate is not None:
+    lines.append(f"  compute to reach {r.target_pass_rate:.3f}: {num(r.compute_to_target)} "
+                 f"{span(r.compute_to_target_interval)}")
+  if r.backtest is not None:
+    b = r.backtest
+    inside = ""
+    if b.final_inside is not None:
+      inside = (f"; a new eval falls in {span(b.final_prediction_interval)}: "
+                + ("inside" if b.final_inside else "OUTSIDE"))
+    lines.append(
+        f"  backtest (fit on compute <= {num(b.fit_until)}, {b.n_heldout} points held out): "
+        f"mean |error| {b.mean_abs_error:.4f}, max {b.max_abs_error:.4f}")
+    lines.append(
+        f"    final point C = {num(b.final_compute)}: actual {b.final_actual:.3f}, forecast "
+        f"{b.final_forecast:.3f} {span(b.final_interval)}, power law "
+        f"{b.final_power_law:.3f}{inside}")
+  if r.well_determined:
+    lines.append("  well determined: yes")
+  else:
+    lines.append("  well determined: NO")
+    lines += [f"    - {m}" for m in r.messages]
+  return "\n".join(lines)
+
+
+def render_comparison(reports: list[forecast.RunReport],
+                      c: compare_lib.Comparison) -> str:
+  rows = [["run", "points", "R0", "A", "A interval", "B", "B interval", "C_mid",
+           f"forecast@{num(reports[0].target_compute)}", "well determined"]]
+  for r in reports:
+    s = r.sigmoid
+    rows.append([r.name, str(s.n_points), f"{s.r0:.3f}", f"{s.a:.3f}", span(r.interval("a")),
+                 num(s.b), span(r.interval("b")), num(s.c_mid),
+                 f"{r.forecast:.3f} {span(r.forecast_interval)}",
+                 "yes" if r.well_determined else "NO"])
+  lines = ["runs", table(rows), "",
+           f"shared-A efficiency comparison (paper Sec. 4): A fixed at {c.shared_a:.3f}, the "
+           f"mean over {', '.join(c.runs_in_mean)}; largest A gap {c.max_a_gap:.3f} "
+           f"({'within' if c.similar_a else 'beyond'} the +-{boot_lib.PAPER_A_MARGIN} margin)"]
+  rows = [["run", "B at shared A", "B interval", "C_mid", ""]]
+  by_name = {s.name: s for s in c.shared}
+  rows += [[n, num(by_name[n].b), span(by_name[n].b_interval), num(by_name[n].c_mid),
+            "" if by_name[n].well_determined else "(not well determined)"]
+           for n in c.ranking]
+  best = c.most_efficient or "none (no run is well determined)"
+  lines += [table(rows), f"  most compute-efficient (highest B): {best}"]
+  lines += [f"  note: {m}" for m in c.messages]
+  return "\n".join(lines)
+
+
+def render(reports: list[forecast.RunReport], comparison: compare_lib.Comparison | None,
+           plot_path: str | None = None) -> str:
+  """The full human report: each run, then the comparison, then where the plot went."""
+  parts = [render_run(r) for r in reports]
+  if comparison is not None:
+    parts.append(render_comparison(reports, comparison))
+  if plot_path:
+    parts.append(f"plot written to {plot_path}")
+  return "\n\n".join(parts)

@@ -1,0 +1,78 @@
+"""Tests for the bootstrap intervals."""
+
+import numpy as np
+import pytest
+
+from jaxrl_scale.scaling import bootstrap
+from jaxrl_scale.scaling import curves
+from jaxrl_scale.scaling import fit
+from jaxrl_scale.scaling import forecast
+from jaxrl_scale.scaling import synthetic
+
+N_BOOT = 200
+
+
+def _half_fit(row, seed):
+  compute, noisy, clean = synthetic.make_curve(row, seed=seed)
+  w = (compute >= 1500) & (compute <= row.budget / 2)
+  f = fit.fit_sigmoid(compute, noisy, synthetic.R0, weights=w)
+  return compute, noisy, clean, w, f
+
+
+def test_intervals_contain_truth_on_a_well_determined_curve():
+  row = synthetic.TABLE1[0]
+  compute, noisy, clean, w, f = _half_fit(row, seed=5)
+  s = bootstrap.bootstrap_sigmoid(compute, noisy, f, weights=w, n_boot=N_BOOT, seed=0)
+  assert s.size == N_BOOT
+  for name, truth in (("a", row.a), ("b", row.b), ("c_mid", row.c_mid)):
+    lo, hi = s.interval(name)
+    assert lo <= truth <= hi, (name, lo, hi)
+  lo, hi = bootstrap.percentile_interval(s.predict(row.budget))
+  assert lo <= clean[-1] <= hi
+  # Noise of sd 0.01 on ~24 points: the interval on the forecast is a few hundredths wide.
+  assert 0.005 < hi - lo < 0.1
+
+
+def test_fixed_parameters_stay_fixed():
+  row = synthetic.TABLE1[0]
+  compute, noisy, _, w, _ = _half_fit(row, seed=1)
+  f = fit.fit_sigmoid(compute, noisy, synthetic.R0, weights=w, a_fixed=0.6)
+  s = bootstrap.bootstrap_sigmoid(compute, noisy, f, weights=w, n_boot=N_BOOT)
+  np.testing.assert_allclose(s.a_K, 0.6, atol=1e-12)
+  np.testing.assert_allclose(s.r0_K, synthetic.R0, atol=1e-12)
+  assert np.std(s.b_K) > 0
+
+
+def test_ill_conditioned_fit_has_wide_intervals_and_is_flagged():
+  # Data only up to a fifth of the midpoint: the curve is still near-linear in log C.
+  row = synthetic.Table1Row("far", c_mid=10000.0, b=1.5, a=0.70, budget=2000.0)
+  compute, noisy, _ = synthetic.make_curve(row, seed=2)
+  f = fit.fit_sigmoid(compute, noisy, synthetic.R0)
+  s = bootstrap.bootstrap_sigmoid(compute, noisy, f, n_boot=N_BOOT)
+  lo, hi = s.interval("a")
+  assert hi - lo > forecast.A_WIDTH_LIMIT
+  well, reasons = forecast.assess(f, s, float(compute.max()))
+  assert not well
+  assert any("midpoint" in r for r in reasons)
+
+
+def test_well_determined_fit_passes_the_check():
+  row = synthetic.TABLE1[0]
+  compute, noisy, _ = synthetic.make_curve(row, seed=4)
+  f = fit.fit_sigmoid(compute, noisy, synthetic.R0)
+  s = bootstrap.bootstrap_sigmoid(compute, noisy, f, n_boot=N_BOOT)
+  well, reasons = forecast.assess(f, s, float(compute.max()))
+  assert well, reasons
+
+
+def test_predict_shapes():
+  s = bootstrap.SigmoidSamples(a_K=np.array([0.6, 0.7]), b_K=np.array([1.0, 2.0]),
+                               c_mid_K=np.array([10.0, 20.0]), r0_K=np.array([0.1, 0.2]))
+  out = s.predict(np.array([[1.0, 10.0, 100.0]]))
+  assert out.shape == (2, 1, 3)
+  assert out[1, 0, 2] == pytest.approx(curves.sigmoid(100.0, 0.7, 2.0, 20.0, 0.2))
+
+
+def test_percentile_interval_counts_never_as_beyond():
+  lo, hi = bootstrap.percentile_interval(np.array([1.0] * 90 + [np.inf] * 10), 0.9)
+  assert lo == 1.0 and np.isinf(hi)

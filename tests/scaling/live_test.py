@@ -1,0 +1,85 @@
+"""Tests for the live forecaster the training loop feeds."""
+
+import numpy as np
+
+from jaxrl_scale.scaling import fit
+from jaxrl_scale.scaling import live
+from jaxrl_scale.scaling import synthetic
+
+ROW = synthetic.TABLE1[0]
+
+
+def test_forecasts_converge_and_compile_once():
+  compute, noisy, clean = synthetic.make_curve(ROW, seed=0)
+  fc = live.LiveForecaster(target_compute=ROW.budget, n_boot=100)
+  outs = []
+  for i, (c, r) in enumerate(zip(compute, noisy)):
+    outs.append(fc.update(c, r, step=100 * i))
+    if i == 10:
+      cache_size = fit.fit_sigmoid_batch._cache_size()  # pylint: disable=protected-access
+  assert fc.r0 == noisy[0]
+  assert outs[:4] == [None] * 4  # the start (R0) + three points: not enough yet
+  assert outs[4] is not None and outs[4].n_points == 4
+  assert fit.fit_sigmoid_batch._cache_size() == cache_size  # pylint: disable=protected-access
+  last = outs[-1]
+  assert last.n_points == 60 and last.step == 6000
+  assert abs(last.a - ROW.a) < 0.03
+  assert abs(last.forecast - clean[-1]) < 0.01
+  lo, hi = last.forecast_interval
+  assert lo <= last.forecast <= hi
+  half = fc.forecast_made_by(ROW.budget / 2)
+  assert half is not None and half.compute <= ROW.budget / 2
+  assert abs(half.forecast - clean[-1]) < 0.03
+
+
+def test_as_metrics_and_summary():
+  compute, noisy, _ = synthetic.make_curve(ROW, seed=1)
+  fc = live.LiveForecaster(target_compute=20_000.0, n_boot=100)
+  for c, r in zip(compute[:20], noisy[:20]):
+    f = fc.update(c, r)
+  m = f.as_metrics()
+  for key in ("A", "A_lo", "A_hi", "B", "C_mid", "R0", "pass_rate", "pass_rate_lo",
+              "pass_rate_hi", "target_compute", "well_determined", "n_points"):
+    assert isinstance(m[f"forecast/{key}"], float)
+  assert m["forecast/A_lo"] <= m["forecast/A"] <= m["forecast/A_hi"]
+  assert "forecast:" in f.summary() and "at 2e+04" in f.summary()
+
+
+def test_non_finite_points_are_ignored_and_replays_rewind():
+  compute, noisy, _ = synthetic.make_curve(ROW, seed=2)
+  fc = live.LiveForecaster(n_boot=0)
+  for c, r in zip(compute[:30], noisy[:30]):
+    fc.update(c, r)
+  before = fc.latest
+  assert fc.update(compute[30], float("nan")) is before
+  # A resumed run replays evals from index 20 on: the abandoned ones are dropped.
+  f = fc.update(compute[20], noisy[20])
+  assert f.n_points == 20
+  assert all(h.compute < compute[20] for h in fc.history[:-1])
+
+
+def test_capacity_grows_and_matches_a_batch_fit():
+  compute, noisy, _ = synthetic.make_curve(ROW, seed=3)
+  fc = live.LiveForecaster(n_boot=0, capacity=32)
+  for c, r in zip(compute, noisy):
+    f = fc.update(c, r)
+  assert f.n_points == 60
+  batch = fit.fit_sigmoid(compute, noisy, noisy[0])
+  np.testing.assert_allclose([f.a, f.b, f.c_mid], [batch.a, batch.b, batch.c_mid], rtol=1e-9)
+  assert f.forecast is None and f.a_interval is None
+
+
+def test_warmup_compiles_ahead_and_keeps_state():
+  cache = fit.fit_sigmoid_batch._cache_size  # pylint: disable=protected-access
+  # Capacity 128 is a size no other test uses, so warmup has something to compile.
+  fc = live.LiveForecaster(target_compute=ROW.budget, r0=0.4, n_boot=0, capacity=128)
+  before = cache()
+  fc.warmup()
+  assert cache() > before
+  assert fc.history == [] and fc.latest is None
+  compute, noisy, _ = synthetic.make_curve(ROW, seed=5)
+  warmed = cache()
+  for c, r in zip(compute[1:], noisy[1:]):
+    fc.update(c, r)
+  assert cache() == warmed
+  assert fc.latest.n_points == 60
