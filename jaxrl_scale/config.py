@@ -42,6 +42,8 @@ class RunConfig:
   seed: int = 0
   steps: int = 100  # RL optimizer steps
   log_every: int = 1
+  tensorboard: bool = True  # TensorBoard event files beside metrics.jsonl
+  progress: bool = True  # print progress lines to stdout
 
   def __post_init__(self):
     _check(self.steps >= 0, "run.steps", f"must be >= 0, got {self.steps}")
@@ -60,6 +62,17 @@ class ModelSpec:
   # ScaleRL "FP32 logits": LM head matmul and log-softmax in float32 in BOTH sampler and
   # trainer, whatever the activation dtype (paper sec. 3.2: A 0.52 -> 0.61).
   lm_head_fp32: bool = True
+  # Shape overrides of a preset (random init only), e.g. to size the CPU demo's model.
+  hidden_size: int | None = None
+  num_layers: int | None = None
+  intermediate_size: int | None = None
+  init_std: float = 0.02  # std of the random init of matrices (presets without a path)
+
+  def __post_init__(self):
+    for key in ("hidden_size", "num_layers", "intermediate_size"):
+      v = getattr(self, key)
+      _check(v is None or v >= 1, f"model.{key}", f"must be >= 1 or null, got {v}")
+    _check(self.init_std > 0, "model.init_std", f"must be > 0, got {self.init_std}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +201,9 @@ class OptimConfig:
   max_grad_norm: float | None = None  # global-norm clipping; None = off
   micro_batch_prompts: int = 0  # 0 = whole batch in one micro-batch
   max_nonfinite_steps: int = 5  # abort after this many NaN/inf updates in a row
+  # Train-step LM head over this many positions at a time (rematerialised), so the fp32
+  # [rows, seq, vocab] logits never exist at once; 0 = all positions together.
+  logits_chunk: int = 0
 
   def __post_init__(self):
     _check(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
@@ -196,6 +212,7 @@ class OptimConfig:
     _check(self.micro_batch_prompts >= 0, "optim.micro_batch_prompts", "must be >= 0")
     _check(self.max_grad_norm is None or self.max_grad_norm > 0, "optim.max_grad_norm",
            f"must be > 0 or null, got {self.max_grad_norm}")
+    _check(self.logits_chunk >= 0, "optim.logits_chunk", "must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,10 +248,15 @@ class PipelineConfig:
   max_staleness: int = 8  # PipelineRL-k / PPO-off-policy-k
   queue_size: int = 4  # rollout batches buffered on the host
   reward_workers: int = 4
+  reward_timeout_s: float = 5.0  # per-response verifier deadline
 
   def __post_init__(self):
     _check(self.max_staleness >= 0, "pipeline.max_staleness", "must be >= 0")
     _check(self.queue_size >= 1, "pipeline.queue_size", "must be >= 1")
+    _check(self.reward_workers >= 1, "pipeline.reward_workers", "must be >= 1")
+    _check(self.reward_timeout_s > 0, "pipeline.reward_timeout_s", "must be > 0")
+    _check(self.mode != "pipeline" or self.max_staleness >= 1, "pipeline.max_staleness",
+           "must be >= 1 in pipeline mode (k = 0 is mode 'sync')")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,13 +264,24 @@ class EvalConfig:
   every: int = 10  # steps between validation evals (0 = off)
   samples_per_prompt: int = 4  # mean@k
   temperature: float = 1.0
+  max_prompts: int = 0  # validation prompts used (0 = all held-out prompts)
+
+  def __post_init__(self):
+    _check(self.every >= 0, "eval.every", "must be >= 0")
+    _check(self.samples_per_prompt >= 1, "eval.samples_per_prompt", "must be >= 1")
+    _check(self.temperature >= 0, "eval.temperature", "must be >= 0")
+    _check(self.max_prompts >= 0, "eval.max_prompts", "must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-  every: int = 50
+  every: int = 50  # steps between checkpoints (0 = only at the end and on signals)
   keep: int = 3
   async_save: bool = True
+
+  def __post_init__(self):
+    _check(self.every >= 0, "checkpoint.every", "must be >= 0")
+    _check(self.keep >= 1, "checkpoint.keep", "must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,6 +291,11 @@ class ForecastConfig:
   enabled: bool = True
   target_compute_hours: float | None = None  # default: the run's projected total
   min_compute_hours: float = 0.0  # points below this are excluded from the fit
+  n_boot: int = 200  # bootstrap refits per eval for the intervals (0 = none)
+  plot: bool = True  # write forecast.png at the end of the run
+
+  def __post_init__(self):
+    _check(self.n_boot >= 0, "forecast.n_boot", "must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

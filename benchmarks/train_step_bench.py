@@ -1,0 +1,167 @@
+"""Train-step model FLOP/s as a fraction of this machine's measured float32 matmul peak.
+
+    python benchmarks/train_step_bench.py            # ~50M params (preset 'small'), S = 512
+    python benchmarks/train_step_bench.py --quick    # tiny shapes, seconds
+
+Model FLOPs of one step (the MFU convention: what the model needs, not what XLA runs; no
+credit for recomputation, padding positions count because the fixed-shape step computes
+them):
+
+    flops = 6 * N_matmul * tokens + 12 * L * N_heads * H * S * tokens
+
+  tokens    = rows * S, every position of the fixed-shape batch
+  N_matmul  = parameters that enter a matmul: all of them minus the input embedding table
+              when it is not tied to the LM head (a gather, no FLOPs)
+  6         = 2 (multiply-add) x 3 (forward, grad w.r.t. activations, grad w.r.t. weights)
+  12 L N H S per token = QK^T and AV (2 * 2 * S * N * H forward) x 3 for the backward; the
+              implementation computes the full S x S scores and masks them, so no causal
+              halving.
+
+The peak is the best rate of a jitted float32 [n, n] @ [n, n] (2 n^3 FLOPs, default
+precision like the model's matmuls) measured in the same process between the timed steps;
+each step is compared with the higher of the peaks just before and after it, so a ratio
+compares numbers taken under the same machine load, and the reported fraction is the
+median of the per-step ratios.
+The step runs the RL objective (CISPO, prompt average) through `rl.train_step.Trainer`,
+exactly as training does: micro-batch scan, AdamW update, non-finite check, diagnostics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+
+def parse_args() -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--preset", default="small", help="models.config preset (small ~ 50M)")
+  p.add_argument("--seq-len", type=int, default=512)
+  p.add_argument("--prompts", type=int, default=2)
+  p.add_argument("--generations", type=int, default=4)
+  p.add_argument("--micro-batches", type=int, default=1)
+  p.add_argument("--steps", type=int, default=3, help="timed steps (after one warm-up)")
+  p.add_argument("--matmul-size", type=int, default=2048)
+  p.add_argument("--fsdp", type=int, default=1, help="trainer mesh fsdp size")
+  p.add_argument("--tp", type=int, default=1, help="trainer mesh tp size")
+  p.add_argument("--quick", action="store_true",
+                 help="tiny shapes for a smoke run (preset tiny_llama, S=128, n=1024)")
+  args = p.parse_args()
+  if args.quick:
+    args.preset, args.seq_len, args.steps, args.matmul_size = "tiny_llama", 128, 2, 1024
+  return args
+
+
+def matmul_peak(n: int, reps: int = 5) -> float:
+  """Best float32 FLOP/s of a jitted n x n matmul."""
+  import jax
+  import jax.numpy as jnp
+
+  ka, kb = jax.random.split(jax.random.key(0))
+  a = jax.random.normal(ka, (n, n), jnp.float32)
+  b = jax.random.normal(kb, (n, n), jnp.float32)
+  # Default precision, as the model's matmuls use (on GPU that allows TF32).
+  dot = jax.jit(jnp.dot)
+  dot(a, b).block_until_ready()
+  best = float("inf")
+  for _ in range(reps):
+    t = time.perf_counter()
+    dot(a, b).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return 2 * n**3 / best
+
+
+def model_flops(cfg, num_params: int, rows: int, seq_len: int) -> float:
+  tokens = rows * seq_len
+  matmul_params = num_params - (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.hidden_size)
+  attention = 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len * tokens
+  return 6 * matmul_params * tokens + attention
+
+
+def random_batch(rng, vocab: int, prompts: int, generations: int, seq_len: int):
+  """Prompts of S/8 tokens and completions filling the rest (full-length rows)."""
+  from jaxrl_scale.rl import batch as batch_lib
+
+  lp = max(1, seq_len // 8)
+  prompt_ids = [rng.integers(1, vocab, size=lp).tolist() for _ in range(prompts)]
+  completions = [[rng.integers(1, vocab, size=seq_len - lp).tolist() for _ in range(generations)]
+                 for _ in range(prompts)]
+  logps = [[(-rng.uniform(0.5, 4.0, size=seq_len - lp)).tolist() for _ in range(generations)]
+           for _ in range(prompts)]
+  return batch_lib.pack_rl(prompt_ids, completions, logps,
+                           rng.normal(size=(prompts, generations)), seq_len=seq_len)
+
+
+def main() -> None:
+  args = parse_args()
+  import jax
+  import numpy as np
+  from jax.sharding import AxisType
+
+  from jaxrl_scale import config
+  from jaxrl_scale.models import config as model_config
+  from jaxrl_scale.models import sharding
+  from jaxrl_scale.rl import train_step
+
+  devices = jax.devices()[:args.fsdp * args.tp]
+  mesh = jax.make_mesh((args.fsdp, args.tp), ("fsdp", "tp"), axis_types=(AxisType.Auto,) * 2,
+                       devices=devices)
+  cfg = model_config.preset(args.preset)
+  model = sharding.create_sharded_model(cfg, mesh, seed=0)
+  num_params = sharding.param_count(nnx_params(model))
+  batch = random_batch(np.random.default_rng(0), cfg.vocab_size, args.prompts,
+                       args.generations, args.seq_len)
+  rows = args.prompts * args.generations
+  flops = model_flops(cfg, num_params, rows, args.seq_len)
+
+  trainer = train_step.Trainer(model, mesh, config.OptimConfig(lr=1e-6, warmup_steps=0),
+                               train_step.RLObjective(config.RLConfig()),
+                               micro_batches=args.micro_batches)
+  t = time.perf_counter()
+  trainer.compile(batch)
+  compile_s = time.perf_counter() - t
+  batch = trainer.shard_batch(batch)
+  trainer.step(batch)["loss"].block_until_ready()  # warm-up
+  matmul_peak(args.matmul_size, reps=1)  # compiles the matmul
+  # The peak is re-measured between steps: on a shared machine the load drifts, and a
+  # ratio is only meaningful between numbers taken under the same load. Each step is
+  # compared with the higher of the peaks measured just before and just after it (the
+  # conservative choice).
+  times, between = [], [matmul_peak(args.matmul_size)]
+  for _ in range(args.steps):
+    t = time.perf_counter()
+    metrics = trainer.step(batch)
+    metrics["loss"].block_until_ready()
+    times.append(time.perf_counter() - t)
+    between.append(matmul_peak(args.matmul_size))
+  peaks = [max(a, b) for a, b in zip(between[:-1], between[1:])]
+  fractions = [flops / t / p for t, p in zip(times, peaks)]
+
+  step_s = statistics.median(times)
+  peak = statistics.median(peaks)
+  print(f"device: {devices[0].platform} x{len(devices)} ({devices[0].device_kind}), "
+        f"mesh fsdp={args.fsdp} tp={args.tp}")
+  print(f"model: {args.preset}, {num_params / 1e6:.1f}M params, batch {rows} x {args.seq_len} "
+        f"tokens, {args.micro_batches} micro-batch(es); compile {compile_s:.1f} s")
+  if trainer.memory_analysis is not None:
+    m = trainer.memory_analysis
+    print(f"memory: temporaries {m.temp_size_in_bytes / 2**30:.2f} GiB, arguments "
+          f"{m.argument_size_in_bytes / 2**30:.2f} GiB")
+  print(f"model FLOPs per step: {flops / 1e12:.3f} TFLOP")
+  print("per step: " + "; ".join(
+      f"{t:.2f} s, {flops / t / 1e9:.1f} GFLOP/s vs peak {p / 1e9:.1f} = {f:.1%}"
+      for t, p, f in zip(times, peaks, fractions)))
+  print(f"train step: {flops / step_s / 1e9:.1f} GFLOP/s (median step {step_s:.3f} s)")
+  print(f"float32 matmul peak ({args.matmul_size}^2): {peak / 1e9:.1f} GFLOP/s (median; "
+        f"all: {', '.join(f'{p / 1e9:.1f}' for p in between)})")
+  print(f"fraction of peak: {statistics.median(fractions):.1%} (median of per-step ratios)")
+
+
+def nnx_params(model):
+  from flax import nnx
+
+  return nnx.state(model, nnx.Param)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,454 @@
+"""The sharded, jitted train step: micro-batch gradient accumulation, AdamW, NaN skip.
+
+One `Trainer` owns the policy's parameters and optimizer state on the trainer mesh and
+runs one compiled step per batch:
+
+    trainer = train_step.Trainer(model, mesh, cfg.optim, train_step.RLObjective(cfg.rl),
+                                 micro_batches=4)
+    metrics = trainer.step(batch)          # device arrays; fetch them one step later
+
+The step is `jax.jit` with explicit in/out shardings (state laid out like the params,
+batch rows over 'fsdp'), the state donated, and is compiled once before the first step
+(its `memory_analysis()` is logged). What the step minimises is an `Objective`: the RL
+policy loss (`RLObjective`) and the SFT cross-entropy (`rl.sft.SFTObjective`) share all
+the machinery.
+
+Micro-batches are slices of the batch's leading axis (prompts), accumulated with
+`lax.scan`. Each micro-batch's loss is already divided by the FULL batch's normaliser
+(`Objective.totals`), so the summed gradients equal the full-batch gradient exactly, not
+an average of micro-batch averages. Prompt i goes to micro-batch i % M (strided) so that
+every micro-batch is spread over all data-parallel devices without moving data.
+
+The Trainer owns the parameter buffers it was given: they are donated to the step, so the
+caller's model object must not be used afterwards; `Trainer.model()` gives a live view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl_scale.config import OptimConfig, RLConfig
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.rl import aggregation
+from jaxrl_scale.rl import batch as batch_lib
+from jaxrl_scale.rl import losses
+from jaxrl_scale.rl import optimizer as optimizer_lib
+
+log = logging.getLogger(__name__)
+
+DATA_AXIS = "fsdp"  # batch rows are split over the trainer mesh's fsdp axis
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+  """Everything the step updates; donated to it.
+
+  Attributes:
+    step: int32 [], optimizer updates applied so far (skipped non-finite steps excluded).
+    params: the model's `nnx.Param` state.
+    opt_state: the optax state, sharded like `params`.
+  """
+  step: jax.Array
+  params: nnx.State
+  opt_state: optax.OptState
+
+
+# --------------------------------------------------------------------------------------
+# Log-probabilities.
+
+
+def _head_logprobs(model: nnx.Module, h_BTD: jax.Array,
+                   targets_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(log p(target), target is the argmax) from hidden states, in float32."""
+  logits_BTV = model.logits(h_BTD).astype(jnp.float32)
+  target_BT = jnp.take_along_axis(logits_BTV, targets_BT[:, :, None], axis=-1)[:, :, 0]
+  # target - logsumexp equals gathering log_softmax without a second [B, T, V] array.
+  logp_BT = target_BT - jax.nn.logsumexp(logits_BTV, axis=-1)
+  top1_BT = target_BT >= jnp.max(logits_BTV, axis=-1)
+  return logp_BT, top1_BT
+
+
+def token_logprobs(model: nnx.Module, tokens_BS: jax.Array, positions_BS: jax.Array,
+                   mask_BS: jax.Array, chunk: int = 0) -> tuple[jax.Array, jax.Array]:
+  """log pi(tokens[s] | tokens[<s]) at every position s >= 1, and whether it was the argmax.
+
+  The LM head runs in float32 when the model is configured so (`lm_head_fp32`) and the
+  normaliser is taken in float32 whatever the head's dtype: the importance ratio
+  exp(logp_train - logp_gen) amplifies any rounding of either log-prob, and bf16 logits
+  were the instability the ScaleRL paper fixed with its "FP32 logits" (notes section 5).
+
+  Args:
+    model: the policy.
+    tokens_BS, positions_BS, mask_BS: the model inputs (see `batch.TrainBatch`).
+    chunk: > 0 computes the LM head over `chunk` positions at a time, rematerialised in
+      the backward pass, so the float32 [B, S, V] logits never exist at once (at V = 152k
+      and S = 16k they would not fit); 0 does all positions in one go.
+
+  Returns:
+    (logp_BS float32, top1_BS bool); position 0 has no prediction and holds 0 / False.
+  """
+  h_BSD = model.hidden_states(tokens_BS, positions_BS, mask_BS)
+  # The last position predicts past the sequence: never a target, so skip its logits.
+  h_BTD, targets_BT = h_BSD[:, :-1], tokens_BS[:, 1:]
+  b, t = targets_BT.shape
+  if chunk <= 0 or chunk >= t:
+    logp_BT, top1_BT = _head_logprobs(model, h_BTD, targets_BT)
+  else:
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    h_CBcD = jnp.pad(h_BTD, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1).swapaxes(0, 1)
+    tgt_CBc = jnp.pad(targets_BT, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
+    one = jax.checkpoint(lambda args: _head_logprobs(model, *args))
+    logp_CBc, top1_CBc = jax.lax.map(one, (h_CBcD, tgt_CBc))
+    logp_BT = logp_CBc.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+    top1_BT = top1_CBc.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+  logp_BS = jnp.pad(logp_BT, ((0, 0), (1, 0)))
+  top1_BS = jnp.pad(top1_BT, ((0, 0), (1, 0)))
+  return logp_BS, top1_BS
+
+
+def _rows(x: jax.Array, example_dims: int) -> jax.Array:
+  """[*example dims, S] -> [rows, S]."""
+  return x.reshape((math.prod(x.shape[:example_dims]),) + x.shape[example_dims:])
+
+
+# --------------------------------------------------------------------------------------
+# Objectives.
+
+
+class Objective(Protocol):
+  """What a train step minimises.
+
+  `example_dims` leading axes of every batch array index examples ((P, G) for RL, (B,)
+  for SFT); micro-batches slice the first of them.
+  """
+
+  example_dims: int
+
+  def model_inputs(self, batch: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(tokens, positions, input_mask), each [*example dims, S]."""
+
+  def totals(self, batch: Any) -> Any:
+    """Normalisers computed once on the FULL batch (a pytree of arrays)."""
+
+  def micro_loss(self, logp: jax.Array, top1: jax.Array, micro: Any, totals: Any) -> jax.Array:
+    """One micro-batch's share of the full-batch loss (divided by `totals`)."""
+
+  def metrics(self, logp: jax.Array, top1: jax.Array, batch: Any,
+              totals: Any) -> dict[str, jax.Array]:
+    """Scalars over the full batch, from the stop-gradient token log-probs of all
+    micro-batches (so ratio quantiles are exact, not combined per micro-batch)."""
+
+
+class RLObjective:
+  """The registered policy loss (`rl.loss`) with its aggregation (`rl.aggregation`)."""
+
+  example_dims = 2
+
+  def __init__(self, rl: RLConfig):
+    self.aggregation = rl.aggregation
+    self.loss_fn = losses.make_policy_loss(rl.loss, losses.params_from_config(rl),
+                                           rl.aggregation)
+
+  def model_inputs(self, batch: batch_lib.TrainBatch):
+    return batch.tokens_PGS, batch.positions_PGS, batch.input_mask_PGS
+
+  def totals(self, batch: batch_lib.TrainBatch) -> jax.Array:
+    return aggregation.denominator(self.aggregation, batch.loss_mask_PGS, batch.weight_PG)
+
+  def micro_loss(self, logp, top1, micro: batch_lib.TrainBatch, totals) -> jax.Array:
+    del top1
+    loss, _ = self.loss_fn(logp, micro.loss_batch(), total_units=totals)
+    return loss
+
+  def metrics(self, logp, top1, batch: batch_lib.TrainBatch, totals) -> dict[str, jax.Array]:
+    del top1
+    _, diag = self.loss_fn(logp, batch.loss_batch(), total_units=totals)
+    diag["loss_units"] = jnp.asarray(totals, jnp.float32)
+    return diag
+
+
+def micro_batches_for(optim: OptimConfig, num_prompts: int) -> int:
+  """M from `optim.micro_batch_prompts` (0 = one micro-batch of all prompts)."""
+  per = optim.micro_batch_prompts
+  if per == 0:
+    return 1
+  if num_prompts % per:
+    raise UserError(f"config key 'optim.micro_batch_prompts': {per} does not divide the "
+                    f"{num_prompts} prompts of a batch")
+  return num_prompts // per
+
+
+# --------------------------------------------------------------------------------------
+# Sharding helpers.
+
+
+def _data_spec(example_shape: tuple[int, ...], mesh: Mesh) -> tuple[str | None, ...]:
+  """Which example axis of a micro-batch goes over 'fsdp': the first one it divides.
+
+  When none divides (tiny test batches) the batch is replicated and only the parameters
+  are sharded.
+  """
+  n = mesh.shape[DATA_AXIS]
+  for i, size in enumerate(example_shape):
+    if size % n == 0:
+      return (None,) * i + (DATA_AXIS,)
+  return ()
+
+
+def _array_shardings(tree, mesh: Mesh):
+  """The shardings arrays already have; anything not on `mesh` is an error (the caller
+  must place the model on the trainer mesh first)."""
+
+  def one(x):
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
+      return sharding
+    if isinstance(sharding, NamedSharding) or mesh.devices.size > 1:
+      raise ValueError("model parameters must be placed on the trainer mesh "
+                       "(see models.sharding) before building a Trainer")
+    return NamedSharding(mesh, PartitionSpec())
+
+  return jax.tree.map(one, tree)
+
+
+# --------------------------------------------------------------------------------------
+# The trainer.
+
+
+class Trainer:
+  """A compiled-once, sharded train step over a model's parameters.
+
+  Args:
+    model: the policy, its parameters already placed on `mesh` (on a 1x1 mesh a model on
+      the default device is accepted as is). Its buffers are donated: use `model()`.
+    mesh: the trainer mesh, axes ('fsdp', 'tp').
+    optim: optimizer settings (AdamW, warmup, clipping).
+    objective: `RLObjective`, `sft.SFTObjective` or a fork's own.
+    micro_batches: M; the batch's leading axis must be divisible by it.
+    compiler_options: XLA options for the step, e.g. {"xla_backend_optimization_level": 0}
+      halves CPU compile time in tests.
+  """
+
+  def __init__(self, model: nnx.Module, mesh: Mesh, optim: OptimConfig, objective: Objective,
+               micro_batches: int = 1, compiler_options: dict[str, Any] | None = None):
+    if micro_batches < 1:
+      raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
+    self.mesh = mesh
+    self.objective = objective
+    self.micro_batches = micro_batches
+    self.compiler_options = compiler_options
+    self.logits_chunk = optim.logits_chunk
+    self.tx, self.schedule = optimizer_lib.make_optimizer(optim)
+    self.graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
+    self._replicated = NamedSharding(mesh, PartitionSpec())
+    self.param_shardings = _array_shardings(params, mesh)
+    self._rest_shardings = _array_shardings(self._rest, mesh)
+    params = jax.device_put(params, self.param_shardings)
+    opt_shardings = optimizer_lib.state_shardings(self.tx, params, self.param_shardings, mesh)
+    self.state_shardings = TrainState(step=self._replicated, params=self.param_shardings,
+                                      opt_state=opt_shardings)
+    # Created straight into its sharded layout, before the first step.
+    opt_state = optimizer_lib.init_sharded(self.tx, params, opt_shardings)
+    self.state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), self._replicated),
+                            params=params, opt_state=opt_state)
+    self.trace_count = 0  # bumped each time the step function is traced
+    self.memory_analysis = None
+    self._jitted = None
+    self._loss_and_grads = None
+    self._batch_shardings = None
+    self._compiled_shapes = None
+
+  # ---- batch placement -----------------------------------------------------------------
+
+  def batch_shardings(self, batch) -> Any:
+    """NamedShardings for a batch of this shape: one example axis over 'fsdp'."""
+    leading = jax.tree.leaves(batch)[0].shape[:self.objective.example_dims]
+    m = self.micro_batches
+    if leading[0] % m:
+      raise UserError(f"config key 'optim.micro_batch_prompts' (or 'sft.micro_batch_size'): "
+                      f"the batch's {leading[0]} prompts do not split into {m} micro-batches")
+    spec = _data_spec((leading[0] // m,) + tuple(leading[1:]), self.mesh)
+    self._data_spec = spec
+    return jax.tree.map(lambda _: NamedSharding(self.mesh, PartitionSpec(*spec)), batch)
+
+  def shard_batch(self, batch):
+    """Places a host (NumPy) batch on the trainer mesh."""
+    if self._batch_shardings is None:
+      self._batch_shardings = self.batch_shardings(batch)
+    return jax.device_put(batch, self._batch_shardings)
+
+  # ---- the step --------------------------------------------------------------------------
+
+  def _split_micro(self, x: jax.Array) -> jax.Array:
+    """[P, ...] -> [M, P / M, ...] with prompt i in micro-batch i % M."""
+    m = self.micro_batches
+    x = x.reshape((x.shape[0] // m, m) + x.shape[1:])
+    x = jnp.swapaxes(x, 0, 1)
+    spec = PartitionSpec(None, *self._data_spec)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+  def _merge_micro(self, x_M: jax.Array) -> jax.Array:
+    """Inverse of `_split_micro`."""
+    x = jnp.swapaxes(x_M, 0, 1)
+    return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+  def _grads(self, params, rest, micro, totals):
+    """(loss, grads, logp, top1) of one micro-batch."""
+    dims = self.objective.example_dims
+
+    def loss_of(p):
+      model = nnx.merge(self.graphdef, p, rest)
+      tokens, positions, mask = self.objective.model_inputs(micro)
+      logp_R, top1_R = token_logprobs(model, _rows(tokens, dims), _rows(positions, dims),
+                                      _rows(mask, dims), chunk=self.logits_chunk)
+      logp = logp_R.reshape(tokens.shape)
+      top1 = top1_R.reshape(tokens.shape)
+      return self.objective.micro_loss(logp, top1, micro, totals), (logp, top1)
+
+    (loss, (logp, top1)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+    grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+    return loss, grads, logp, top1
+
+  def _accumulate(self, params, rest, batch, totals):
+    """(loss, float32 grads, logp, top1) of the full batch, summed over micro-batches."""
+    if self.micro_batches == 1:
+      return self._grads(params, rest, batch, totals)
+    micro_M = jax.tree.map(self._split_micro, batch)
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+    zeros = jax.lax.with_sharding_constraint(zeros, self.param_shardings)
+
+    def body(carry, micro):
+      loss_sum, grad_sum = carry
+      loss, grads, logp, top1 = self._grads(params, rest, micro, totals)
+      grad_sum = jax.tree.map(jnp.add, grad_sum, grads)
+      return (loss_sum + loss, grad_sum), (logp, top1)
+
+    (loss, grads), (logp_M, top1_M) = jax.lax.scan(
+        body, (jnp.zeros((), jnp.float32), zeros), micro_M)
+    return loss, grads, self._merge_micro(logp_M), self._merge_micro(top1_M)
+
+  def _step(self, state: TrainState, rest, batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    self.trace_count += 1
+    totals = self.objective.totals(batch)
+    params = state.params
+    loss, grads, logp, top1 = self._accumulate(params, rest, batch, totals)
+    metrics = self.objective.metrics(jax.lax.stop_gradient(logp), top1, batch, totals)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt = self.tx.update(grads, state.opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    # A non-finite loss or gradient would poison Adam's moments for good: keep the old
+    # state and report it; the training loop decides when to give up.
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+    new_state = TrainState(step=state.step + finite.astype(jnp.int32),
+                           params=keep(new_params, params),
+                           opt_state=keep(new_opt, state.opt_state))
+    _, _, mask = self.objective.model_inputs(batch)
+    metrics.update(
+        loss=loss,
+        grad_norm=grad_norm,
+        update_norm=jnp.where(finite, optax.tree.norm(updates), 0.0),
+        param_norm=optax.tree.norm(new_state.params),
+        lr=jnp.asarray(self.schedule(state.step), jnp.float32),
+        tokens=jnp.sum(mask).astype(jnp.float32),
+        nonfinite=jnp.logical_not(finite),
+    )
+    return new_state, metrics
+
+  def compile(self, batch) -> None:
+    """Builds and compiles the step for this batch shape; logs its memory analysis.
+
+    Called by the first `step`; call it earlier to fail fast on out-of-memory.
+    """
+    batch = self.shard_batch(batch)
+    self._jitted = jax.jit(
+        self._step,
+        in_shardings=(self.state_shardings, self._rest_shardings, self._batch_shardings),
+        out_shardings=(self.state_shardings, self._replicated),
+        donate_argnums=(0,), compiler_options=self.compiler_options)
+    self._compiled_shapes = _shapes(batch)
+    compiled = self._jitted.lower(self.state, self._rest, batch).compile()
+    self.memory_analysis = compiled.memory_analysis()
+    log.info("train step compiled: %s", _describe_memory(self.memory_analysis))
+
+  def step(self, batch) -> dict[str, jax.Array]:
+    """One optimizer update on `batch` (NumPy or already sharded); returns device scalars.
+
+    Fetch the metrics after starting the next step, so logging never stalls the device.
+    """
+    if self._jitted is None:
+      self.compile(batch)
+    batch = self.shard_batch(batch)
+    shapes = _shapes(batch)
+    if shapes != self._compiled_shapes:
+      # A new shape would silently compile a second step (minutes for a large model).
+      raise ValueError(f"batch shapes {shapes} differ from the compiled "
+                       f"{self._compiled_shapes}; pad every batch to one fixed shape "
+                       "(batch.pack_rl num_prompts)")
+    self.state, metrics = self._jitted(self.state, self._rest, batch)
+    return metrics
+
+  def loss_and_grads(self, batch) -> tuple[jax.Array, nnx.State]:
+    """The full-batch loss and float32 gradients at the current parameters, through the
+    same micro-batch accumulation as `step` but without an update (for checks and
+    debugging; compiled separately, nothing donated)."""
+    batch = self.shard_batch(batch)
+    if self._loss_and_grads is None:
+
+      def fn(params, rest, batch):
+        totals = self.objective.totals(batch)
+        loss, grads, _, _ = self._accumulate(params, rest, batch, totals)
+        return loss, grads
+
+      self._loss_and_grads = jax.jit(
+          fn, in_shardings=(self.param_shardings, self._rest_shardings, self._batch_shardings),
+          out_shardings=(self._replicated, self.param_shardings),
+          compiler_options=self.compiler_options)
+    return self._loss_and_grads(self.state.params, self._rest, batch)
+
+  def cache_size(self) -> int:
+    """Compiled variants of the step (1 when shapes and shardings never change)."""
+    if self._jitted is None:
+      return 0
+    return self._jitted._cache_size()  # pylint: disable=protected-access
+
+  # ---- views -------------------------------------------------------------------------------
+
+  @property
+  def params(self) -> nnx.State:
+    return self.state.params
+
+  def model(self) -> nnx.Module:
+    """The policy with the current parameters.
+
+    It shares the parameter buffers (valid until the next `step` donates them) but not the
+    Variable objects, so updating the returned model (e.g. an `nnx.jit` round trip) never
+    swaps arrays inside the trainer's state.
+    """
+    params, rest = jax.tree.map(lambda x: x, (self.state.params, self._rest))
+    return nnx.merge(self.graphdef, params, rest)
+
+
+def _shapes(batch) -> list[tuple[tuple[int, ...], str]]:
+  return [(tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(batch)]
+
+
+def _describe_memory(stats) -> str:
+  if stats is None:
+    return "memory analysis unavailable"
+  gib = lambda n: f"{n / 2**30:.3f} GiB"
+  return (f"arguments {gib(stats.argument_size_in_bytes)}, outputs "
+          f"{gib(stats.output_size_in_bytes)}, aliased {gib(stats.alias_size_in_bytes)}, "
+          f"temporaries {gib(stats.temp_size_in_bytes)}")
+

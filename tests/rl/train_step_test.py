@@ -1,0 +1,246 @@
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from jax.sharding import AxisType
+
+from jaxrl_scale import config
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.models import config as model_config
+from jaxrl_scale.models import sharding
+from jaxrl_scale.parallel import mesh as mesh_lib
+from jaxrl_scale.rl import batch as batch_lib
+from jaxrl_scale.rl import train_step
+
+P, G, S = 4, 4, 20
+PROMPT_LEN = 4
+
+
+def tiny_cfg() -> model_config.ModelConfig:
+  # tp=2 divides heads, kv heads, mlp and vocab; fsdp=4 divides the model dim.
+  return model_config.ModelConfig(family="llama", vocab_size=64, hidden_size=32, num_layers=1,
+                                  num_heads=4, num_kv_heads=2, head_dim=8,
+                                  intermediate_size=64)
+
+
+def mesh_8() -> jax.sharding.Mesh:
+  return jax.make_mesh((4, 2), mesh_lib.TRAINER_AXES, axis_types=(AxisType.Auto,) * 2,
+                       devices=jax.devices()[:8])
+
+
+def make_batch(seed: int, gen_logp=None, advantages=None) -> batch_lib.TrainBatch:
+  """Ragged completions, one forced-interruption token, one zero-weight (filtered) prompt."""
+  rng = np.random.default_rng(seed)
+  prompts = [list(rng.integers(1, 64, size=PROMPT_LEN)) for _ in range(P)]
+  completions = [[list(rng.integers(1, 64, size=rng.integers(1, S - PROMPT_LEN + 1)))
+                  for _ in range(G)] for _ in range(P)]
+  if gen_logp is None:
+    gen_logp = [[list(-rng.uniform(2.0, 6.0, size=len(c))) for c in cs] for cs in completions]
+  trainable = [[[True] * len(c) for c in cs] for cs in completions]
+  trainable[1][0][0] = False  # a forced-interruption token
+  adv = rng.normal(size=(P, G)) if advantages is None else advantages
+  weights = np.ones((P, G), np.float32)
+  weights[2] = 0.0
+  return batch_lib.pack_rl(prompts, completions, gen_logp, adv, seq_len=S, trainable=trainable,
+                           weights=weights, prompt_ids=[10, 11, 12, 13])
+
+
+FAST_COMPILE = {"xla_backend_optimization_level": 0}  # halves CPU compile time
+
+
+@functools.cache
+def _init_params():
+  """Random params built in NumPy (XLA-compiling a random init costs seconds on CPU)."""
+  graphdef, abstract = sharding.abstract_model(tiny_cfg())
+  rng = np.random.default_rng(0)
+
+  def one(path, x):
+    shape = x.get_value().shape
+    if getattr(path[-1], "key", None) == "scale":  # RMSNorm scales start at 1
+      return x.replace(np.ones(shape, np.float32))
+    return x.replace((0.02 * rng.standard_normal(shape)).astype(np.float32))
+
+  state = jax.tree.map_with_path(one, abstract, is_leaf=lambda v: isinstance(v, nnx.Variable))
+  return graphdef, state
+
+
+def fresh_model(mesh):
+  """The same initial model, in fresh buffers on `mesh` (a Trainer donates them)."""
+  graphdef, state = _init_params()
+  return nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh)))
+
+
+def make_trainer(mesh, loss="cispo", aggregation="prompt_avg", micro_batches=1, lr=1e-3,
+                 **optim):
+  rl = config.RLConfig(loss=loss, aggregation=aggregation)
+  opt = config.OptimConfig(lr=lr, warmup_steps=0, **optim)
+  return train_step.Trainer(fresh_model(mesh), mesh, opt, train_step.RLObjective(rl),
+                            micro_batches=micro_batches, compiler_options=FAST_COMPILE)
+
+
+def host(tree):
+  return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def test_pack_rl_layout():
+  b = make_batch(0)
+  assert b.tokens_PGS.shape == (P, G, S) and b.advantages_PG.shape == (P, G)
+  assert not b.loss_mask_PGS[..., :PROMPT_LEN].any()  # no loss on prompt tokens
+  np.testing.assert_array_equal(b.loss_mask_PGS * (1 - b.input_mask_PGS), 0)  # nor padding
+  lp = PROMPT_LEN
+  assert b.loss_mask_PGS[1, 0, lp] == 0 and b.input_mask_PGS[1, 0, lp] == 1  # interruption
+  assert (b.gen_logp_PGS[b.loss_mask_PGS > 0] < 0).all()
+  np.testing.assert_array_equal(b.prompt_id_PG[:, 0], [10, 11, 12, 13])
+
+
+@pytest.mark.parametrize("loss", ["cispo", "grpo", "dapo", "gspo", "reinforce"])
+def test_first_step_same_loss_sharded_and_single_device(loss):
+  batch = make_batch(1)
+  results = []
+  for mesh in (mesh_8(), mesh_lib.single_device_mesh()):
+    trainer = make_trainer(mesh, loss=loss, micro_batches=2)
+    metrics = host(trainer.step(batch))
+    assert not metrics["nonfinite"]
+    results.append(metrics)
+  sharded, single = results
+  assert abs(sharded["loss"] - single["loss"]) < 1e-5
+  np.testing.assert_allclose(sharded["grad_norm"], single["grad_norm"], rtol=1e-4)
+  np.testing.assert_allclose(sharded["ratio_p50"], single["ratio_p50"], rtol=1e-4)
+  assert sharded["num_loss_tokens"] == single["num_loss_tokens"] > 0
+
+
+def test_params_and_opt_state_stay_sharded_like_params():
+  mesh = mesh_8()
+  trainer = make_trainer(mesh)
+  kernel = trainer.params["layers"][0]["mlp"]["gate_proj"]["kernel"]
+  assert kernel.get_value().sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp")
+  is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)
+  (adam,) = [s for s in jax.tree.leaves(trainer.state.opt_state, is_leaf=is_adam) if is_adam(s)]
+  for moment in (adam.mu, adam.nu):
+    kernel = moment["layers"][0]["mlp"]["gate_proj"]["kernel"]
+    assert kernel.get_value().sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp")
+  trainer.step(make_batch(2))
+  kernel = trainer.params["layers"][0]["mlp"]["gate_proj"]["kernel"]
+  assert kernel.get_value().sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp")
+  assert trainer.memory_analysis is not None
+
+
+@pytest.mark.parametrize("aggregation", [
+    "prompt_avg",
+    pytest.param("token_avg", marks=pytest.mark.slow),
+    pytest.param("sample_avg", marks=pytest.mark.slow),
+])
+def test_micro_batch_accumulation_equals_full_batch(aggregation):
+  mesh = mesh_8()
+  batch = make_batch(3)
+  out = []
+  for m in (1, 4):
+    trainer = make_trainer(mesh, aggregation=aggregation, micro_batches=m)
+    out.append(host(trainer.loss_and_grads(batch)))
+  (loss_1, grads_1), (loss_4, grads_4) = out
+  assert abs(loss_1 - loss_4) < 1e-5
+  for g1, g4 in zip(jax.tree.leaves(grads_1), jax.tree.leaves(grads_4)):
+    np.testing.assert_allclose(g4, g1, atol=1e-5, rtol=0)
+  assert max(np.abs(g).max() for g in jax.tree.leaves(grads_1)) > 1e-3  # not all zero
+
+
+_token_logprobs = nnx.jit(train_step.token_logprobs)
+
+
+def _completion_logp(trainer, batch, p, g) -> float:
+  model = trainer.model()
+  logp, _ = _token_logprobs(model, batch.tokens_PGS[p], batch.positions_PGS[p],
+                            batch.input_mask_PGS[p])
+  return float(np.sum(np.asarray(logp)[g] * batch.loss_mask_PGS[p, g]))
+
+
+def test_positive_advantage_up_compile_once_and_nonfinite_skip():
+  trainer = make_trainer(mesh_lib.single_device_mesh(), lr=1e-2, max_grad_norm=1.0)
+  adv = np.zeros((P, G), np.float32)
+  adv[0, 0] = 1.0
+  adv[0, 1:] = -1.0 / 3.0
+  batch = make_batch(4, advantages=adv)
+  before_pos = _completion_logp(trainer, batch, 0, 0)
+  before_neg = _completion_logp(trainer, batch, 0, 1)
+  metrics = host(trainer.step(batch))
+  assert not metrics["nonfinite"] and metrics["lr"] == pytest.approx(1e-2)
+  assert _completion_logp(trainer, batch, 0, 0) > before_pos + 0.1
+  assert _completion_logp(trainer, batch, 0, 1) < before_neg
+
+  # A non-finite loss leaves params, optimizer state and step untouched, and says so.
+  bad = make_batch(5)
+  bad_adv = np.array(bad.advantages_PG)
+  bad_adv[0, 0] = np.nan
+  bad = batch_lib.TrainBatch(**{**vars(bad), "advantages_PG": bad_adv})
+  params_before, opt_before = host(trainer.params), host(trainer.state.opt_state)
+  metrics = host(trainer.step(bad))
+  assert metrics["nonfinite"] and not np.isfinite(metrics["loss"])
+  assert int(trainer.state.step) == 1
+  for a, b in zip(jax.tree.leaves(params_before), jax.tree.leaves(host(trainer.params))):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(jax.tree.leaves(opt_before), jax.tree.leaves(host(trainer.state.opt_state))):
+    np.testing.assert_array_equal(a, b)
+
+  # More steps with new data (and numpy or device batches) reuse the one compiled step.
+  metrics = host(trainer.step(trainer.shard_batch(make_batch(6))))
+  assert not metrics["nonfinite"] and int(trainer.state.step) == 2
+  assert trainer.trace_count == 1
+  assert trainer.cache_size() == 1
+  smaller = jax.tree.map(lambda x: x[:2], make_batch(6))
+  with pytest.raises(ValueError, match="fixed shape"):
+    trainer.step(smaller)
+
+
+def test_micro_batches_for_config():
+  assert train_step.micro_batches_for(config.OptimConfig(micro_batch_prompts=0), 48) == 1
+  assert train_step.micro_batches_for(config.OptimConfig(micro_batch_prompts=8), 48) == 6
+  with pytest.raises(UserError, match="optim.micro_batch_prompts"):
+    train_step.micro_batches_for(config.OptimConfig(micro_batch_prompts=5), 48)
+
+
+def test_objective_takes_loss_params_from_config():
+  rl = config.RLConfig(loss="dapo", clip_low=0.1, clip_high=0.3)
+  objective = train_step.RLObjective(rl)
+  assert objective.aggregation == "prompt_avg"
+  with pytest.raises(UserError, match="rl.loss"):
+    train_step.RLObjective(config.RLConfig(loss="cispoo"))
+
+
+def test_token_logprobs_match_log_softmax():
+  model = fresh_model(mesh_lib.single_device_mesh())
+  batch = make_batch(7)
+  tokens, pos, mask = batch.tokens_PGS[0], batch.positions_PGS[0], batch.input_mask_PGS[0]
+  logp, top1 = _token_logprobs(model, tokens, pos, mask)
+  logits = np.asarray(model(tokens, pos, mask), np.float64)
+  peak = logits.max(-1, keepdims=True)
+  ref = logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))
+  want = np.take_along_axis(ref[:, :-1], tokens[:, 1:, None], axis=-1)[..., 0]
+  assert logp.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(logp)[:, 1:], want, atol=1e-5)
+  assert (np.asarray(logp)[:, 0] == 0).all()
+  np.testing.assert_array_equal(np.asarray(top1)[:, 1:],
+                                logits[:, :-1].argmax(-1) == tokens[:, 1:])
+
+
+def test_chunked_lm_head_gives_same_logprobs_and_grads():
+  model = fresh_model(mesh_lib.single_device_mesh())
+  graphdef, params = nnx.split(model)
+  b = make_batch(8)
+  tokens, pos, mask = b.tokens_PGS[1], b.positions_PGS[1], b.input_mask_PGS[1]
+  weight = b.loss_mask_PGS[1]
+
+  def objective(p, chunk):
+    logp, top1 = train_step.token_logprobs(nnx.merge(graphdef, p), tokens, pos, mask, chunk)
+    return jnp.sum(logp * weight), (logp, top1)
+
+  results = [jax.jit(jax.grad(objective, has_aux=True), static_argnums=1)(params, c)
+             for c in (0, 6)]  # S - 1 = 19 targets: three chunks of 6 and a padded one
+  (g_full, (logp_full, top1_full)), (g_chunk, (logp_chunk, top1_chunk)) = host(results)
+  np.testing.assert_allclose(logp_chunk, logp_full, atol=1e-5)
+  np.testing.assert_array_equal(top1_chunk, top1_full)
+  for a, c in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_chunk)):
+    np.testing.assert_allclose(c, a, atol=1e-5)
