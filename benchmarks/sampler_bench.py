@@ -1,0 +1,260 @@
+"""Sampler throughput: ours vs transformers generate, and continuous vs static batching.
+
+    python benchmarks/sampler_bench.py            # full run (a few minutes on CPU)
+    python benchmarks/sampler_bench.py --quick    # small shapes, seconds
+
+One random Llama-family checkpoint is written with transformers and loaded by both sides,
+so both run the same weights. Printed, all measured in this run on this machine:
+
+1. Decode throughput at a fixed batch (default 32 sequences x 256 new tokens, greedy, no
+   early stop): ours (jitted decode chunks, compile excluded by a warm-up run with the
+   same shapes) vs `transformers` generate on torch CPU (also after a warm-up, in its own
+   process, best of 1 thread and torch's default thread count). The sides alternate and
+   the best of --repeats runs of each is kept: on a shared machine torch's OpenMP threads
+   slow down badly whenever the cores are oversubscribed, and one run can be off by 10x.
+   Goal >= 2x.
+2. Continuous vs static batching on a mixed-length workload: per-request token budgets
+   spread over 10x. Static = waves of `slots` requests, each wave waits for its longest
+   sequence; continuous = the same sampler and slots refilled as sequences finish.
+   Goal >= 1.5x.
+3. On a GPU/TPU: the decode step's achieved fraction of the HBM-bandwidth roofline (bytes
+   of weights and live KV cache read per step / step time / peak bandwidth).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+# Peak HBM bandwidth (GB/s) of common accelerators, for the roofline line; --hbm-gbps wins.
+_PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "TPU v4": 1200.0,
+              "TPU v5e": 819.0, "TPU v5p": 2765.0, "TPU v6e": 1640.0}
+
+
+def _parse() -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--quick", action="store_true", help="small shapes for a fast check")
+  p.add_argument("--hidden", type=int, default=256)
+  p.add_argument("--layers", type=int, default=4)
+  p.add_argument("--vocab", type=int, default=8192)
+  p.add_argument("--batch", type=int, default=32)
+  p.add_argument("--new-tokens", type=int, default=256)
+  p.add_argument("--prompt-len", type=int, default=32)
+  p.add_argument("--chunk", type=int, default=16, help="decode steps per jitted chunk")
+  p.add_argument("--requests", type=int, default=256, help="mixed workload size")
+  p.add_argument("--slots", type=int, default=32, help="slots for the mixed workload")
+  p.add_argument("--min-tokens", type=int, default=24, help="mixed workload shortest budget")
+  p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  p.add_argument("--repeats", type=int, default=3, help="timed runs per side; best is kept")
+  p.add_argument("--skip-hf", action="store_true", help="skip the transformers baseline")
+  p.add_argument("--hf-threads", type=int, default=None,
+                 help="torch threads (default: the best of 1 and torch's default)")
+  p.add_argument("--skip-mixed", action="store_true", help="skip the mixed-length workload")
+  p.add_argument("--hbm-gbps", type=float, default=None, help="peak HBM bandwidth, GB/s")
+  args = p.parse_args()
+  if args.quick:
+    args.hidden, args.layers, args.vocab = 128, 2, 2048
+    args.batch, args.new_tokens, args.requests, args.slots = 8, 128, 64, 8
+    args.prompt_len, args.min_tokens, args.chunk, args.repeats = 8, 12, 8, 2
+  return args
+
+
+def _write_checkpoint(args, path: str) -> None:
+  import torch
+  import transformers
+
+  heads = max(2, args.hidden // 64)
+  cfg = transformers.LlamaConfig(
+      vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+      num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
+      max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+      tie_word_embeddings=False)
+  torch.manual_seed(0)
+  model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+  model.save_pretrained(path)
+
+
+def _hf_worker(path: str, conn) -> None:
+  """transformers side, in its own process: torch's and XLA's CPU thread pools would
+  otherwise spin against each other in one process and distort both timings."""
+  import torch
+  import transformers
+
+  model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+  conn.send(torch.get_num_threads())
+  while True:
+    msg = conn.recv()
+    if msg is None:
+      return
+    prompts, new_tokens, threads = msg
+    torch.set_num_threads(threads)
+    ids = torch.tensor(prompts)
+    with torch.no_grad():
+      start = time.perf_counter()
+      out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                           do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
+      seconds = time.perf_counter() - start
+    conn.send((seconds, int(out.shape[1])))
+
+
+class _HF:
+  """Greedy batched `generate` of exactly N new tokens per row, timed in a worker process."""
+
+  def __init__(self, path: str):
+    ctx = multiprocessing.get_context("spawn")
+    self.conn, child = ctx.Pipe()
+    self.proc = ctx.Process(target=_hf_worker, args=(path, child), daemon=True)
+    self.proc.start()
+    self.default_threads = self.conn.recv()
+
+  def generate(self, prompts: np.ndarray, new_tokens: int, threads: int) -> float:
+    self.conn.send((prompts, new_tokens, threads))
+    seconds, length = self.conn.recv()
+    assert length == prompts.shape[1] + new_tokens
+    return seconds
+
+  def close(self) -> None:
+    self.conn.send(None)
+    self.proc.join()
+
+
+def _sampler(model, args, slots: int, max_new: int):
+  from jaxrl_scale.config import SamplerConfig
+  from jaxrl_scale.generation import engine
+
+  bucket = 1 << (args.prompt_len - 1).bit_length()
+  cfg = SamplerConfig(num_slots=slots, max_new_tokens=max_new, temperature=0.0,
+                      decode_chunk=args.chunk, prompt_buckets=(bucket,))
+  return engine.Sampler(model, cfg, eos_ids=())  # no EOS: every row runs its full budget
+
+
+def _timed(sampler, requests, repeats: int = 1) -> tuple[float, list]:
+  """Best wall time over `repeats` runs (the machine may be shared), and the outputs."""
+  best = float("inf")
+  for _ in range(repeats):
+    sampler.reset_stats()
+    start = time.perf_counter()
+    outs = sampler.generate(requests)
+    best = min(best, time.perf_counter() - start)
+  return best, outs
+
+
+def _roofline(sampler, model_cfg, args, step_seconds: float, live_len: float) -> str:
+  import jax
+
+  device = jax.devices()[0]
+  if device.platform == "cpu":
+    return "roofline: skipped (CPU run; HBM roofline applies to GPU/TPU)"
+  peak = args.hbm_gbps
+  if peak is None:
+    kind = device.device_kind
+    peak = next((v for k, v in _PEAK_GBPS.items() if k.lower() in kind.lower()), None)
+  if peak is None:
+    return f"roofline: unknown peak bandwidth for {device.device_kind}; pass --hbm-gbps"
+  param_bytes = sum(x.nbytes for x in jax.tree.leaves(sampler.params))
+  itemsize = sampler._state.cache.k[0].dtype.itemsize
+  kv_bytes = (2 * model_cfg.num_layers * sampler.num_slots * live_len * model_cfg.num_kv_heads
+              * model_cfg.head_dim * itemsize)
+  achieved = (param_bytes + kv_bytes) / step_seconds / 1e9
+  return (f"roofline: {achieved:.0f} GB/s of {peak:.0f} GB/s peak = {achieved / peak:.1%} "
+          f"(weights {param_bytes / 1e6:.1f} MB + live KV {kv_bytes / 1e6:.1f} MB per step)")
+
+
+def main() -> int:
+  args = _parse()
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  import jax
+
+  from jaxrl_scale.generation import records
+  from jaxrl_scale.models import hf_io
+
+  tmp = tempfile.mkdtemp(prefix="sampler_bench_")
+  _write_checkpoint(args, tmp)
+  model, model_cfg = hf_io.load_hf_model(tmp, param_dtype=args.dtype)
+  n_params = model_cfg.num_params()
+  print(f"device: {jax.devices()[0].device_kind} x{len(jax.devices())}; model: llama "
+        f"hidden={args.hidden} layers={args.layers} vocab={args.vocab} "
+        f"({n_params / 1e6:.1f}M params, {args.dtype})")
+
+  rng = np.random.default_rng(0)
+  prompts = rng.integers(3, args.vocab, size=(args.batch, args.prompt_len)).astype(np.int64)
+
+  # 1. Fixed-batch decode throughput. Ours and transformers alternate, best of each kept, so
+  # both sides see the same background load on a shared machine.
+  sampler = _sampler(model, args, args.batch, args.new_tokens)
+  reqs = [records.Request(p.tolist(), prompt_id=i) for i, p in enumerate(prompts)]
+  _timed(sampler, reqs)  # compile
+  hf = None if args.skip_hf else _HF(tmp)
+  # torch gets its best of one thread and its default count: with the cores oversubscribed
+  # (a shared machine), one thread is often several times faster than OpenMP's default.
+  hf_threads = [] if hf is None else (
+      [args.hf_threads] if args.hf_threads else sorted({1, hf.default_threads}))
+  for t in hf_threads:
+    hf.generate(prompts, 4, t)  # warm-up
+  ours_s = float("inf")
+  hf_s = {t: float("inf") for t in hf_threads}
+  for _ in range(args.repeats):
+    seconds, outs = _timed(sampler, reqs)
+    ours_s = min(ours_s, seconds)
+    for t in hf_threads:
+      hf_s[t] = min(hf_s[t], hf.generate(prompts, args.new_tokens, t))
+  assert all(o.num_tokens == args.new_tokens for o in outs)
+  total = args.batch * args.new_tokens
+  ours_tps = total / ours_s
+  print(f"[decode] ours: {total} tokens in {ours_s:.2f} s = {ours_tps:.0f} tokens/s "
+        f"(batch {args.batch}, {args.new_tokens} new tokens, chunk {args.chunk})")
+  if hf is not None:
+    hf.close()
+    for t in hf_threads:
+      print(f"[decode] transformers generate (torch CPU, {t} thread(s), own process): "
+            f"{hf_s[t]:.2f} s = {total / hf_s[t]:.0f} tokens/s")
+    hf_tps = total / min(hf_s.values())
+    print(f"[decode] RATIO ours / best transformers = {ours_tps / hf_tps:.2f}x (goal >= 2x)")
+  steps = sampler.stats.chunks * args.chunk
+  print(_roofline(sampler, model_cfg, args, ours_s / max(steps, 1),
+                  args.prompt_len + args.new_tokens / 2))
+
+  if args.skip_mixed:
+    return 0
+  # 2. Mixed-length workload: continuous vs static batching, same sampler and slots.
+  budgets = np.exp(rng.uniform(np.log(args.min_tokens), np.log(args.new_tokens),
+                               size=args.requests)).astype(int)
+  work = [records.Request(prompts[i % args.batch].tolist(), prompt_id=i,
+                          max_new_tokens=int(b)) for i, b in enumerate(budgets)]
+  mixed = _sampler(model, args, args.slots, args.new_tokens)
+  mixed.generate(work[:2 * args.slots])  # compile every admission size used below
+  for k in (1, 2, 4, 8, 16, 32):
+    if k < args.slots:
+      mixed.generate(work[:k])
+  cont_s, cont = _timed(mixed, work, args.repeats)
+  cont_util = mixed.stats.slot_utilisation
+  static_s = float("inf")
+  for _ in range(args.repeats):
+    start = time.perf_counter()
+    static_tokens = static_capacity = 0
+    for i in range(0, len(work), args.slots):
+      mixed.reset_stats()
+      mixed.generate(work[i:i + args.slots])  # a wave: nothing refills until all finish
+      static_tokens += mixed.stats.tokens
+      static_capacity += mixed.stats.slot_steps
+    static_s = min(static_s, time.perf_counter() - start)
+  tokens = int(budgets.sum())
+  assert sum(o.num_tokens for o in cont) == tokens
+  print(f"[mixed] {args.requests} requests, budgets {budgets.min()}..{budgets.max()} tokens "
+        f"(mean {budgets.mean():.0f}), {args.slots} slots")
+  print(f"[mixed] continuous: {cont_s:.2f} s = {tokens / cont_s:.0f} tokens/s, "
+        f"slot utilisation {cont_util:.0%}")
+  print(f"[mixed] static:     {static_s:.2f} s = {tokens / static_s:.0f} tokens/s, "
+        f"slot utilisation {static_tokens / max(static_capacity, 1):.0%}")
+  print(f"[mixed] RATIO continuous / static = {static_s / cont_s:.2f}x (goal >= 1.5x)")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

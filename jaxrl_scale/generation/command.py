@@ -1,0 +1,163 @@
+"""`jaxrl-scale generate`: sample from a Hugging Face-format checkpoint directory.
+
+    jaxrl-scale generate --model DIR --prompt "What is 2+3?" --n 4 --temperature 0.7
+    jaxrl-scale generate --model DIR --prompts-file prompts.jsonl --greedy --json
+
+Prompts go through the checkpoint's chat template when it has one (--no-chat-template
+sends the raw text). A .jsonl prompts file holds one object per line with a "prompt" string;
+any other file holds one prompt per non-empty line. Throughput is printed twice: over the
+whole run (compilation included) and from the first decode chunk on (steady state).
+
+Only stdlib imports at module level: the CLI builds every command's parser at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from jaxrl_scale.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--model", required=True, metavar="DIR",
+                      help="Hugging Face directory: config.json, safetensors, tokenizer.json")
+  source = parser.add_mutually_exclusive_group(required=True)
+  source.add_argument("--prompt", metavar="TEXT", help="one prompt")
+  source.add_argument("--prompts-file", metavar="F",
+                      help="prompts: .jsonl with a 'prompt' field, else one per line")
+  parser.add_argument("--n", type=int, default=1, help="samples per prompt (default 1)")
+  parser.add_argument("--temperature", type=float, default=1.0, help="default 1.0")
+  parser.add_argument("--top-p", type=float, default=1.0, help="default 1.0 (off)")
+  parser.add_argument("--top-k", type=int, default=0, help="default 0 (off)")
+  parser.add_argument("--max-new-tokens", type=int, default=128, help="default 128")
+  parser.add_argument("--greedy", action="store_true", help="argmax decoding (temperature 0)")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--slots", type=int, default=64,
+                      help="most sequences decoded at once (default 64)")
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                      help="parameter/activation dtype (default: the checkpoint's)")
+  parser.add_argument("--no-chat-template", action="store_true",
+                      help="tokenize prompts as raw text")
+  parser.add_argument("--json", action="store_true",
+                      help="print one JSON object (completions and throughput)")
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+  """The prompt texts named by --prompt or --prompts-file."""
+  if args.prompt is not None:
+    return [args.prompt]
+  path = args.prompts_file
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = f.read().splitlines()
+  except (OSError, UnicodeDecodeError) as e:
+    raise UserError(f"--prompts-file {path}: cannot read ({e.__class__.__name__})") from None
+  prompts = []
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    if path.endswith(".jsonl"):
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise UserError(f"{path} line {number}: invalid JSON ({e.msg})") from None
+      if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+        raise UserError(f"{path} line {number}: expected an object with a string 'prompt'")
+      prompts.append(row["prompt"])
+    else:
+      prompts.append(line)
+  if not prompts:
+    raise UserError(f"--prompts-file {path}: no prompts")
+  return prompts
+
+
+def _check_args(args: argparse.Namespace) -> None:
+  if not os.path.isdir(args.model):
+    raise UserError(f"--model {args.model}: not a directory")
+  for flag, value, ok in (("--n", args.n, args.n >= 1),
+                          ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1),
+                          ("--slots", args.slots, args.slots >= 1),
+                          ("--temperature", args.temperature, args.temperature >= 0),
+                          ("--top-p", args.top_p, 0 < args.top_p <= 1),
+                          ("--top-k", args.top_k, args.top_k >= 0)):
+    if not ok:
+      raise UserError(f"{flag}: invalid value {value}")
+
+
+def run(args: argparse.Namespace) -> int:
+  _check_args(args)
+  texts = read_prompts(args)
+
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from jaxrl_scale.config import SamplerConfig  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.generation import engine, records  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.models import hf_io  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+
+  tokenizer = tokenizer_lib.load_tokenizer(args.model)
+  if args.no_chat_template or tokenizer.chat_template is None:
+    prompt_ids = [tokenizer.encode(t, add_special_tokens=True) for t in texts]
+  else:
+    prompt_ids = [tokenizer.apply_chat_template(t, tokenize=True) for t in texts]
+  for i, ids in enumerate(prompt_ids):
+    if not ids:
+      raise UserError(f"prompt {i}: tokenizes to no tokens")
+
+  devices = jax.devices()
+  mesh = jax.make_mesh((len(devices), 1), ("data", "tp"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
+  model, model_cfg = hf_io.load_hf_model(args.model, mesh=mesh, param_dtype=args.dtype)
+  total = len(prompt_ids) * args.n
+  slots = min(args.slots, total)
+  slots = -(-slots // len(devices)) * len(devices)  # slots split evenly over devices
+  longest = max(len(ids) for ids in prompt_ids)
+  buckets = tuple(sorted({*SamplerConfig().prompt_buckets, 1 << (longest - 1).bit_length()}))
+  cfg = SamplerConfig(num_slots=slots, max_new_tokens=args.max_new_tokens,
+                      temperature=0.0 if args.greedy else args.temperature,
+                      top_p=args.top_p, top_k=args.top_k, prompt_buckets=buckets)
+  if longest + args.max_new_tokens > model_cfg.max_position_embeddings:
+    print(f"warning: prompt + new tokens ({longest} + {args.max_new_tokens}) exceed the "
+          f"model's max_position_embeddings ({model_cfg.max_position_embeddings})",
+          file=sys.stderr)
+  sampler = engine.Sampler(model, cfg, mesh=mesh, tokenizer=tokenizer, seed=args.seed,
+                           max_prompt_len=longest)
+  requests = [records.Request(ids, prompt_id=i, sample_index=j)
+              for i, ids in enumerate(prompt_ids) for j in range(args.n)]
+
+  mark: dict[str, float] = {}
+
+  def on_chunk(s: engine.Sampler, index: int) -> None:
+    if index == 0:  # compilation is behind us once the first chunk is read back
+      mark["time"], mark["tokens"] = time.perf_counter(), s.stats.tokens
+
+  start = time.perf_counter()
+  completions = sampler.generate(requests, on_chunk=on_chunk)
+  seconds = time.perf_counter() - start
+  tokens = sum(c.num_tokens for c in completions)
+  steady_s = time.perf_counter() - mark.get("time", start)
+  steady_tokens = tokens - mark.get("tokens", 0)
+  rate = tokens / seconds if seconds > 0 else 0.0
+  steady = steady_tokens / steady_s if steady_s > 0 and steady_tokens > 0 else rate
+
+  if args.json:
+    print(json.dumps({
+        "completions": [{"prompt_index": c.prompt_id, "sample_index": c.sample_index,
+                         "text": c.text, "tokens": c.tokens.tolist(),
+                         "logprobs": [round(float(x), 6) for x in c.logprobs],
+                         "finish_reason": c.finish_reason, "num_tokens": c.num_tokens}
+                        for c in completions],
+        "tokens": tokens, "seconds": round(seconds, 4), "tokens_per_second": round(rate, 2),
+        "steady_tokens_per_second": round(steady, 2)}))
+    return 0
+  for c in completions:
+    print(f"--- prompt {c.prompt_id} sample {c.sample_index} "
+          f"({c.num_tokens} tokens, {c.finish_reason})")
+    print(c.text)
+  print(f"{tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s "
+        f"({steady:.1f} tokens/s after compilation, {slots} slots)")
+  return 0

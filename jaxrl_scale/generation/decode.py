@@ -1,0 +1,299 @@
+"""The sampler's device side: per-slot state, prefill into slots, and jitted decode chunks.
+
+Shapes: S slots, L cache slots per row, N decode steps per chunk, n rows admitted at once,
+T prompt bucket length, E eos ids, F forced-phrase tokens, V vocab.
+
+A slot holds one sequence. Its cache row has the prompt's first P-1 tokens at slots
+[0, P-1); `token_S` is the newest token not yet in the cache (the last prompt token right
+after admission) and `pos_S` its slot and RoPE position. Each decode step feeds `token_S`,
+writes it at `pos_S`, and picks the next token from the resulting logits. Admission thus
+needs no logits at all (XLA drops the LM head from the prefill program), and the first
+generated token goes through the same sampling, forcing and stopping code as every other.
+
+Stopping on EOS ids and on token budgets happens on the device, inside the chunk, so a
+finished row stops producing valid tokens at once; stop strings are matched on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl_scale.generation import sampling
+from jaxrl_scale.models import sharding, transformer
+from jaxrl_scale.models.config import ModelConfig
+
+NEVER = 2**30  # force_at value of a sequence that is never interrupted
+
+# Per-step end codes (ChunkOutput.end_NS).
+RUNNING, END_EOS, END_LENGTH = 0, 1, 2
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SlotState:
+  """Everything a slot carries between decode steps (all leading dims are S)."""
+
+  cache: transformer.KVCache
+  token_S: jax.Array  # int32: next token to feed
+  pos_S: jax.Array  # int32: its slot / RoPE position
+  num_gen_S: jax.Array  # int32: tokens generated so far
+  active_S: jax.Array  # bool
+  seed_S: jax.Array  # int32 per-sequence seed
+  temperature_S: jax.Array  # float32, 0 = greedy
+  top_k_S: jax.Array  # int32, 0 = off
+  top_p_S: jax.Array  # float32, 1 = off
+  limit_S: jax.Array  # int32: max new tokens
+  force_at_S: jax.Array  # int32: generated-token index where the forced phrase starts
+  answer_budget_S: jax.Array  # int32: tokens allowed after the phrase (0 = up to limit)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Admission:
+  """Rows to place into slots (n rows; padding rows carry slot index S, which is dropped)."""
+
+  tokens_nT: jax.Array  # int32 right-padded prompts
+  length_n: jax.Array  # int32 prompt lengths (>= 1)
+  slot_n: jax.Array  # int32 destination slot
+  seed_n: jax.Array
+  temperature_n: jax.Array
+  top_k_n: jax.Array
+  top_p_n: jax.Array
+  limit_n: jax.Array
+  force_at_n: jax.Array
+  answer_budget_n: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Constants:
+  """Per-sampler constants passed as arrays so they never trigger a recompile."""
+
+  eos_E: jax.Array  # int32 ids that end a sequence (-1 = unused entry)
+  phrase_F: jax.Array  # int32 forced-interruption phrase, zero-padded to a power of two
+  phrase_len: jax.Array  # int32 scalar: real length of phrase_F
+  think_end: jax.Array  # int32 scalar: id that ends thinking naturally (-1 = none)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ChunkOutput:
+  """Per step and slot: what was emitted. Rows with valid False emitted nothing."""
+
+  tokens_NS: jax.Array
+  logprobs_NS: jax.Array  # float32
+  forced_NS: jax.Array  # bool
+  valid_NS: jax.Array  # bool
+  end_NS: jax.Array  # int8 RUNNING / END_EOS / END_LENGTH
+
+
+def next_pow2(n: int) -> int:
+  return 1 << max(0, (n - 1).bit_length())
+
+
+def state_shardings(model_cfg: ModelConfig, mesh: Mesh, num_slots: int) -> SlotState:
+  """Slots over the mesh's 'data' axis (cache kv heads over 'tp', per models.sharding)."""
+  data = mesh.shape.get("data", 1)
+  vec = NamedSharding(mesh, PartitionSpec("data" if data > 1 else None))
+  return SlotState(cache=sharding.cache_shardings(model_cfg, mesh, num_slots),
+                   token_S=vec, pos_S=vec, num_gen_S=vec, active_S=vec, seed_S=vec,
+                   temperature_S=vec, top_k_S=vec, top_p_S=vec, limit_S=vec, force_at_S=vec,
+                   answer_budget_S=vec)
+
+
+def constants(eos_ids: Sequence[int], phrase: Sequence[int], think_end: int) -> Constants:
+  """Host-side Constants; arrays padded to power-of-two lengths (at least 8) so samplers
+  with similar tokenizers and phrases share one compiled decode program."""
+  eos_E = np.full((max(8, next_pow2(len(eos_ids))),), -1, np.int32)
+  eos_E[:len(eos_ids)] = eos_ids
+  phrase_F = np.zeros((max(8, next_pow2(len(phrase))),), np.int32)
+  phrase_F[:len(phrase)] = phrase
+  return Constants(eos_E=eos_E, phrase_F=phrase_F,
+                   phrase_len=np.asarray(len(phrase), np.int32),
+                   think_end=np.asarray(think_end, np.int32))
+
+
+def empty_state(cfg: ModelConfig, num_slots: int, max_len: int,
+                cache_dtype: str | None) -> SlotState:
+  """All slots free (trace under jit with out_shardings so it is born sharded)."""
+  s = num_slots
+  zeros_i = jnp.zeros((s,), jnp.int32)
+  return SlotState(
+      cache=transformer.init_cache(cfg, s, max_len, cache_dtype),
+      token_S=zeros_i, pos_S=zeros_i, num_gen_S=zeros_i,
+      active_S=jnp.zeros((s,), jnp.bool_), seed_S=zeros_i,
+      temperature_S=jnp.ones((s,), jnp.float32), top_k_S=zeros_i,
+      top_p_S=jnp.ones((s,), jnp.float32), limit_S=zeros_i,
+      force_at_S=jnp.full((s,), NEVER, jnp.int32), answer_budget_S=zeros_i)
+
+
+def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
+          adm: Admission) -> SlotState:
+  """Prefills the admitted prompts into a scratch cache and moves them into their slots."""
+  model = nnx.merge(graphdef, params)
+  n, t = adm.tokens_nT.shape
+  max_len = state.cache.max_len
+  positions_nT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (n, t))
+  # The last prompt token is fed by the first decode step, so only P-1 tokens go in now.
+  mask_nT = positions_nT < (adm.length_n - 1)[:, None]
+  scratch = transformer.init_cache(model.cfg, n, t, state.cache.k[0].dtype)
+  _, scratch = model.hidden_states(adm.tokens_nT, positions_nT, mask_nT, cache=scratch,
+                                   cache_index_B=jnp.zeros((n,), jnp.int32))
+
+  def put(big, small):  # small [n, T, ...] into rows slot_n, slots [0, T) of big [S, L, ...]
+    return big.at[adm.slot_n, :t].set(small.astype(big.dtype), mode="drop")
+
+  valid_nL = jnp.zeros((n, max_len), jnp.bool_).at[:, :t].set(scratch.valid_BS)
+  cache = transformer.KVCache(
+      k=tuple(put(b, s) for b, s in zip(state.cache.k, scratch.k)),
+      v=tuple(put(b, s) for b, s in zip(state.cache.v, scratch.v)),
+      valid_BS=state.cache.valid_BS.at[adm.slot_n].set(valid_nL, mode="drop"))
+
+  def row(old, new):
+    return old.at[adm.slot_n].set(new.astype(old.dtype), mode="drop")
+
+  last_n = jnp.take_along_axis(adm.tokens_nT, (adm.length_n - 1)[:, None], axis=1)[:, 0]
+  return SlotState(
+      cache=cache,
+      token_S=row(state.token_S, last_n),
+      pos_S=row(state.pos_S, adm.length_n - 1),
+      num_gen_S=row(state.num_gen_S, jnp.zeros((n,), jnp.int32)),
+      active_S=row(state.active_S, jnp.ones((n,), jnp.bool_)),
+      seed_S=row(state.seed_S, adm.seed_n),
+      temperature_S=row(state.temperature_S, adm.temperature_n),
+      top_k_S=row(state.top_k_S, adm.top_k_n),
+      top_p_S=row(state.top_p_S, adm.top_p_n),
+      limit_S=row(state.limit_S, adm.limit_n),
+      force_at_S=row(state.force_at_S, adm.force_at_n),
+      answer_budget_S=row(state.answer_budget_S, adm.answer_budget_n))
+
+
+def _step(model: transformer.Transformer, st: SlotState, consts: Constants, truncate: bool,
+          all_greedy: bool) -> tuple[SlotState, tuple[jax.Array, ...]]:
+  """One decode step for every slot."""
+  active_S = st.active_S
+  logits_S1V, cache = model(st.token_S[:, None], st.pos_S[:, None], active_S[:, None],
+                            cache=st.cache, cache_index_B=st.pos_S)
+  logits_SV = logits_S1V[:, 0].astype(jnp.float32)
+  seed_keys_SK = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(st.seed_S)
+  keys_SK = sampling.step_keys(seed_keys_SK, st.num_gen_S)
+  tok_S, lp_S = sampling.sample(logits_SV, keys_SK, st.temperature_S, st.top_k_S, st.top_p_S,
+                                truncate=truncate, all_greedy=all_greedy)
+
+  phrase_len = consts.phrase_len
+  k_S = st.num_gen_S - st.force_at_S
+  forcing_S = (k_S >= 0) & (k_S < phrase_len)
+  forced_tok_S = consts.phrase_F[jnp.clip(k_S, 0, consts.phrase_F.shape[0] - 1)]
+  forced_lp_S = sampling.forced_logprobs(logits_SV, forced_tok_S, st.temperature_S)
+  tok_S = jnp.where(forcing_S, forced_tok_S, tok_S)
+  lp_S = jnp.where(forcing_S, forced_lp_S, lp_S)
+
+  # Thinking that ends on its own before the budget cancels the interruption.
+  natural_end_S = (~forcing_S & (k_S < 0) & (tok_S == consts.think_end)
+                   & (consts.think_end >= 0))
+  force_at_S = jnp.where(active_S & natural_end_S, NEVER, st.force_at_S)
+
+  num_gen_S = st.num_gen_S + 1
+  interrupted_S = force_at_S < NEVER
+  after_phrase_S = force_at_S + phrase_len
+  answer_limit_S = jnp.where(st.answer_budget_S > 0, after_phrase_S + st.answer_budget_S,
+                             st.limit_S)
+  limit_S = jnp.where(interrupted_S, jnp.minimum(st.limit_S, answer_limit_S), st.limit_S)
+  is_eos_S = (jnp.any((tok_S[:, None] == consts.eos_E[None, :]) & (consts.eos_E[None, :] >= 0),
+                      axis=-1) & ~forcing_S)
+  hit_len_S = num_gen_S >= limit_S
+  end_S = jnp.where(is_eos_S, END_EOS, jnp.where(hit_len_S, END_LENGTH, RUNNING))
+  end_S = jnp.where(active_S, end_S, RUNNING).astype(jnp.int8)
+
+  new = dataclasses.replace(
+      st,
+      cache=cache,
+      token_S=jnp.where(active_S, tok_S, st.token_S),
+      pos_S=jnp.where(active_S, st.pos_S + 1, st.pos_S),
+      num_gen_S=jnp.where(active_S, num_gen_S, st.num_gen_S),
+      active_S=active_S & (end_S == RUNNING),
+      force_at_S=force_at_S)
+  return new, (tok_S, lp_S, forcing_S, active_S, end_S)
+
+
+def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
+                 consts: Constants, *, num_steps: int, truncate: bool,
+                 all_greedy: bool = False) -> tuple[SlotState, ChunkOutput]:
+  """`num_steps` decode steps for all slots in one program (lax.scan).
+
+  `truncate` and `all_greedy` are static sampling modes (see `sampling.sample`).
+  """
+  model = nnx.merge(graphdef, params)
+
+  def body(st, _):
+    return _step(model, st, consts, truncate, all_greedy)
+
+  state, (tok, lp, forced, valid, end) = jax.lax.scan(body, state, None, length=num_steps)
+  return state, ChunkOutput(tokens_NS=tok, logprobs_NS=lp, forced_NS=forced, valid_NS=valid,
+                            end_NS=end)
+
+
+# Compiled programs are memoised on static, hashable keys (graphdef, param tree structure,
+# shardings, modes), so samplers built for the same model and shapes share them. Params go
+# in as a flat tuple of arrays: flattening an nnx.State on every call costs more host time
+# than a small decode chunk takes on the device.
+
+
+@functools.lru_cache(maxsize=None)
+def admit_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState) -> Callable:
+  """jit(admit) taking (param_leaves, state, admission); the state is donated."""
+
+  def run(param_leaves, state, adm):
+    params = jax.tree.unflatten(param_treedef, param_leaves)
+    return jax.lax.with_sharding_constraint(admit(graphdef, params, state, adm), shardings)
+
+  return jax.jit(run, donate_argnums=(1,))
+
+
+def _cache_view(cache: transformer.KVCache, view_len: int) -> transformer.KVCache:
+  return transformer.KVCache(k=tuple(k[:, :view_len] for k in cache.k),
+                             v=tuple(v[:, :view_len] for v in cache.v),
+                             valid_BS=cache.valid_BS[:, :view_len])
+
+
+def _write_view(cache: transformer.KVCache, view: transformer.KVCache) -> transformer.KVCache:
+  put = lambda big, small: big.at[:, :small.shape[1]].set(small)  # noqa: E731
+  return transformer.KVCache(k=tuple(map(put, cache.k, view.k)),
+                             v=tuple(map(put, cache.v, view.v)),
+                             valid_BS=put(cache.valid_BS, view.valid_BS))
+
+
+@functools.lru_cache(maxsize=None)
+def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState,
+                   num_steps: int, truncate: bool, all_greedy: bool,
+                   view_len: int) -> Callable:
+  """jit(decode_chunk) taking (param_leaves, state, consts); the state is donated.
+
+  The chunk runs on the first `view_len` cache slots only: every step's attention reads
+  the whole cache it is given, so while all live sequences are short, a view cuts the
+  per-step cache traffic for the price of one copy out and back per chunk. The caller
+  guarantees that no live row writes at or past `view_len` during the chunk (the model
+  drops such writes; rows it is wrong about are finished ones, whose output is unused).
+  """
+
+  def run(param_leaves, state, consts):
+    params = jax.tree.unflatten(param_treedef, param_leaves)
+    full_cache = state.cache
+    if view_len < full_cache.max_len:
+      state = dataclasses.replace(state, cache=_cache_view(full_cache, view_len))
+    state, out = decode_chunk(graphdef, params, state, consts, num_steps=num_steps,
+                              truncate=truncate, all_greedy=all_greedy)
+    if view_len < full_cache.max_len:
+      state = dataclasses.replace(state, cache=_write_view(full_cache, state.cache))
+    return jax.lax.with_sharding_constraint(state, shardings), out
+
+  return jax.jit(run, donate_argnums=(1,))

@@ -1,0 +1,442 @@
+"""The Sampler: continuous batching over a fixed set of slots, on the generator mesh.
+
+    sampler = engine.Sampler(model, cfg.sampler, mesh=slices.generator, tokenizer=tok)
+    for completion in sampler.stream(requests):   # or sampler.generate(list_of_requests)
+      ...
+    sampler.update_params(new_params, version=7)   # from any thread, at any time
+
+Host loop, one iteration per decode chunk:
+  1. swap in params posted by `update_params` (only here, between chunks, so every chunk
+     runs with one policy version; slots keep their KV cache across the swap);
+  2. admit waiting requests into free slots (one prefill per prompt-length bucket);
+  3. dispatch the next jitted chunk of N decode steps;
+  4. read back the chunk dispatched before it and hand out finished sequences.
+Step 4 lags step 3 by one chunk, so the device always has queued work while the host reads
+results, matches stop strings and admits prompts. The price is that a slot freed by EOS in
+chunk k is refilled from chunk k+2 on, and a sequence stopped by a stop string (matched on
+the host) runs one chunk too long on the device; its extra tokens are dropped. A slot whose
+sequence must reach its token budget within the dispatched chunks is known to be free
+without reading anything back, and is refilled for the very next chunk.
+
+Compiled programs: one prefill per (prompt bucket, power-of-two admission count); one
+decode chunk per sampling mode (all greedy; sampling; sampling with top-k/top-p) and cache
+view length (attention reads only the first slots while every live sequence is short; a
+few lengths, each about an eighth of the cache). Weights are sharded over the mesh's 'tp'
+axis (models.sharding rules) and slots over 'data'.
+
+A Sampler runs one generate/stream at a time; update_params is the only method meant to
+be called from other threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl_scale.config import SamplerConfig
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.generation import decode, records
+from jaxrl_scale.models import sharding, transformer
+from jaxrl_scale.parallel import mesh as mesh_lib
+from jaxrl_scale.parallel import transfer
+
+# Re-exported so callers need one import: engine.Sampler(...).generate([engine.Request(...)]).
+Request = records.Request
+Completion = records.Completion
+
+
+@dataclasses.dataclass
+class Stats:
+  """Counters over the sampler's lifetime (reset with `Sampler.reset_stats`)."""
+
+  tokens: int = 0  # valid generated tokens read back
+  sequences: int = 0
+  chunks: int = 0
+  admissions: int = 0
+  slot_steps: int = 0  # num_slots * decode steps dispatched (capacity)
+  seconds: float = 0.0  # wall time inside stream()
+
+  @property
+  def tokens_per_second(self) -> float:
+    return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+  @property
+  def slot_utilisation(self) -> float:
+    return self.tokens / self.slot_steps if self.slot_steps else 0.0
+
+
+_END = object()  # sentinel: the request iterator is exhausted
+
+
+def _paths_and_leaves(tree: Any) -> tuple[list[str], list[Any]]:
+  """Leaf paths (nnx Variable wrappers dropped, so pure dicts match States) and leaves."""
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  paths = [jax.tree_util.keystr(p).removesuffix(".value") for p, _ in flat]
+  return paths, [x for _, x in flat]
+
+
+class Sampler:
+  """Generates completions with a KV cache, continuous batching and in-flight weight swaps.
+
+  Args:
+    model: the policy (an nnx Transformer); its params are copied onto `mesh`.
+    cfg: the sampler config section.
+    mesh: generator mesh with axes ('data', 'tp'); None uses one device.
+    tokenizer: needed for stop strings, forced interruption and `Completion.text`.
+    eos_ids: ids that end a sequence; default the tokenizer's, else the model config's.
+    seed: base seed; a request without its own seed derives one from this, its prompt_id
+      and its sample_index.
+    max_prompt_len: longest prompt to accept; sizes the KV cache (bucketed up).
+    cache_dtype: KV cache dtype; default the model's activation dtype.
+    version: policy version of the initial params.
+    think_end_id: token that ends thinking on its own and so cancels a pending forced
+      interruption; default the tokenizer's "</think>" when it is a single token.
+    pipeline_depth: chunks in flight before the host reads one back (0 = synchronous).
+  """
+
+  def __init__(self, model: transformer.Transformer, cfg: SamplerConfig, *,
+               mesh: Mesh | None = None, tokenizer: Any = None,
+               eos_ids: Sequence[int] | None = None, seed: int = 0,
+               max_prompt_len: int | None = None, cache_dtype: str | None = None,
+               version: int = 0, think_end_id: int | None = None, pipeline_depth: int = 1):
+    self.cfg = cfg
+    self.model_cfg = model.cfg
+    self.tokenizer = tokenizer
+    self.seed = seed
+    self.pipeline_depth = pipeline_depth
+    self.mesh = mesh if mesh is not None else mesh_lib.single_device_mesh(
+        axes=mesh_lib.GENERATOR_AXES)
+    data = self.mesh.shape.get("data", 1)
+    if cfg.num_slots % data:
+      raise UserError(f"config key 'sampler.num_slots': {cfg.num_slots} is not a multiple of "
+                      f"the generator mesh's data axis ({data} devices)")
+    self.num_slots = cfg.num_slots
+
+    if eos_ids is None:
+      eos_ids = tokenizer.eos_ids if tokenizer is not None else model.cfg.eos_token_ids
+    self.eos_ids = tuple(int(i) for i in eos_ids)
+
+    buckets = sorted(set(cfg.prompt_buckets))
+    longest = max_prompt_len if max_prompt_len is not None else buckets[-1]
+    if longest > buckets[-1]:
+      raise UserError(f"config key 'sampler.prompt_buckets': prompts up to {longest} tokens "
+                      f"need a bucket that long (largest is {buckets[-1]})")
+    top = next(b for b in buckets if b >= longest)
+    self.buckets = [b for b in buckets if b <= top]
+    self.max_len = top + cfg.max_new_tokens
+
+    # Completion.text drops special tokens (EOS, padding); stop strings see the raw text.
+    self._decode_text = ((lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+                         if tokenizer is not None else None)
+    if cfg.stop_strings and tokenizer is None:
+      raise UserError("config key 'sampler.stop_strings': stop strings need a tokenizer")
+    self._stops = records.StopStrings(
+        cfg.stop_strings, tokenizer.decode if tokenizer is not None else (lambda ids: ""))
+    phrase, think_end = [], -1
+    if cfg.interrupt:
+      if tokenizer is None:
+        raise UserError("config key 'sampler.interrupt': forced interruption needs a tokenizer")
+      phrase = tokenizer.encode(cfg.interrupt_phrase)
+      if not phrase:
+        raise UserError("config key 'sampler.interrupt_phrase': encodes to no tokens")
+      end_id = tokenizer.token_to_id("</think>") if think_end_id is None else think_end_id
+      think_end = -1 if end_id is None else int(end_id)
+    self.phrase_tokens = tuple(int(t) for t in phrase)
+
+    # Device placement: params over 'tp', slots over 'data', small per-call inputs replicated.
+    graphdef, params = nnx.split(model)
+    self._graphdef = graphdef
+    self._param_shardings = sharding.state_shardings(params, self.mesh)
+    self._params = transfer.reshard(params, self._param_shardings)
+    self._param_leaves, self._param_treedef = jax.tree.flatten(self._params)
+    self._param_paths = _paths_and_leaves(self._params)[0]
+    self._param_dtypes = jax.tree.map(lambda x: x.dtype, self._params)
+    self.version = version
+    self._pending: tuple[Any, int] | None = None
+    self._lock = threading.Lock()
+
+    self._state_shardings = decode.state_shardings(model.cfg, self.mesh, self.num_slots)
+    self._consts = jax.device_put(
+        decode.constants(self.eos_ids, self.phrase_tokens, think_end),
+        NamedSharding(self.mesh, PartitionSpec()))
+
+    mcfg, n_slots, max_len = model.cfg, self.num_slots, self.max_len
+    self._init_fn = jax.jit(lambda: decode.empty_state(mcfg, n_slots, max_len, cache_dtype),
+                            out_shardings=self._state_shardings)
+    self._admit_fn = decode.admit_program(graphdef, self._param_treedef, self._state_shardings)
+    self._decode_fns: dict[tuple[bool, bool, int], Callable] = {}
+    self._state = self._init_fn()
+    self._running = False
+    self.stats = Stats()
+
+  # --------------------------------------------------------------------------------------
+  # Weights.
+
+  @property
+  def params(self) -> nnx.State:
+    """The params the next chunk will use (after any pending swap)."""
+    with self._lock:
+      return self._pending[0] if self._pending is not None else self._params
+
+  def update_params(self, params: Any, version: int) -> None:
+    """Posts new weights; the swap happens at the next chunk boundary. Thread-safe.
+
+    Args:
+      params: an nnx.State with the model's structure, its pure-dict form, or the model
+        itself, on any devices. It is resharded onto the generator mesh and cast to the
+        sampler's dtypes here, in the caller's thread, so the decode loop only swaps a
+        reference.
+      version: policy version recorded on every token produced with these weights.
+    """
+    if isinstance(params, nnx.Module):
+      params = nnx.split(params)[1]
+    paths, leaves = _paths_and_leaves(params)
+    if paths != self._param_paths:
+      raise ValueError("update_params: param tree structure differs from the sampler's model "
+                       f"({len(paths)} arrays vs {len(self._param_paths)})")
+    params = jax.tree.unflatten(self._param_treedef, leaves)
+    placed = transfer.reshard(params, self._param_shardings, self._param_dtypes)
+    with self._lock:
+      self._pending = (placed, int(version))
+
+  def _apply_pending(self) -> None:
+    with self._lock:
+      if self._pending is not None:
+        self._params, self.version = self._pending
+        self._param_leaves = jax.tree.leaves(self._params)
+        self._pending = None
+
+  # --------------------------------------------------------------------------------------
+  # Generation.
+
+  def generate(self, requests: Iterable[records.Request] | Sequence[Sequence[int]],
+               on_chunk: Callable[[Sampler, int], None] | None = None,
+               ) -> list[records.Completion]:
+    """Completions for all `requests`, in request order.
+
+    Plain token lists are accepted as requests with prompt_id = their index.
+    """
+    reqs = [r if isinstance(r, records.Request) else records.Request(list(r), prompt_id=i)
+            for i, r in enumerate(requests)]
+    index = {id(r): i for i, r in enumerate(reqs)}
+    out: list[records.Completion | None] = [None] * len(reqs)
+    for req, completion in self._run(iter(reqs), on_chunk):
+      out[index[id(req)]] = completion
+    return out  # type: ignore[return-value]
+
+  def stream(self, requests: Iterable[records.Request],
+             on_chunk: Callable[[Sampler, int], None] | None = None,
+             ) -> Iterator[records.Completion]:
+    """Yields completions as they finish; pulls requests lazily as slots free up.
+
+    Args:
+      requests: any iterable (e.g. a generator fed by the data pipeline). It may yield
+        None when it has nothing to admit right now: the live slots keep decoding and it
+        is asked again at the next chunk boundary (right away when nothing is live, so
+        it should block rather than yield None then). Blocking while sequences are live
+        would stall them all until it returns.
+      on_chunk: called on the host after each chunk is read back, with the sampler and the
+        chunk's index (used by tests to post weight updates at known points).
+    """
+    for _, completion in self._run(iter(requests), on_chunk):
+      yield completion
+
+  def reset_stats(self) -> None:
+    self.stats = Stats()
+
+  def _new_buffer(self, req: records.Request) -> records.TokenBuffer:
+    cfg = self.cfg
+    n = len(req.prompt_tokens)
+    if n == 0:
+      raise UserError(f"request prompt_id={req.prompt_id!r}: empty prompt")
+    if n > self.buckets[-1]:
+      raise UserError(f"request prompt_id={req.prompt_id!r}: prompt has {n} tokens, more than "
+                      f"the sampler's longest prompt bucket ({self.buckets[-1]})")
+    vocab = self.model_cfg.vocab_size
+    if min(req.prompt_tokens) < 0 or max(req.prompt_tokens) >= vocab:
+      raise UserError(f"request prompt_id={req.prompt_id!r}: token ids must be in [0, {vocab})")
+    if req.max_new_tokens is not None and not 1 <= req.max_new_tokens <= cfg.max_new_tokens:
+      raise UserError(f"request prompt_id={req.prompt_id!r}: max_new_tokens must be in "
+                      f"[1, sampler.max_new_tokens={cfg.max_new_tokens}]")
+    for key, value, ok in (
+        ("temperature", req.temperature, lambda v: v >= 0),
+        ("top_p", req.top_p, lambda v: 0 < v <= 1),
+        ("top_k", req.top_k, lambda v: v >= 0)):
+      if value is not None and not ok(value):
+        raise UserError(f"request prompt_id={req.prompt_id!r}: invalid {key} {value}")
+    seed = req.seed if req.seed is not None else records.sequence_seed(
+        self.seed, req.prompt_id, req.sample_index)
+    force_at = decode.NEVER
+    if cfg.interrupt:
+      rng = np.random.default_rng([seed, 0x1A7E])
+      force_at = int(rng.integers(cfg.interrupt_min, cfg.interrupt_max + 1))
+    limit = cfg.max_new_tokens if req.max_new_tokens is None else req.max_new_tokens
+    return records.TokenBuffer(req, seed=seed & 0x7FFFFFFF, force_at=force_at, limit=limit)
+
+  def _admit(self, placed: list[tuple[int, records.TokenBuffer]]) -> None:
+    """Prefills newly placed sequences, one call per prompt-length bucket."""
+    cfg = self.cfg
+    groups: dict[int, list[tuple[int, records.TokenBuffer]]] = collections.defaultdict(list)
+    for slot, buf in placed:
+      n = len(buf.request.prompt_tokens)
+      groups[next(b for b in self.buckets if b >= n)].append((slot, buf))
+    for bucket, rows in sorted(groups.items()):
+      n = min(decode.next_pow2(len(rows)), self.num_slots)
+      tokens = np.zeros((n, bucket), np.int32)
+      cols = {k: np.zeros((n,), dt) for k, dt in (
+          ("length", np.int32), ("seed", np.int32), ("temperature", np.float32),
+          ("top_k", np.int32), ("top_p", np.float32), ("limit", np.int32),
+          ("force_at", np.int32), ("answer_budget", np.int32))}
+      cols["length"][:] = 1
+      slots = np.full((n,), self.num_slots, np.int32)  # padding rows are dropped
+      for i, (slot, buf) in enumerate(rows):
+        req = buf.request
+        tokens[i, :len(req.prompt_tokens)] = req.prompt_tokens
+        slots[i] = slot
+        cols["length"][i] = len(req.prompt_tokens)
+        cols["seed"][i] = buf.seed
+        cols["temperature"][i] = cfg.temperature if req.temperature is None else req.temperature
+        cols["top_k"][i] = cfg.top_k if req.top_k is None else req.top_k
+        cols["top_p"][i] = cfg.top_p if req.top_p is None else req.top_p
+        cols["limit"][i] = buf.limit
+        cols["force_at"][i] = buf.force_at
+        cols["answer_budget"][i] = cfg.answer_budget
+      adm = decode.Admission(
+          tokens_nT=tokens, length_n=cols["length"], slot_n=slots, seed_n=cols["seed"],
+          temperature_n=cols["temperature"], top_k_n=cols["top_k"], top_p_n=cols["top_p"],
+          limit_n=cols["limit"], force_at_n=cols["force_at"],
+          answer_budget_n=cols["answer_budget"])
+      self._state = self._admit_fn(self._param_leaves, self._state, adm)
+      self.stats.admissions += 1
+
+  def _decode_fn(self, truncate: bool, all_greedy: bool, view_len: int) -> Callable:
+    key = (truncate, all_greedy, view_len)
+    if key not in self._decode_fns:
+      self._decode_fns[key] = decode.decode_program(
+          self._graphdef, self._param_treedef, self._state_shardings, self.cfg.decode_chunk,
+          truncate, all_greedy, view_len)
+    return self._decode_fns[key]
+
+  def _view_len(self, live: list[records.TokenBuffer]) -> int:
+    """Cache slots the next chunk needs, rounded up to one of a few compiled lengths."""
+    need = max(len(b.request.prompt_tokens) - 1 + min(b.steps_dispatched + self.cfg.decode_chunk,
+                                                      b.limit)
+               for b in live)
+    step = max(64, decode.next_pow2(self.max_len) // 8)
+    return min(self.max_len, -(-need // step) * step)
+
+  def _modes(self, owners: list[records.TokenBuffer | None]) -> tuple[bool, bool]:
+    """Static sampling modes of the next chunk: (truncate, all_greedy) over live slots."""
+    truncate, all_greedy = False, True
+    cfg = self.cfg
+    for buf in owners:
+      if buf is None:
+        continue
+      req = buf.request
+      temperature = cfg.temperature if req.temperature is None else req.temperature
+      top_k = cfg.top_k if req.top_k is None else req.top_k
+      top_p = cfg.top_p if req.top_p is None else req.top_p
+      all_greedy &= temperature <= 0
+      truncate |= temperature > 0 and (top_k > 0 or top_p < 1)
+    return truncate, all_greedy
+
+  def _run(self, requests: Iterator[records.Request], on_chunk,
+           ) -> Iterator[tuple[records.Request, records.Completion]]:
+    if self._running:
+      raise RuntimeError("Sampler.generate/stream is already running: the slots are in use")
+    self._running = True
+    owners: list[records.TokenBuffer | None] = [None] * self.num_slots
+    inflight: collections.deque = collections.deque()
+    exhausted = False
+    chunk_index = 0
+    start = time.perf_counter()
+    try:
+      while True:
+        self._apply_pending()
+        placed = []
+        for slot in range(self.num_slots):
+          if exhausted:
+            break
+          # A slot whose sequence has surely hit its token budget on the device is
+          # refilled now, before its last chunk is read back: admission runs after that
+          # chunk on the device, and the old sequence is finished from the chunk snapshot.
+          if owners[slot] is not None and not owners[slot].surely_done:
+            continue
+          req = next(requests, _END)
+          if req is _END:
+            exhausted = True
+            break
+          if req is None:  # nothing to admit right now: keep decoding, ask next chunk
+            break
+          owners[slot] = self._new_buffer(req)
+          placed.append((slot, owners[slot]))
+        if placed:
+          self._admit(placed)
+        live = [o for o in owners if o is not None and not o.surely_done]
+        if live:
+          truncate, all_greedy = self._modes(live)
+          self._state, out = self._decode_fn(truncate, all_greedy, self._view_len(live))(
+              self._param_leaves, self._state, self._consts)
+          inflight.append((out, self.version, list(owners)))
+          for buf in live:
+            buf.steps_dispatched += self.cfg.decode_chunk
+          self.stats.chunks += 1
+          self.stats.slot_steps += self.num_slots * self.cfg.decode_chunk
+        elif not inflight:
+          if exhausted:
+            break
+          continue  # nothing live and nothing admitted: ask the iterator again
+        while inflight and (len(inflight) > self.pipeline_depth or not live):
+          out, version, snapshot = inflight.popleft()
+          yield from self._read_chunk(out, version, snapshot, owners)
+          if on_chunk is not None:
+            on_chunk(self, chunk_index)
+          chunk_index += 1
+    finally:
+      self._running = False
+      self.stats.seconds += time.perf_counter() - start
+
+  def _read_chunk(self, out: decode.ChunkOutput, version: int,
+                  snapshot: list[records.TokenBuffer | None],
+                  owners: list[records.TokenBuffer | None],
+                  ) -> Iterator[tuple[records.Request, records.Completion]]:
+    host = jax.device_get(out)
+    valid_SN = np.asarray(host.valid_NS).T
+    tokens_SN = np.asarray(host.tokens_NS).T
+    logprobs_SN = np.asarray(host.logprobs_NS).T
+    forced_SN = np.asarray(host.forced_NS).T
+    end_SN = np.asarray(host.end_NS).T
+    for slot, buf in enumerate(snapshot):
+      if buf is None or buf.done:
+        continue
+      steps = np.flatnonzero(valid_SN[slot])
+      if steps.size == 0:
+        continue
+      num_old = len(buf.tokens)
+      buf.extend(tokens_SN[slot, steps], logprobs_SN[slot, steps], forced_SN[slot, steps],
+                 version)
+      self.stats.tokens += int(steps.size)
+      ends = end_SN[slot, steps]
+      reason = None
+      if ends[-1] != decode.RUNNING:
+        reason = records.EOS if ends[-1] == decode.END_EOS else records.LENGTH
+      stop_at = self._stops.first_stop(buf.tokens, num_old) if self._stops else None
+      if stop_at is not None:
+        self.stats.tokens -= len(buf.tokens) - (stop_at + 1)
+        buf.truncate(stop_at + 1)
+        reason = records.STOP
+      if reason is not None:
+        if owners[slot] is buf:
+          owners[slot] = None
+        self.stats.sequences += 1
+        yield buf.request, buf.finish(reason, self._decode_text)
+

@@ -1,0 +1,175 @@
+"""What goes into the sampler (Request) and what comes out (Completion), plus stop strings.
+
+Everything here is host-side NumPy and plain Python: the RL pipeline consumes Completions
+without touching JAX, and the stop-string scan runs on the host between decode chunks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+# Finish reasons. "interrupted" means the forced-interruption phrase was appended at the
+# thinking budget (whatever ended the answer afterwards); `Completion.truncated` says
+# whether the sequence ran out of tokens instead of ending on EOS or a stop string.
+EOS = "eos"
+STOP = "stop"
+LENGTH = "length"
+INTERRUPTED = "interrupted"
+FINISH_REASONS = (EOS, STOP, LENGTH, INTERRUPTED)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """One sequence to generate.
+
+  Attributes:
+    prompt_tokens: the prompt's token ids (BOS and chat template already applied).
+    prompt_id: identifies the prompt (an int or str); the RL pipeline groups on it.
+    sample_index: which of the G samples of this prompt this is.
+    seed: per-sequence seed. None derives one from the sampler seed, prompt_id and
+      sample_index, so the same request gives the same tokens whatever slot it lands in.
+    temperature, top_p, top_k, max_new_tokens: per-request overrides of the sampler config.
+  """
+
+  prompt_tokens: Sequence[int]
+  prompt_id: Any = 0
+  sample_index: int = 0
+  seed: int | None = None
+  temperature: float | None = None
+  top_p: float | None = None
+  top_k: int | None = None
+  max_new_tokens: int | None = None
+
+
+@dataclasses.dataclass
+class Completion:
+  """A finished sequence. Per-token arrays all have the same length T.
+
+  Attributes:
+    tokens: int32 [T] generated ids (sampled and forced; EOS included when it ended on EOS).
+    logprobs: float32 [T] log-probability of each token under its sampling distribution
+      (see generation/sampling.py; forced tokens get the tempered model logprob).
+    versions: int32 [T] policy version whose weights produced each token.
+    forced: bool [T] True for tokens of the forced-interruption phrase (exclude from loss).
+    finish_reason: one of FINISH_REASONS.
+    truncated: ended by a token budget (max new tokens or the answer budget).
+    text: decoded generated text when the sampler has a tokenizer.
+  """
+
+  prompt_id: Any
+  sample_index: int
+  prompt_tokens: np.ndarray
+  tokens: np.ndarray
+  logprobs: np.ndarray
+  versions: np.ndarray
+  forced: np.ndarray
+  finish_reason: str
+  truncated: bool
+  text: str | None = None
+
+  @property
+  def num_tokens(self) -> int:
+    return int(self.tokens.shape[0])
+
+
+def sequence_seed(base_seed: int, prompt_id: Any, sample_index: int) -> int:
+  """A 31-bit seed from stable hashes (Python's hash() is salted per process)."""
+  pid = zlib.crc32(repr(prompt_id).encode("utf-8"))
+  return zlib.crc32(f"{base_seed}/{pid}/{sample_index}".encode("utf-8")) & 0x7FFFFFFF
+
+
+class TokenBuffer:
+  """Growing per-sequence token record, filled chunk by chunk on the host."""
+
+  def __init__(self, request: Request, seed: int, force_at: int, limit: int):
+    self.request = request
+    self.seed = seed
+    self.force_at = force_at
+    self.limit = limit  # token budget: the sequence ends on the device by this many steps
+    self.steps_dispatched = 0  # decode steps sent to the device since admission
+    self.tokens: list[int] = []
+    self.logprobs: list[float] = []
+    self.versions: list[int] = []
+    self.forced: list[bool] = []
+    self.done = False
+
+  @property
+  def surely_done(self) -> bool:
+    """The dispatched steps cover the whole budget, so the device has finished (or will)."""
+    return self.steps_dispatched >= self.limit
+
+  def extend(self, tokens, logprobs, forced, version: int) -> None:
+    self.tokens.extend(int(t) for t in tokens)
+    self.logprobs.extend(float(x) for x in logprobs)
+    self.forced.extend(bool(f) for f in forced)
+    self.versions.extend([version] * len(tokens))
+
+  def truncate(self, n: int) -> None:
+    del self.tokens[n:], self.logprobs[n:], self.versions[n:], self.forced[n:]
+
+  def finish(self, reason: str, decode: Callable[[list[int]], str] | None) -> Completion:
+    self.done = True
+    was_forced = any(self.forced)
+    truncated = reason == LENGTH
+    return Completion(
+        prompt_id=self.request.prompt_id,
+        sample_index=self.request.sample_index,
+        prompt_tokens=np.asarray(self.request.prompt_tokens, np.int32),
+        tokens=np.asarray(self.tokens, np.int32),
+        logprobs=np.asarray(self.logprobs, np.float32),
+        versions=np.asarray(self.versions, np.int32),
+        forced=np.asarray(self.forced, bool),
+        finish_reason=INTERRUPTED if was_forced else reason,
+        truncated=truncated,
+        text=decode(self.tokens) if decode is not None else None,
+    )
+
+
+class StopStrings:
+  """Finds the first token at which a stop string completes in the generated text.
+
+  Only a tail of earlier tokens is decoded with each new chunk, so the scan costs
+  O(chunk + window) per chunk rather than O(sequence length).
+  """
+
+  def __init__(self, stop_strings: Sequence[str], decode: Callable[[list[int]], str]):
+    self.stops = tuple(s for s in stop_strings if s)
+    self.decode = decode
+    # A token yields at least one byte of text or none; a stop string of n bytes spans at
+    # most n tokens that yield text, so a tail this long covers any straddling match.
+    longest = max((len(s.encode("utf-8")) for s in self.stops), default=0)
+    self.window = 2 * longest + 8
+
+  def __bool__(self) -> bool:
+    return bool(self.stops)
+
+  def _completes(self, tail: list[int], new: list[int]) -> bool:
+    before = self.decode(tail)
+    text = self.decode(tail + new)
+    # Text that `new` changed starts where the two decodings diverge (not at len(before):
+    # a trailing partial UTF-8 character decodes to U+FFFD until its last byte arrives).
+    # A match ending inside the common prefix was already there.
+    common = len(os.path.commonprefix([before, text]))
+    for stop in self.stops:
+      i = text.find(stop, max(0, common - len(stop) + 1))
+      if i != -1 and i + len(stop) > common:
+        return True
+    return False
+
+  def first_stop(self, tokens: list[int], num_old: int) -> int | None:
+    """Index of the token completing a stop string among tokens[num_old:], or None."""
+    if not self.stops or num_old >= len(tokens):
+      return None
+    tail = tokens[max(0, num_old - self.window):num_old]
+    if not self._completes(tail, tokens[num_old:]):
+      return None
+    for j in range(num_old, len(tokens)):
+      if self._completes(tail, tokens[num_old:j + 1]):
+        return j
+    return None

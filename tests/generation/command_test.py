@@ -1,0 +1,53 @@
+"""`jaxrl-scale generate` end to end on a tiny Hugging Face directory."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxrl_scale import cli
+from jaxrl_scale.generation import command
+from jaxrl_scale.models import tokenizer as tokenizer_lib
+
+
+def test_generate_json_matches_transformers_greedy(hf_checkpoints, capsys):
+  import torch
+
+  ck = hf_checkpoints["qwen2"]
+  rc = cli.main(["generate", "--model", ck.path, "--prompt", "hello", "--n", "2", "--greedy",
+                 "--max-new-tokens", "8", "--json"])
+  assert rc == 0
+  out = json.loads(capsys.readouterr().out)
+  prompt = tokenizer_lib.load_tokenizer(ck.path).encode("hello", add_special_tokens=True)
+  with torch.no_grad():
+    ref = ck.hf_model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=8,
+                               do_sample=False, eos_token_id=257, pad_token_id=258,
+                               attention_mask=torch.ones(1, len(prompt), dtype=int))
+  ref_tokens = ref[0, len(prompt):].tolist()
+  assert [c["sample_index"] for c in out["completions"]] == [0, 1]
+  for c in out["completions"]:
+    assert c["tokens"] == ref_tokens and c["num_tokens"] == len(ref_tokens)
+    assert all(np.isfinite(c["logprobs"])) and isinstance(c["text"], str)
+  assert out["tokens"] == 2 * len(ref_tokens) and out["tokens_per_second"] > 0
+
+
+def test_prompts_file_and_errors(tmp_path, capsys):
+  good = tmp_path / "p.jsonl"
+  good.write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n')
+  plain = tmp_path / "p.txt"
+  plain.write_text("first\n\nsecond\n")
+  parser = cli.build_parser()
+  args = parser.parse_args(["generate", "--model", str(tmp_path), "--prompts-file", str(good)])
+  assert command.read_prompts(args) == ["a", "b"]
+  args = parser.parse_args(["generate", "--model", str(tmp_path), "--prompts-file", str(plain)])
+  assert command.read_prompts(args) == ["first", "second"]
+
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"prompt": "a"}\n{"text": 1}\n')
+  assert cli.main(["generate", "--model", str(tmp_path), "--prompts-file", str(bad)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert "bad.jsonl line 2" in err and len(err.splitlines()) == 1
+  assert cli.main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x"]) == 2
+  assert "not a directory" in capsys.readouterr().err
+  with pytest.raises(SystemExit):  # --prompt and --prompts-file are exclusive
+    parser.parse_args(["generate", "--model", "m", "--prompt", "x", "--prompts-file", "f"])

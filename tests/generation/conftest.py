@@ -1,0 +1,93 @@
+"""Tiny random Hugging Face checkpoints (Qwen2, Llama) with a byte-level tokenizer.json.
+
+Every engine test uses these two directories and one sampler shape (SAMPLER below), so the
+jitted prefill and decode programs compile once per family and are shared across tests.
+"""
+
+import json
+import os
+import types
+
+import numpy as np
+import pytest
+
+VOCAB = 272  # 256 byte tokens + specials, rounded up
+_COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+               rms_norm_eps=1e-5, bos_token_id=256, eos_token_id=257, pad_token_id=258)
+SPECS = {
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=True, rope_theta=1e6),
+    "llama": dict(model_type="llama", tie_word_embeddings=False, rope_theta=10000.0,
+                  rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                    high_freq_factor=4.0, original_max_position_embeddings=16)),
+}
+SPECIALS = ["<s>", "</s>", "<pad>", "<think>", "</think>"]
+
+
+def make_hf_model(spec: dict, seed: int):
+  """A float32 eval-mode transformers model whose weights are all random and O(0.3)."""
+  import torch
+  import transformers
+
+  spec = dict(spec)
+  config_cls = {"llama": transformers.LlamaConfig,
+                "qwen2": transformers.Qwen2Config}[spec.pop("model_type")]
+  hf_cfg = config_cls(**_COMMON, **spec)
+  hf_cfg._attn_implementation = "eager"
+  torch.manual_seed(seed)
+  model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
+  gen = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      noise = torch.randn(p.shape, generator=gen)
+      # Large enough that greedy outputs vary from token to token.
+      p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.3 * noise)
+  return model.eval()
+
+
+def write_byte_tokenizer(directory: str) -> None:
+  """A byte-level BPE without merges: ids 0..255 are bytes, then the special tokens."""
+  import tokenizers
+  from tokenizers import decoders, models, pre_tokenizers
+
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  vocab = {ch: i for i, ch in enumerate(sorted(alphabet, key=lambda c: ord(c)))}
+  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens(SPECIALS[:3])
+  tok.add_tokens(SPECIALS[3:])
+  tok.save(os.path.join(directory, "tokenizer.json"))
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+               "eos_token": "</s>", "pad_token": "<pad>"}, f)
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoints(tmp_path_factory):
+  """family -> SimpleNamespace(path, hf_model) for Qwen2 and Llama."""
+  out = {}
+  for i, (name, spec) in enumerate(SPECS.items()):
+    hf_model = make_hf_model(spec, seed=10 + i)
+    path = str(tmp_path_factory.mktemp(f"gen_{name}"))
+    hf_model.save_pretrained(path)
+    write_byte_tokenizer(path)
+    out[name] = types.SimpleNamespace(path=path, hf_model=hf_model)
+  return out
+
+
+@pytest.fixture(scope="session")
+def loaded(hf_checkpoints):
+  """family -> (our model, tokenizer), loaded once per session."""
+  from jaxrl_scale.models import hf_io
+  from jaxrl_scale.models import tokenizer as tokenizer_lib
+
+  return {name: (hf_io.load_hf_model(ck.path)[0], tokenizer_lib.load_tokenizer(ck.path))
+          for name, ck in hf_checkpoints.items()}
+
+
+@pytest.fixture(scope="session")
+def prompts():
+  """Eight prompts of different lengths (1..14 tokens), bytes only."""
+  rng = np.random.default_rng(0)
+  return [rng.integers(0, 256, n).tolist() for n in (3, 11, 6, 1, 14, 8, 2, 9)]

@@ -1,0 +1,323 @@
+"""Sampler tests: parity with transformers, continuous batching, in-flight weight swaps,
+reproducibility, truncated-distribution logprobs, forced interruption and stop strings."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_scale.config import SamplerConfig
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.generation import engine, records
+from jaxrl_scale.models import sharding, transformer
+from jaxrl_scale.parallel import mesh as mesh_lib
+from jaxrl_scale.parallel import transfer
+
+# One shape for every test, so compiled prefill/decode programs are shared.
+SAMPLER = SamplerConfig(num_slots=4, max_new_tokens=16, temperature=0.0, decode_chunk=4,
+                        prompt_buckets=(16,))
+
+
+def _sampler(model, tokenizer=None, eos_ids=(), think_end_id=None, **overrides):
+  cfg = SamplerConfig(**{**SAMPLER.__dict__, **overrides})
+  return engine.Sampler(model, cfg, tokenizer=tokenizer, eos_ids=eos_ids,
+                        think_end_id=think_end_id)
+
+
+def _hf_greedy(hf_model, prompt, max_new, eos):
+  """transformers greedy generate: (tokens, log-softmax of each chosen token)."""
+  import torch
+
+  with torch.no_grad():
+    out = hf_model.generate(
+        input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=int),
+        max_new_tokens=max_new, do_sample=False, eos_token_id=eos, pad_token_id=258,
+        output_logits=True, return_dict_in_generate=True)
+  tokens = out.sequences[0, len(prompt):].tolist()
+  logprobs = [torch.log_softmax(step[0].float(), -1)[t].item()
+              for step, t in zip(out.logits, tokens)]
+  return tokens, np.asarray(logprobs)
+
+
+def _pick_eos(outputs):
+  """A token that first appears mid-sequence in as many of `outputs` as possible."""
+  counts = {}
+  for toks in outputs:
+    seen = set()
+    for j, t in enumerate(toks):
+      if t not in seen and 1 <= j <= len(toks) - 3:
+        counts[t] = counts.get(t, 0) + 1
+      seen.add(t)
+  return max(counts, key=lambda t: (counts[t], -t))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_greedy_matches_transformers_static_and_continuous(family, hf_checkpoints, loaded,
+                                                           prompts):
+  model, _ = loaded[family]
+  free = _sampler(model).generate(prompts)
+  eos = _pick_eos([c.tokens.tolist() for c in free])
+  refs = [_hf_greedy(hf_checkpoints[family].hf_model, p, SAMPLER.max_new_tokens, eos)
+          for p in prompts]
+  assert sum(len(t) < SAMPLER.max_new_tokens for t, _ in refs) >= 2  # EOS really exercised
+
+  sampler = _sampler(model, eos_ids=[eos])
+  static = sampler.generate(prompts[:4])  # all prompts fit in the 4 slots at once
+  continuous = sampler.generate(prompts)  # 8 prompts through 4 slots
+  assert sampler.stats.admissions > 2  # freed slots were refilled mid-run
+  for outs in (static, continuous):
+    for out, (ref_tokens, ref_logprobs) in zip(outs, refs):
+      assert out.tokens.tolist() == ref_tokens
+      np.testing.assert_allclose(out.logprobs, ref_logprobs, atol=1e-4, rtol=0)
+      ended_on_eos = ref_tokens[-1] == eos
+      assert out.finish_reason == (records.EOS if ended_on_eos else records.LENGTH)
+      assert out.truncated == (not ended_on_eos)
+      assert not out.forced.any() and (out.versions == 0).all()
+
+
+def test_long_generation_through_cache_views_matches_transformers(hf_checkpoints, loaded,
+                                                                 prompts):
+  # Cache length 16 + 80 = 96: early chunks run on a 64-slot view of the cache, later
+  # ones on all of it; tokens and logprobs must not notice.
+  model, _ = loaded["llama"]
+  sampler = _sampler(model, max_new_tokens=80)
+  outs = sampler.generate(prompts[:2])
+  assert set(k[2] for k in sampler._decode_fns) == {64, 96}
+  for prompt, out in zip(prompts, outs):
+    tokens, logprobs = _hf_greedy(hf_checkpoints["llama"].hf_model, prompt, 80, None)
+    assert out.tokens.tolist() == tokens
+    np.testing.assert_allclose(out.logprobs, logprobs, atol=1e-4, rtol=0)
+
+
+def test_sharded_on_generator_mesh_matches_single_device(loaded, prompts):
+  model, _ = loaded["qwen2"]
+  single = _sampler(model).generate(prompts[:4])
+  devices = jax.devices()[:4]
+  mesh = jax.make_mesh((2, 2), mesh_lib.GENERATOR_AXES,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
+  sharded = engine.Sampler(model, SAMPLER, mesh=mesh, eos_ids=())
+  assert sharded._state.cache.k[0].sharding.spec[:3] == ("data", None, "tp")
+  q_kernel = sharded.params["layers"][0]["self_attn"]["q_proj"]["kernel"][...]
+  assert q_kernel.sharding.spec == jax.sharding.PartitionSpec(None, "tp", None)
+  outs = sharded.generate(prompts[:4])
+  for a, b in zip(single, outs):
+    assert a.tokens.tolist() == b.tokens.tolist()
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+  with pytest.raises(UserError, match="sampler.num_slots"):
+    engine.Sampler(model, SamplerConfig(**{**SAMPLER.__dict__, "num_slots": 3}), mesh=mesh)
+
+  # Params posted from a trainer-style slice on other devices land on the generator mesh.
+  trainer = jax.make_mesh((2, 2), mesh_lib.TRAINER_AXES,
+                          axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[4:])
+  params = nnx.split(model)[1]
+  on_trainer = jax.device_put(params, sharding.state_shardings(params, trainer))
+  sharded.update_params(nnx.to_pure_dict(on_trainer), version=3)
+  again = sharded.generate(prompts[:4])
+  assert transfer.same_placement(sharded.params, sharding.state_shardings(params, mesh))
+  for a, b in zip(outs, again):
+    assert a.tokens.tolist() == b.tokens.tolist() and (b.versions == 3).all()
+
+
+def _perturbed(model, seed):
+  graphdef, params = nnx.split(model)
+  rng = np.random.default_rng(seed)  # NumPy: jax.random would compile once per shape
+  noisy = jax.tree.map(lambda x: x + 0.3 * rng.standard_normal(x.shape).astype(x.dtype), params)
+  return nnx.merge(graphdef, noisy)
+
+
+@jax.jit
+def _forward(model, tokens_BT, positions_BT, mask_BT, cache, index_B):
+  return model(tokens_BT, positions_BT, mask_BT, cache=cache, cache_index_B=index_B)
+
+
+def _continue_greedy(model_a, model_b, prompt, tokens, k, n, width=32):
+  """Cache filled by model_a with prompt + tokens[:k-1]; model_b then decodes n - k tokens."""
+  inputs = list(prompt) + list(tokens[:k - 1])
+  t = len(inputs)
+  padded = jnp.asarray([inputs + [0] * (width - t)])  # one compiled shape for every prompt
+  cache = transformer.init_cache(model_a.cfg, 1, width + n)
+  _, cache = _forward(model_a, padded, jnp.arange(width)[None], jnp.arange(width)[None] < t,
+                      cache, jnp.zeros((1,), jnp.int32))
+  out, last = [], tokens[k - 1]
+  for pos in range(t, t + n - k):
+    logits, cache = _forward(model_b, jnp.asarray([[last]]), jnp.asarray([[pos]]),
+                             jnp.ones((1, 1), bool), cache, jnp.asarray([pos]))
+    last = int(jnp.argmax(logits[0, -1]))
+    out.append(last)
+  return out
+
+
+def test_in_flight_update_continues_from_kept_cache(loaded, prompts):
+  model_a, _ = loaded["qwen2"]
+  model_b = _perturbed(model_a, seed=1)
+  sampler = _sampler(model_a)
+
+  def swap(s, chunk_index):
+    if chunk_index == 0:
+      s.update_params(nnx.split(model_b)[1], version=7)
+
+  outs = sampler.generate(prompts[:4], on_chunk=swap)
+  fresh_b = _sampler(model_b).generate(prompts[:4])
+  n = SAMPLER.max_new_tokens
+  differs_from_b = 0
+  for prompt, out, b in zip(prompts, outs, fresh_b):
+    k = int(np.argmax(out.versions == 7))
+    assert 0 < k < n  # swapped mid-sequence
+    np.testing.assert_array_equal(out.versions, [0] * k + [7] * (n - k))
+    expected = _continue_greedy(model_a, model_b, prompt, out.tokens.tolist(), k, n)
+    assert out.tokens[k:].tolist() == expected
+    differs_from_b += out.tokens.tolist() != b.tokens.tolist()
+  assert differs_from_b > 0  # the kept cache (built by the old weights) mattered
+  # Later runs keep the new version.
+  assert (sampler.generate(prompts[:1])[0].versions == 7).all()
+
+
+def test_update_params_from_another_thread(loaded, prompts):
+  model_a, _ = loaded["qwen2"]
+  params_b = nnx.split(_perturbed(model_a, seed=2))[1]
+  sampler = _sampler(model_a)
+  started = threading.Event()
+  thread = threading.Thread(target=lambda: (started.wait(), sampler.update_params(params_b, 1)))
+  thread.start()
+
+  def on_chunk(s, i):
+    started.set()
+    if i == 0:
+      thread.join()  # make sure the update is posted while later chunks remain
+
+  outs = sampler.generate(prompts, on_chunk=on_chunk)
+  versions = np.concatenate([o.versions for o in outs])
+  assert set(versions.tolist()) == {0, 1}
+  for o in outs:
+    assert (np.diff(o.versions) >= 0).all()
+  with pytest.raises(ValueError, match="structure"):
+    sampler.update_params({"w": jnp.zeros(3)}, 2)
+
+
+def _truncated_logprobs(logits, temperature, top_k, top_p):
+  """Reference (NumPy, float64): log-probs of the top-k/top-p renormalised distribution."""
+  z = logits.astype(np.float64) / temperature
+  order = np.argsort(-z, kind="stable")
+  keep = np.zeros(z.shape, bool)
+  keep[order[:top_k]] = True
+  p = np.exp(z - z[keep].max()) * keep
+  p /= p.sum()
+  mass = 0.0
+  for i in order[:top_k]:
+    if mass >= top_p:
+      keep[i] = False
+    mass += p[i]
+  z = np.where(keep, z, -np.inf)
+  return z - np.log(np.exp(z - z.max()).sum()) - z.max()
+
+
+def test_sampling_reproducible_and_logprobs_under_truncation(loaded, prompts):
+  model, _ = loaded["qwen2"]
+  kw = dict(temperature=0.8, top_k=20, top_p=0.7)
+  reqs = [records.Request(p, prompt_id=i, sample_index=j) for i, p in enumerate(prompts[:3])
+          for j in range(2)]
+  first = _sampler(model, **kw).generate(reqs)
+  again = _sampler(model, **kw).generate(reqs[::-1])[::-1]  # other slots, other order
+  other_seed = engine.Sampler(model, SamplerConfig(**{**SAMPLER.__dict__, **kw}), eos_ids=(),
+                              seed=5).generate(reqs)
+  rerun = _sampler(model, **kw).generate(reqs)
+  for a, b, c in zip(first, again, rerun):
+    assert a.tokens.tolist() == b.tokens.tolist() == c.tokens.tolist()
+    np.testing.assert_array_equal(a.logprobs, c.logprobs)  # bitwise on an identical run
+    # Another slot may round the last bit differently (CPU vector remainder loops).
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+  assert first[0].tokens.tolist() != first[1].tokens.tolist()  # samples of a prompt differ
+  assert any(a.tokens.tolist() != c.tokens.tolist() for a, c in zip(first, other_seed))
+
+  full_logits = jax.jit(lambda m, x: m(x, jnp.arange(32)[None], jnp.ones((1, 32), bool)))
+  for out in first:
+    seq = list(out.prompt_tokens) + out.tokens.tolist()
+    # Right padding to one shape; causal attention keeps the real positions exact.
+    logits = np.asarray(full_logits(model, jnp.asarray([seq + [0] * (32 - len(seq))])))[0]
+    p = len(out.prompt_tokens)
+    for j, tok in enumerate(out.tokens):
+      ref = _truncated_logprobs(logits[p - 1 + j], 0.8, 20, 0.7)
+      assert np.isfinite(ref[tok])  # the token was inside the top-k/top-p set
+      np.testing.assert_allclose(out.logprobs[j], ref[tok], atol=1e-4)
+
+
+def test_forced_interruption(loaded, prompts):
+  model, tok = loaded["qwen2"]
+  phrase = tok.encode("Stop</think>")
+  kw = dict(interrupt=True, interrupt_min=2, interrupt_max=5, answer_budget=3,
+            interrupt_phrase="Stop</think>")
+  plain = _sampler(model).generate(prompts)
+  outs = _sampler(model, tokenizer=tok, think_end_id=-1, **kw).generate(prompts)
+  starts = set()
+  for out, ref in zip(outs, plain):
+    f = int(np.argmax(out.forced))
+    starts.add(f)
+    assert 2 <= f <= 5
+    assert out.forced.tolist() == [False] * f + [True] * len(phrase) + [False] * 3
+    assert out.tokens[f:f + len(phrase)].tolist() == phrase
+    assert out.tokens[:f].tolist() == ref.tokens[:f].tolist()  # thinking untouched
+    assert out.finish_reason == records.INTERRUPTED and out.truncated
+  assert len(starts) > 1  # budgets are drawn per sequence
+
+  # Thinking that ends on its own (here: the think-end id is the model's own first token)
+  # before the budget cancels the interruption.
+  first_tok = int(plain[0].tokens[0])
+  natural = engine.Sampler(model, SamplerConfig(**{**SAMPLER.__dict__, **kw}), tokenizer=tok,
+                           eos_ids=(), think_end_id=first_tok).generate(prompts[:1])[0]
+  assert not natural.forced.any() and natural.finish_reason == records.LENGTH
+  assert natural.tokens.tolist() == plain[0].tokens.tolist()
+
+
+def test_stop_strings(loaded, prompts):
+  model, tok = loaded["qwen2"]
+  plain = _sampler(model, tokenizer=tok).generate(prompts)
+  # A two-character ASCII stop string made by tokens 3 and 4, across the chunk boundary.
+  for i, out in enumerate(plain):
+    stop = tok.decode(out.tokens[3:5].tolist())
+    if len(stop) == 2 and stop.isascii() and stop not in tok.decode(out.tokens[:4].tolist()):
+      break
+  else:
+    pytest.fail("no usable stop string in the greedy outputs")
+  got = _sampler(model, tokenizer=tok, stop_strings=(stop, "\u2603never")).generate(prompts)
+  assert got[i].tokens.tolist() == out.tokens[:5].tolist()
+  assert got[i].finish_reason == records.STOP and not got[i].truncated
+  assert got[i].text.endswith(stop)
+  for g, p in zip(got, plain):
+    if g.finish_reason == records.STOP:
+      assert stop in g.text and stop not in tok.decode(g.tokens[:-1].tolist())
+    else:
+      assert g.tokens.tolist() == p.tokens.tolist()
+
+
+def test_stream_keeps_decoding_while_the_request_iterator_has_nothing(loaded, prompts):
+  model, _ = loaded["qwen2"]
+  sampler = _sampler(model)
+  plain = sampler.generate(prompts)
+
+  def requests():
+    for i, p in enumerate(prompts):
+      yield None  # "nothing to admit yet"
+      yield records.Request(p, prompt_id=i)
+      if i == 5:
+        yield from [None] * 5
+
+  got = sorted(sampler.stream(requests()), key=lambda c: c.prompt_id)
+  assert [c.tokens.tolist() for c in got] == [c.tokens.tolist() for c in plain]
+
+
+def test_bad_requests_raise_user_errors(loaded):
+  model, _ = loaded["qwen2"]
+  sampler = _sampler(model)
+  with pytest.raises(UserError, match="prompt_id=0: empty prompt"):
+    sampler.generate([records.Request([], prompt_id=0)])
+  with pytest.raises(UserError, match="17 tokens"):
+    sampler.generate([records.Request([1] * 17, prompt_id="x")])
+  with pytest.raises(UserError, match="invalid top_p 0"):
+    sampler.generate([records.Request([1], top_p=0.0)])
+  with pytest.raises(UserError, match="max_new_tokens"):
+    sampler.generate([records.Request([1], max_new_tokens=99)])
+  with pytest.raises(UserError, match="stop strings need a tokenizer"):
+    _sampler(model, stop_strings=("x",))
