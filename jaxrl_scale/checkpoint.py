@@ -88,6 +88,14 @@ class Checkpointer:
       return s, restored[_STATE], dict(restored[_HOST])
     raise UserError(f"no readable checkpoint in {self.directory}: " + "; ".join(errors))
 
+  def read_arrays(self, step: int) -> Any:
+    """The saved arrays of `step` as NumPy arrays, without a target (checks, tools)."""
+    import jax  # pylint: disable=g-import-not-at-top
+
+    restored = self._manager.restore(
+        step, args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore()}))
+    return jax.device_get(restored[_STATE])
+
   def wait(self) -> None:
     """Blocks until pending async saves are on disk."""
     self._manager.wait_until_finished()

@@ -1,0 +1,246 @@
+"""PipelineRL-k: a generator thread streaming rollouts into the queue while the trainer trains.
+
+    generator thread                      scoring pool             trainer (caller's thread)
+    sampler.stream(admitted requests) --> verifiers per group --> queue --> next_groups()
+          ^                                                                    |
+          +---------------- update_params(new weights) <---- after_step() <----+
+
+The sampler runs continuously on the generator slice. After every trainer step the new
+weights are posted to it and swapped in at the next decode-chunk boundary, so sequences
+in flight continue with the new policy on their old KV cache (in-flight updates, paper
+sec. 3.1 / A.11); every token records the version that produced it.
+
+Bounds (k = pipeline.max_staleness, P = prompts per step):
+  * admission: the generator admits a new group only while fewer than k * P groups are
+    admitted and not yet trained on (PipelineRL's "max lag"), so queued data cannot run
+    far ahead of the trainer. The one exception keeps the system live: when fewer than P
+    groups are finished, the trainer is waiting on sequences in flight, and those only
+    finish if decoding goes on. The Sampler pulls a request whenever a slot frees and
+    decodes nothing while that pull blocks, so admission must proceed then; the overshoot
+    is at most one slot-full of groups (num_slots / G).
+  * consumption: the trainer at version v takes the groups with the oldest data first and
+    never trains on a token older than v - k: such a group is dropped and counted
+    (`pipeline/dropped_stale`); with the admission bound this is rare.
+  * memory: the queue holds at most pipeline.queue_size * P finished or scoring groups; a
+    full queue stalls the generator thread (backpressure).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from jaxrl_scale.generation import engine
+from jaxrl_scale.generation import records
+from jaxrl_scale.pipeline import queue as queue_lib
+from jaxrl_scale.pipeline import rollouts
+from jaxrl_scale.pipeline import sources
+from jaxrl_scale.pipeline import staleness as staleness_lib
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.05  # how often blocked waits re-check stop requests and conditions
+
+
+class Interrupted(Exception):
+  """`interrupt()` was called while the trainer waited for rollouts."""
+
+
+class _Stopped(Exception):
+  """Raised inside the sampler's loop to abandon the sequences in flight on close()."""
+
+
+class GeneratorError(RuntimeError):
+  """The generator thread or a scoring task failed; carries the original as __cause__."""
+
+
+class PipelineSource:
+  """The PipelineRL-k rollout source (see the module docstring).
+
+  Args:
+    sampler: on the generator slice; driven only by this object's thread.
+    admitter: prompts and bookkeeping.
+    scorer: verifiers.
+    num_prompts: P.
+    max_staleness: k >= 1.
+    queue_size: finished batches the queue may hold.
+    reward_workers: threads scoring groups.
+  """
+
+  def __init__(self, sampler: engine.Sampler, admitter: sources.Admitter,
+               scorer: rollouts.GroupScorer, *, num_prompts: int, max_staleness: int,
+               queue_size: int, reward_workers: int):
+    if max_staleness < 1:
+      raise ValueError("PipelineRL needs max_staleness >= 1 (k = 0 is the sync mode)")
+    self.sampler = sampler
+    self.admitter = admitter
+    self.scorer = scorer
+    self.num_prompts = num_prompts
+    self.max_staleness = max_staleness
+    self.group_size = admitter.group_size
+    self.limit = max_staleness * num_prompts
+    self.queue: queue_lib.RolloutQueue[rollouts.Group] = queue_lib.RolloutQueue(
+        queue_size * num_prompts, order_key=lambda g: (g.min_version, g.seq))
+    self._pool = concurrent.futures.ThreadPoolExecutor(reward_workers,
+                                                       thread_name_prefix="score")
+    self._cond = threading.Condition()
+    self._stop = threading.Event()
+    self._interrupt = threading.Event()
+    self._error: BaseException | None = None
+    self._inflight: dict[int, tuple[Any, int]] = {}  # seq -> (prompt, admitted version)
+    self._pending: dict[int, list[records.Completion]] = {}
+    self._thread = threading.Thread(target=self._run, name="generator", daemon=True)
+    self.dropped_stale = 0
+    self.throttle_wait_s = 0.0
+    self.tokens = 0
+    self._start = time.perf_counter()
+    self._last = (0.0, 0.0, 0, self._start)
+
+  # ---- generator thread ------------------------------------------------------------------
+
+  def start(self) -> PipelineSource:
+    self._start = time.perf_counter()
+    self._last = (0.0, 0.0, 0, self._start)
+    self._thread.start()
+    return self
+
+  def _may_admit(self) -> bool:
+    if self.admitter.num_outstanding < self.limit:
+      return True
+    return len(self.queue) + self.queue.pending < self.num_prompts
+
+  def _requests(self) -> Iterator[records.Request]:
+    while not self._stop.is_set():
+      t0 = time.perf_counter()
+      with self._cond:
+        while not self._stop.is_set() and not self._may_admit():
+          self._cond.wait(_POLL_S)
+      self.throttle_wait_s += time.perf_counter() - t0
+      if self._stop.is_set():
+        return
+      version = self.sampler.version
+      seq, prompt, requests = self.admitter.admit(version)
+      with self._cond:
+        self._inflight[seq] = (prompt, version)
+      yield from requests
+
+  def _on_chunk(self, sampler: Any, index: int) -> None:
+    del sampler, index
+    if self._stop.is_set():
+      raise _Stopped()
+
+  def _run(self) -> None:
+    try:
+      for completion in self.sampler.stream(self._requests(), on_chunk=self._on_chunk):
+        self.tokens += completion.num_tokens
+        seq = completion.prompt_id
+        done = self._pending.setdefault(seq, [])
+        done.append(completion)
+        if len(done) < self.group_size:
+          continue
+        del self._pending[seq]
+        with self._cond:
+          prompt, version = self._inflight.pop(seq)
+        if not self.queue.reserve():
+          continue  # closed: drain the sequences still in flight, keep nothing
+        self._pool.submit(self._score, seq, prompt, done, version)
+    except _Stopped:
+      pass
+    except BaseException as e:  # noqa: BLE001 - handed to the trainer thread
+      self._fail(e)
+
+  def _score(self, seq: int, prompt: Any, completions: list[records.Completion],
+             version: int) -> None:
+    try:
+      group = self.scorer.group(seq, prompt, completions, version)
+    except BaseException as e:  # noqa: BLE001
+      self.queue.release()
+      self._fail(e)
+      return
+    self.queue.fill(group)
+
+  def _fail(self, error: BaseException) -> None:
+    if self._error is None:
+      self._error = error
+    self._stop.set()
+    self.queue.close()
+
+  # ---- trainer side ----------------------------------------------------------------------
+
+  def _check(self) -> None:
+    if self._error is not None:
+      raise GeneratorError(f"generator failed: {type(self._error).__name__}: "
+                           f"{self._error}") from self._error
+
+  def interrupt(self) -> None:
+    """Makes a waiting (or the next) `next_groups` raise Interrupted; callable from a
+    signal handler."""
+    self._interrupt.set()
+
+  def next_groups(self, version: int) -> list[rollouts.Group]:
+    groups: list[rollouts.Group] = []
+    dropped: list[int] = []
+    while len(groups) < self.num_prompts:
+      self._check()
+      if self._interrupt.is_set():
+        raise Interrupted()
+      try:
+        got = self.queue.get(self.num_prompts - len(groups), timeout=_POLL_S)
+      except queue_lib.Closed:
+        self._check()
+        raise
+      for group in got or ():
+        if version - group.min_version > self.max_staleness:
+          dropped.append(group.seq)
+        else:
+          groups.append(group)
+    if dropped:
+      self.dropped_stale += len(dropped)
+      self.admitter.consumed(dropped)
+      log.warning("dropped %d groups older than %d versions", len(dropped), self.max_staleness)
+    return groups
+
+  def after_step(self, groups: Sequence[rollouts.Group], params: Any, version: int) -> None:
+    # Post the weights before freeing admission, so new groups mostly start on them.
+    self.sampler.update_params(params, version)
+    self.admitter.consumed([g.seq for g in groups])
+    with self._cond:
+      self._cond.notify_all()
+
+  def state(self) -> dict[str, Any]:
+    return self.admitter.state()
+
+  def metrics(self, version: int) -> dict[str, float]:
+    now = time.perf_counter()
+    throttle, put_wait, tokens, t = self._last
+    self._last = (self.throttle_wait_s, self.queue.put_wait_s, self.tokens, now)
+    span = max(now - t, 1e-9)
+    idle = (self.throttle_wait_s - throttle) + (self.queue.put_wait_s - put_wait)
+    with self._cond:
+      inflight = [v for _, v in self._inflight.values()]
+    out = {
+        "gen/tokens_per_s": (self.tokens - tokens) / span,
+        "gen/idle_frac": min(1.0, idle / span),
+        "queue/groups": float(len(self.queue)),
+        "queue/scoring": float(self.queue.pending),
+        "pipeline/dropped_stale": float(self.dropped_stale),
+    }
+    out.update(staleness_lib.oldest([g.min_version for g in self.queue.snapshot()], version,
+                                    "staleness/queued_"))
+    out.update(staleness_lib.oldest(inflight, version, "staleness/inflight_"))
+    return out
+
+  def close(self) -> None:
+    self._stop.set()
+    self.queue.close()
+    with self._cond:
+      self._cond.notify_all()
+    if self._thread.is_alive():
+      self._thread.join(timeout=120)
+      if self._thread.is_alive():
+        log.warning("generator thread did not stop within 120 s")
+    self._pool.shutdown(wait=True, cancel_futures=True)

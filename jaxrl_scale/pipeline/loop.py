@@ -1,0 +1,323 @@
+"""The RL training loop shared by every mode: step, log, evaluate, forecast, checkpoint.
+
+One iteration (step s, trainer at policy version s - 1):
+  1. take P scored groups from the mode's source (the wait is the trainer's idle time);
+  2. build the fixed-shape batch (advantages, zero-variance filter) and update the
+     No-Positive-Resampling history;
+  3. run the jitted step, post the new weights to the source (the generator), fetch metrics;
+  4. a non-finite loss or gradient leaves the parameters untouched (the step skips it);
+     `optim.max_nonfinite_steps` in a row abort the run without saving;
+  5. evaluate every `eval.every` steps and refit the live forecast;
+  6. write one metrics row (step, compute_hours, FLOPs, ...) and the progress line;
+  7. checkpoint every `checkpoint.every` steps, at the end, and on SIGTERM / SIGINT.
+
+The metrics stream has exactly one row per step 0..N: row 0 is the evaluation of the
+starting policy (R0 of the forecast), row s is step s with its eval merged in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrl_scale import checkpoint as checkpoint_lib
+from jaxrl_scale import metrics as metrics_lib
+from jaxrl_scale.config import Config
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.pipeline import generator
+from jaxrl_scale.pipeline import progress as progress_lib
+from jaxrl_scale.pipeline import rollouts
+from jaxrl_scale.pipeline import staleness as staleness_lib
+from jaxrl_scale.rl import curriculum as curriculum_lib
+from jaxrl_scale.rl import train_step
+
+log = logging.getLogger(__name__)
+
+
+class TrainingAborted(UserError):
+  """Too many non-finite steps in a row; the checkpoints on disk are untouched."""
+
+
+@dataclasses.dataclass
+class HostState:
+  """Everything besides the arrays that a resumed run needs (saved as JSON).
+
+  Attributes:
+    step: RL steps done.
+    policy_version: version of the weights (one per step; tokens record it).
+    metrics_rows: rows of metrics.jsonl that belong to this state (steps 0..step); a
+      resumed writer drops the rest.
+    compute_hours: accelerator-hours spent in RL so far.
+    flops: estimated FLOPs spent in RL so far.
+    nonfinite_streak: non-finite steps in a row at the end of the last step.
+    source: the rollout source's data position and sequence counter.
+    curriculum: No-Positive-Resampling state (None when off).
+    sft_compute_hours: accelerator-hours of the SFT warm start.
+    seed: run seed (sampler seeds derive from it and the sequence counter).
+  """
+
+  step: int = 0
+  policy_version: int = 0
+  metrics_rows: int = 1
+  compute_hours: float = 0.0
+  flops: float = 0.0
+  nonfinite_streak: int = 0
+  source: dict[str, Any] = dataclasses.field(default_factory=dict)
+  curriculum: dict[str, Any] | None = None
+  sft_compute_hours: float = 0.0
+  seed: int = 0
+
+  def to_json(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_json(cls, data: dict[str, Any], origin: str) -> HostState:
+    names = {f.name for f in dataclasses.fields(cls)}
+    missing = names - set(data)
+    if missing:
+      raise UserError(f"{origin}: checkpoint host state lacks {sorted(missing)}")
+    return cls(**{k: data[k] for k in names})
+
+
+@dataclasses.dataclass
+class Outcome:
+  """How the loop ended: 'done', 'signal' (SIGTERM/SIGINT, checkpoint saved)."""
+
+  reason: str
+  step: int
+  signal_name: str | None = None
+  last_eval: dict[str, float] | None = None
+
+
+class Loop:
+  """Runs RL steps `state.step + 1 .. cfg.run.steps` (see the module docstring).
+
+  Args:
+    cfg: the run config.
+    trainer: the RL Trainer on the trainer slice.
+    source: the mode's rollout source.
+    evaluator: an `eval.Evaluator`, or None for no validation.
+    writer: the metrics stream.
+    checkpointer: where checkpoints go (None: never save).
+    forecaster: a `scaling.live.LiveForecaster`, or None.
+    curriculum: No-Positive-Resampling, or None.
+    shape: the fixed batch shape.
+    state: host state to continue from.
+    clock: compute clock (its hours continue `state.compute_hours`).
+    flops_per_token: forward FLOPs per token (2 x parameters).
+    progress: the console display.
+  """
+
+  def __init__(self, cfg: Config, *, trainer: train_step.Trainer, source: Any,
+               evaluator: Any, writer: metrics_lib.MetricsWriter,
+               checkpointer: checkpoint_lib.Checkpointer | None, forecaster: Any,
+               curriculum: curriculum_lib.NoPositiveResampling | None,
+               shape: rollouts.BatchShape, state: HostState, clock: metrics_lib.ComputeClock,
+               flops_per_token: float, progress: progress_lib.Progress):
+    self.cfg = cfg
+    self.trainer = trainer
+    self.source = source
+    self.evaluator = evaluator
+    self.writer = writer
+    self.checkpointer = checkpointer
+    self.forecaster = forecaster
+    self.curriculum = curriculum
+    self.curriculum_lock = threading.Lock()
+    self.shape = shape
+    self.state = state
+    self.clock = clock
+    self.flops_per_token = flops_per_token
+    self.progress = progress
+    self.last_eval: dict[str, float] | None = None
+    self._signal: int | None = None
+    self._t_start = time.perf_counter()
+    self._train_s = 0.0
+    self._wait_s = 0.0
+    self.on_step: Callable[[int, dict[str, Any]], None] | None = None  # tests, benchmarks
+
+  # ---- signals -----------------------------------------------------------------------------
+
+  def _handle_signal(self, signum, frame) -> None:
+    del frame
+    if self._signal is not None and signum == signal.SIGINT:
+      raise KeyboardInterrupt  # a second Ctrl-C: stop now
+    self._signal = signum
+    interrupt = getattr(self.source, "interrupt", None)
+    if interrupt is not None:
+      interrupt()
+    self.progress.print(f"received {signal.Signals(signum).name}: saving a checkpoint after "
+                        "the current step, then exiting")
+
+  def request_stop(self, signum: int = signal.SIGTERM) -> None:
+    """What a signal does, callable from anywhere (tests)."""
+    self._handle_signal(signum, None)
+
+  # ---- pieces ------------------------------------------------------------------------------
+
+  def keep_prompt(self, prompt_id: str) -> bool:
+    """The PromptSource keep hook (called from the generator thread in pipelined mode)."""
+    if self.curriculum is None:
+      return True
+    with self.curriculum_lock:
+      return self.curriculum.should_keep(prompt_id)
+
+  def evaluate(self, step: int) -> dict[str, float]:
+    """Validation at `step` plus the refit forecast, as metrics."""
+    if self.evaluator is None:
+      return {}
+    out = self.evaluator.run(self.trainer.params, step)
+    self.last_eval = out
+    self.state.flops += self.flops_per_token * self._eval_tokens(out)
+    if self.forecaster is not None and "val/pass_rate" in out:
+      hours = self.clock.hours
+      if self.cfg.forecast.target_compute_hours is None and step > 0:
+        # The run's projected total at the current rate of compute per step.
+        self.forecaster.target_compute = hours * self.cfg.run.steps / step
+      fit = self.forecaster.update(hours, out["val/pass_rate"], step=step)
+      if fit is not None and fit.step == step:
+        out.update(fit.as_metrics())
+        self.progress.print("  " + fit.summary())
+    return out
+
+  def _eval_tokens(self, out: dict[str, float]) -> float:
+    n = out.get("val/num_prompts", 0.0) * self.evaluator.k
+    return n * (out.get("val/length_mean", 0.0) + self.shape.seq_len / 2)
+
+  def save(self, step: int) -> None:
+    if self.checkpointer is None or self.checkpointer.latest_step() == step:
+      return
+    self.state.source = self.source.state()
+    self.state.policy_version = step
+    self.state.metrics_rows = step + 1
+    if self.curriculum is not None:
+      with self.curriculum_lock:
+        self.state.curriculum = self.curriculum.state_dict()
+    self.checkpointer.save(step, self.trainer.state, self.state.to_json())
+
+  def initial_eval(self) -> None:
+    """Row 0: the starting policy's pass rate (the forecast's R0)."""
+    row = {"compute_hours": self.clock.hours, "flops": self.state.flops}
+    if self.evaluator is not None:
+      row.update(self.evaluate(0))
+    self.state.compute_hours = row["compute_hours"]
+    self.writer.write(0, row)
+    self.progress.step(0, row)
+
+  # ---- the loop ----------------------------------------------------------------------------
+
+  def run(self) -> Outcome:
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = {}
+    if in_main:
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, self._handle_signal)
+    try:
+      return self._run()
+    finally:
+      for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+  def _stopped(self, step: int) -> Outcome | None:
+    if self._signal is None:
+      return None
+    self.save(step)
+    name = signal.Signals(self._signal).name
+    return Outcome("signal", step, name, self.last_eval)
+
+  def _run(self) -> Outcome:
+    cfg = self.cfg
+    total = cfg.run.steps
+    step = self.state.step
+    self.progress.restart(step)
+    self._t_start = time.perf_counter()
+    while step < total:
+      if (out := self._stopped(step)) is not None:
+        return out
+      t0 = time.perf_counter()
+      try:
+        groups = self.source.next_groups(step)
+      except generator.Interrupted:
+        return self._stopped(step)
+      t1 = time.perf_counter()
+      row = self._train_step(step, groups)
+      t2 = time.perf_counter()
+      step += 1
+      self.state.step = step
+      row["time/wait_s"], row["time/train_s"] = t1 - t0, t2 - t1
+      self._wait_s += t1 - t0
+      self._train_s += t2 - t1
+      elapsed = time.perf_counter() - self._t_start
+      row["time/trainer_idle_frac"] = self._wait_s / elapsed if elapsed > 0 else 0.0
+      row.update(self.source.metrics(step))
+      if cfg.eval.every and (step % cfg.eval.every == 0 or step == total):
+        row.update(self.evaluate(step))
+      row["compute_hours"] = self.clock.hours
+      row["flops"] = self.state.flops
+      self.state.compute_hours = row["compute_hours"]
+      self.writer.write(step, row)
+      self.progress.step(step, row)
+      if self.on_step is not None:
+        self.on_step(step, row)
+      self._check_nonfinite(step, row)
+      if step == total or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
+        self.save(step)
+    return self._stopped(step) or Outcome("done", step, None, self.last_eval)
+
+  def _train_step(self, step: int, groups: list[rollouts.Group]) -> dict[str, Any]:
+    """Batch, update and host-side bookkeeping for one step; returns its metrics row."""
+    version = step  # policy version the trainer holds before this update
+    batch, row, keep = rollouts.build_batch(groups, self.cfg.rl, self.shape)
+    row.update(staleness_lib.summarize(
+        staleness_lib.token_staleness([c.versions for g in groups for c in g.completions],
+                                      version),
+        self.cfg.pipeline.max_staleness))
+    if self.curriculum is not None:
+      with self.curriculum_lock:
+        retired = self.curriculum.update([g.prompt.id for g in groups],
+                                         np.stack([g.rewards_G for g in groups]))
+        row.update({f"curriculum/{k}": v for k, v in self.curriculum.stats().items()})
+      row["curriculum/retired_now"] = float(len(retired))
+    gen_tokens = sum(len(g.prompt.token_ids) + c.num_tokens
+                     for g in groups for c in g.completions)
+    t0 = time.perf_counter()
+    if keep.any():
+      metrics = self.trainer.step(batch)
+      self.source.after_step(groups, self.trainer.params, version + 1)
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      train_tokens = metrics.get("tokens", 0.0)
+    else:
+      # Every prompt had equal rewards: no signal, so no update (Adam's momentum alone would
+      # still move the weights).
+      self.source.after_step(groups, self.trainer.params, version + 1)
+      metrics, train_tokens = {"skipped_no_signal": 1.0}, 0.0
+    train_s = time.perf_counter() - t0
+    row.update({f"train/{k}": v for k, v in metrics.items()})
+    row["train/tokens_per_s"] = train_tokens / train_s if train_s > 0 else 0.0
+    # FLOPs: forward over sampled sequences, forward + backward (3x) over trained ones.
+    self.state.flops += self.flops_per_token * (gen_tokens + 3 * train_tokens)
+    return row
+
+  def _check_nonfinite(self, step: int, row: dict[str, Any]) -> None:
+    if not row.get("train/nonfinite"):
+      self.state.nonfinite_streak = 0
+      return
+    self.state.nonfinite_streak += 1
+    limit = self.cfg.optim.max_nonfinite_steps
+    log.warning("step %d: non-finite loss or gradient, update skipped (%d in a row)", step,
+                self.state.nonfinite_streak)
+    if self.state.nonfinite_streak >= limit:
+      latest = self.checkpointer.latest_step() if self.checkpointer is not None else None
+      where = (f"the last checkpoint (step {latest}) is intact; " if latest is not None
+               else "")
+      raise TrainingAborted(
+          f"training aborted at step {step}: the loss or gradients were NaN/inf for "
+          f"{self.state.nonfinite_streak} steps in a row (optim.max_nonfinite_steps={limit}); "
+          f"{where}lower optim.lr or set optim.max_grad_norm, then resume")

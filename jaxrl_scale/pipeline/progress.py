@@ -1,0 +1,82 @@
+"""The console view of a run: one line per logged step, forecast lines, the final summary.
+
+    step  12/40 | val 0.62 | train 0.55 | gen 1.2k tok/s | train 3.4k tok/s | stale 0.8/2 |
+      trunc 0.02 | 3.1 s/step | ETA 1m10s
+    forecast: A=0.871 [0.84, 0.90] B=1.90 C_mid=0.0021; at 0.0061: 0.852 [0.83, 0.87]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+
+def _si(x: float) -> str:
+  for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    if abs(x) >= scale:
+      return f"{x / scale:.1f}{unit}"
+  return f"{x:.0f}"
+
+
+def duration(seconds: float) -> str:
+  """'1h02m', '3m05s', '42s'."""
+  seconds = max(0.0, seconds)
+  if seconds >= 3600:
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+  if seconds >= 60:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+  return f"{seconds:.0f}s"
+
+
+class Progress:
+  """Prints progress lines to `stream` (stdout by default)."""
+
+  def __init__(self, total_steps: int, start_step: int = 0, log_every: int = 1,
+               stream: TextIO | None = None, enabled: bool = True):
+    self.total = total_steps
+    self.start_step = start_step
+    self.log_every = log_every
+    self.stream = stream if stream is not None else sys.stdout
+    self.enabled = enabled
+    self._t0 = time.perf_counter()
+    self.last_val: float | None = None
+
+  def restart(self, start_step: int) -> None:
+    """Starts the clock of the s/step and ETA figures (after compile-heavy setup)."""
+    self.start_step = start_step
+    self._t0 = time.perf_counter()
+
+  def print(self, text: str) -> None:
+    if self.enabled:
+      print(text, file=self.stream, flush=True)
+
+  def step(self, step: int, row: dict[str, Any]) -> None:
+    """One line for `step` (every log_every steps, and always on eval steps)."""
+    if "val/pass_rate" in row:
+      self.last_val = row["val/pass_rate"]
+    if not (step % self.log_every == 0 or "val/pass_rate" in row or step == self.total):
+      return
+    done = step - self.start_step
+    elapsed = time.perf_counter() - self._t0
+    per_step = elapsed / done if done > 0 else 0.0
+    parts = [f"step {step:>{len(str(self.total))}}/{self.total}"]
+    if self.last_val is not None:
+      parts.append(f"val {self.last_val:.3f}")
+    get = row.get
+    if get("rollout/pass_rate") is not None:
+      parts.append(f"train {row['rollout/pass_rate']:.2f}")
+    if get("gen/tokens_per_s") is not None:
+      parts.append(f"gen {_si(row['gen/tokens_per_s'])} tok/s")
+    if get("train/tokens_per_s") is not None:
+      parts.append(f"train {_si(row['train/tokens_per_s'])} tok/s")
+    if get("staleness/mean") is not None:
+      parts.append(f"stale {row['staleness/mean']:.1f}/{row['staleness/max']:.0f}")
+    if get("rollout/truncated_frac") is not None:
+      parts.append(f"trunc {row['rollout/truncated_frac']:.2f}")
+    if get("train/nonfinite"):
+      parts.append("NON-FINITE (skipped)")
+    if done > 0:
+      parts.append(f"{per_step:.2f} s/step")
+      parts.append(f"ETA {duration(per_step * (self.total - step))}")
+    self.print(" | ".join(parts))

@@ -1,0 +1,209 @@
+"""Rollouts: scored groups of completions, and their assembly into a fixed-shape TrainBatch.
+
+A `Group` is one prompt with its G completions from the sampler, each carrying per-token
+log-probs, policy versions and forced flags, plus the verifier's rewards. Groups are the
+unit that flows through the rollout queue: advantages are group-centred, so a group is
+never split.
+
+`build_batch` turns P groups into the `rl.batch.TrainBatch` the jitted step expects:
+rewards -> group-centred advantages with the configured normalisation (ScaleRL: batch
+std), zero-variance prompts weighted out of the loss, optional DAPO length penalty,
+forced-interruption tokens excluded from the loss, and the prompt axis padded to P with
+weight-0 rows so the step compiles once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxrl_scale import rewards
+from jaxrl_scale.config import RLConfig
+from jaxrl_scale.data import sources
+from jaxrl_scale.data import tasks
+from jaxrl_scale.generation import records
+from jaxrl_scale.rl import advantages as advantages_lib
+from jaxrl_scale.rl import batch as batch_lib
+
+
+@dataclasses.dataclass
+class Group:
+  """One prompt's G scored completions.
+
+  Attributes:
+    seq: admission number, unique in a run; seeds the sampler and orders the data.
+    prompt: the prompt as the data layer produced it.
+    completions: G sampler outputs (tokens, logprobs, versions, forced flags).
+    rewards_G: verifier rewards (rl.reward_correct / rl.reward_incorrect).
+    correct_G: which completions the verifier accepted.
+    counts: verdict counts of this group (rewards.scorer.COUNT_KEYS).
+    admitted_version: the sampler's policy version when the group was admitted.
+  """
+
+  seq: int
+  prompt: sources.Prompt
+  completions: list[records.Completion]
+  rewards_G: np.ndarray
+  correct_G: np.ndarray
+  counts: dict[str, int]
+  admitted_version: int
+
+  @property
+  def versions(self) -> np.ndarray:
+    """Policy versions of every generated token of the group, concatenated."""
+    parts = [c.versions for c in self.completions if c.num_tokens]
+    return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
+
+  @property
+  def min_version(self) -> int:
+    """Version of the group's oldest token (the admission version if it has none)."""
+    v = self.versions
+    return int(v.min()) if v.size else self.admitted_version
+
+
+class GroupScorer:
+  """Scores completions with the verifier of each prompt's task, never raising per item.
+
+  Verifiers run on the `rewards.Scorer` worker threads (one Scorer per reward name, all
+  with `num_threads` workers), so neither the generator nor the trainer runs them.
+  """
+
+  def __init__(self, rl: RLConfig, tokenizer: Any, *, num_threads: int = 4,
+               timeout_s: float = 5.0):
+    self.rl = rl
+    self.tokenizer = tokenizer
+    self.num_threads = num_threads
+    self.timeout_s = timeout_s
+    self._scorers: dict[str, rewards.Scorer] = {}
+    self._lock = threading.Lock()
+
+  def _scorer(self, task: str) -> rewards.Scorer:
+    name = tasks.reward_name(task)
+    with self._lock:
+      if name not in self._scorers:
+        self._scorers[name] = rewards.Scorer(
+            name, correct_reward=self.rl.reward_correct,
+            incorrect_reward=self.rl.reward_incorrect, timeout_s=self.timeout_s,
+            num_threads=self.num_threads)
+      return self._scorers[name]
+
+  def text(self, completion: records.Completion) -> str:
+    """The response the verifier sees: generated tokens without special tokens (EOS)."""
+    return self.tokenizer.decode(completion.tokens.tolist(), skip_special_tokens=True)
+
+  def score(self, prompt: sources.Prompt, completions: Sequence[records.Completion]
+            ) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """(rewards [G], correct [G], verdict counts) for one prompt's completions."""
+    result = self._scorer(prompt.task).score(
+        [(self.text(c), prompt.answer) for c in completions])
+    correct = np.array([v is not None and v.correct for v in result.verdicts], bool)
+    return np.asarray(result.rewards, np.float32), correct, dict(result.counts)
+
+  def group(self, seq: int, prompt: sources.Prompt, completions: Sequence[records.Completion],
+            admitted_version: int) -> Group:
+    """Scores one prompt's completions into a Group (completions sorted by sample index)."""
+    completions = sorted(completions, key=lambda c: c.sample_index)
+    rewards_G, correct_G, counts = self.score(prompt, completions)
+    return Group(seq=seq, prompt=prompt, completions=list(completions), rewards_G=rewards_G,
+                 correct_G=correct_G, counts=counts, admitted_version=admitted_version)
+
+  def groups(self, items: Sequence[tuple[int, sources.Prompt, Sequence[records.Completion], int]],
+             pool: concurrent.futures.Executor | None = None) -> list[Group]:
+    """Scores many groups, in parallel on `pool` when given; keeps the input order."""
+    if pool is None:
+      return [self.group(*item) for item in items]
+    return list(pool.map(lambda item: self.group(*item), items))
+
+  def close(self) -> None:
+    with self._lock:
+      for scorer in self._scorers.values():
+        scorer.close()
+      self._scorers.clear()
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchShape:
+  """The fixed shape of every RL batch: [num_prompts, group_size, seq_len]."""
+
+  num_prompts: int
+  group_size: int
+  seq_len: int
+  pad_id: int
+
+
+def _length_penalty(rl: RLConfig) -> advantages_lib.LengthPenalty | None:
+  if not rl.length_penalty:
+    return None
+  return advantages_lib.LengthPenalty(max_length=rl.length_penalty_max,
+                                      cache_length=rl.length_penalty_cache)
+
+
+def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape
+                ) -> tuple[batch_lib.TrainBatch, dict[str, float], np.ndarray]:
+  """Advantages, filters and packing for one step.
+
+  Args:
+    groups: at most `shape.num_prompts` scored groups of `shape.group_size` completions.
+    rl: loss-side settings (normalisation, zero-variance filter, length penalty).
+    shape: the batch shape; missing groups become weight-0 padding rows.
+
+  Returns:
+    (batch of NumPy arrays, rollout statistics, keep_P for the real groups: whether each
+    group enters the loss).
+  """
+  p, g = shape.num_prompts, shape.group_size
+  n = len(groups)
+  if n > p:
+    raise ValueError(f"{n} groups do not fit a batch of {p} prompts")
+  for grp in groups:
+    if len(grp.completions) != g:
+      raise ValueError(f"group {grp.seq} has {len(grp.completions)} completions, expected {g}")
+  rewards_PG = np.zeros((p, g), np.float32)
+  correct_PG = np.zeros((p, g), bool)
+  lengths_PG = np.zeros((p, g), np.int32)
+  valid_PG = np.zeros((p, g), bool)
+  for i, grp in enumerate(groups):
+    rewards_PG[i] = grp.rewards_G
+    correct_PG[i] = grp.correct_G
+    lengths_PG[i] = [c.num_tokens for c in grp.completions]
+    valid_PG[i] = True
+  adv = advantages_lib.compute_advantages(
+      rewards_PG, normalization=rl.advantage_norm, valid_PG=valid_PG,
+      filter_zero_variance=rl.zero_variance_filter, lengths_PG=lengths_PG,
+      penalty=_length_penalty(rl), correct_PG=correct_PG)
+  advantages_PG = np.asarray(adv.advantages_PG)
+  weight_PG = np.asarray(adv.weight_PG)
+  batch = batch_lib.pack_rl(
+      [grp.prompt.token_ids for grp in groups],
+      [[c.tokens for c in grp.completions] for grp in groups],
+      [[c.logprobs for c in grp.completions] for grp in groups],
+      advantages_PG[:n], seq_len=shape.seq_len, pad_id=shape.pad_id,
+      trainable=[[~c.forced for c in grp.completions] for grp in groups],
+      weights=weight_PG[:n], prompt_ids=[grp.seq % 2**31 for grp in groups],
+      num_prompts=p)
+  stats = {f"rollout/{k}": float(v) for k, v in adv.stats.items()}
+  completions = [c for grp in groups for c in grp.completions]
+  if completions:
+    lengths = np.array([c.num_tokens for c in completions], np.float32)
+    stats.update({
+        "rollout/pass_rate": float(correct_PG[valid_PG].mean()),
+        "rollout/length_mean": float(lengths.mean()),
+        "rollout/length_max": float(lengths.max()),
+        "rollout/truncated_frac": float(np.mean([c.truncated for c in completions])),
+        "rollout/interrupted_frac": float(np.mean(
+            [c.finish_reason == records.INTERRUPTED for c in completions])),
+        "rollout/num_groups": float(n),
+    })
+    counts: dict[str, int] = {}
+    for grp in groups:
+      for key, value in grp.counts.items():
+        counts[key] = counts.get(key, 0) + value
+    total = max(counts.get("total", 0), 1)
+    for key in ("no_answer", "unparseable", "errors", "timeouts"):
+      stats[f"rollout/{key}_frac"] = counts.get(key, 0) / total
+  return batch, stats, np.asarray(adv.keep_P)[:n]

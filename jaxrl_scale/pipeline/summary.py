@@ -1,0 +1,120 @@
+"""The end of a run: summary.json, the forecast plot, and the console summary that puts the
+forecast made at half the compute budget next to the pass rate actually reached.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+from typing import Any
+
+from jaxrl_scale import metrics as metrics_lib
+from jaxrl_scale.config import Config
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.pipeline import progress as progress_lib
+
+log = logging.getLogger(__name__)
+
+
+def _half_budget(forecaster: Any, final_compute: float) -> dict[str, Any] | None:
+  """The forecast the run had made by half its compute, evaluated at the final compute."""
+  from jaxrl_scale.scaling import curves  # pylint: disable=g-import-not-at-top
+
+  made = forecaster.forecast_made_by(final_compute / 2)
+  if made is None:
+    return None
+  return {
+      "made_at_step": made.step, "made_at_compute_hours": made.compute,
+      "n_points": made.n_points, "A": made.a, "B": made.b, "C_mid": made.c_mid, "R0": made.r0,
+      "A_interval": made.a_interval, "well_determined": made.well_determined,
+      "predicted_final": float(curves.sigmoid(final_compute, made.a, made.b, made.c_mid,
+                                              made.r0)),
+      "predicted_at_target": made.forecast, "target_compute_hours": made.target_compute,
+      "predicted_interval": made.forecast_interval,
+  }
+
+
+def _plot(cfg: Config, run_dir: pathlib.Path) -> str | None:
+  from jaxrl_scale.scaling import forecast  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.scaling import io  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.scaling import plot  # pylint: disable=g-import-not-at-top
+
+  try:
+    curve = io.read_curve(str(run_dir / "metrics.jsonl"))
+    report = forecast.analyse(curve, forecast.AnalysisOptions(
+        min_compute=cfg.forecast.min_compute_hours,
+        target_compute=cfg.forecast.target_compute_hours, n_boot=cfg.forecast.n_boot,
+        seed=cfg.run.seed))
+    return plot.plot_reports([report], str(run_dir / "forecast.png"))
+  except UserError as e:  # too few eval points for a fit: no plot, say why
+    log.info("no forecast plot: %s", e)
+    return None
+
+
+def finish(cfg: Config, run_dir: pathlib.Path, outcome: Any, forecaster: Any, host: Any,
+           progress: progress_lib.Progress) -> dict[str, Any] | None:
+  """Writes summary.json (and forecast.png) and prints the summary; returns the summary."""
+  if outcome is None:
+    return None
+  rows = metrics_lib.read_metrics(run_dir / "metrics.jsonl")
+  evals = [(r["step"], r["compute_hours"], r["val/pass_rate"]) for r in rows
+           if r.get("val/pass_rate") is not None]
+  summary: dict[str, Any] = {
+      "outcome": outcome.reason, "signal": outcome.signal_name, "steps": outcome.step,
+      "target_steps": cfg.run.steps, "compute_hours": host.compute_hours,
+      "sft_compute_hours": host.sft_compute_hours, "flops": host.flops,
+  }
+  if evals:
+    summary["start_pass_rate"] = evals[0][2] if evals[0][0] == 0 else None
+    summary["final_pass_rate"] = evals[-1][2]
+    summary["final_step"] = evals[-1][0]
+  if forecaster is not None and forecaster.latest is not None and evals:
+    final_compute = evals[-1][1]
+    summary["half_budget_forecast"] = _half_budget(forecaster, final_compute)
+    latest = forecaster.latest
+    summary["final_forecast"] = {"A": latest.a, "B": latest.b, "C_mid": latest.c_mid,
+                                 "A_interval": latest.a_interval,
+                                 "well_determined": latest.well_determined}
+  if cfg.forecast.plot and outcome.reason == "done" and len(evals) >= 5:
+    summary["forecast_plot"] = _plot(cfg, run_dir)
+  (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+  progress.print(render(summary))
+  return summary
+
+
+def render(summary: dict[str, Any]) -> str:
+  """The console summary block."""
+  lines = ["", "=" * 72]
+  if summary["outcome"] == "signal":
+    lines.append(f"stopped by {summary['signal']} after step {summary['steps']}: checkpoint "
+                 "saved; run the same command again (or add --resume) to continue")
+  else:
+    lines.append(f"finished {summary['steps']} RL steps")
+  lines.append(f"compute: {summary['compute_hours']:.4g} accelerator-hours RL (+ "
+               f"{summary['sft_compute_hours']:.3g} SFT), {summary['flops']:.3g} FLOPs")
+  if "final_pass_rate" in summary:
+    start = summary.get("start_pass_rate")
+    after = " (after SFT)" if summary.get("sft_compute_hours") else ""
+    start_text = f"{start:.3f} at step 0{after} -> " if start is not None else ""
+    lines.append(f"validation pass rate: {start_text}{summary['final_pass_rate']:.3f} at step "
+                 f"{summary['final_step']}")
+  half = summary.get("half_budget_forecast")
+  if half is not None:
+    lines.append(
+        f"forecast made at half the budget (step {half['made_at_step']}, "
+        f"{half['made_at_compute_hours']:.4g} h, {half['n_points']} points): A={half['A']:.3f} "
+        f"B={half['B']:.2f} C_mid={half['C_mid']:.3g}")
+    lines.append(f"  predicted pass rate at the final compute: {half['predicted_final']:.3f}"
+                 f" | actual: {summary['final_pass_rate']:.3f}")
+    band = half.get("predicted_interval")
+    if band and half.get("target_compute_hours"):
+      lines.append(f"  (its forecast for the budget it projected, "
+                   f"{half['target_compute_hours']:.4g} h: {half['predicted_at_target']:.3f} "
+                   f"[{band[0]:.3f}, {band[1]:.3f}])")
+  elif summary.get("final_forecast") is not None:
+    lines.append("no forecast had been made by half the budget (fewer than 4 eval points)")
+  if summary.get("forecast_plot"):
+    lines.append(f"forecast plot: {summary['forecast_plot']}")
+  lines.append("=" * 72)
+  return "\n".join(lines)

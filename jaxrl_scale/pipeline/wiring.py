@@ -1,0 +1,342 @@
+"""Builds one run from a config and runs it (what `jaxrl-scale train` calls).
+
+Order: trainer / generator slices -> tokenizer -> prompts -> policy -> SFT warm start (fresh
+runs) or checkpoint restore (resumed runs) -> RL trainer -> sampler(s) -> verifiers -> the
+mode's rollout source -> metrics stream, checkpointer, live forecaster -> `loop.Loop`.
+The caller must already have asked for simulated CPU devices (`parallel.mesh`).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import logging
+import pathlib
+import time
+from typing import Any, TextIO
+
+import jax
+import numpy as np
+import yaml
+from flax import nnx
+
+from jaxrl_scale import checkpoint as checkpoint_lib
+from jaxrl_scale import config as config_lib
+from jaxrl_scale import eval as eval_lib
+from jaxrl_scale import metrics as metrics_lib
+from jaxrl_scale.config import Config
+from jaxrl_scale.data import sources as data_sources
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.generation import engine
+from jaxrl_scale.models import config as model_config
+from jaxrl_scale.models import hf_io
+from jaxrl_scale.models import sharding
+from jaxrl_scale.models import tokenizer as tokenizer_lib
+from jaxrl_scale.parallel import mesh as mesh_lib
+from jaxrl_scale.pipeline import generator
+from jaxrl_scale.pipeline import loop as loop_lib
+from jaxrl_scale.pipeline import progress as progress_lib
+from jaxrl_scale.pipeline import rollouts
+from jaxrl_scale.pipeline import sources
+from jaxrl_scale.pipeline import summary as summary_lib
+from jaxrl_scale.rl import batch as batch_lib
+from jaxrl_scale.rl import curriculum as curriculum_lib
+from jaxrl_scale.rl import sft as sft_lib
+from jaxrl_scale.rl import train_step
+
+log = logging.getLogger(__name__)
+
+# Above this many parameters a random init runs sharded under jit instead of in NumPy on
+# the host (which is faster for small models but materialises every weight once).
+_HOST_INIT_MAX_PARAMS = 100_000_000
+
+
+# ---- policy ---------------------------------------------------------------------------------
+
+
+def model_config_for(cfg: Config, tok: tokenizer_lib.Tokenizer) -> model_config.ModelConfig:
+  """The preset named by model.preset with the spec's dtype and shape overrides."""
+  spec = cfg.model
+  changes: dict[str, Any] = dict(dtype=spec.dtype, param_dtype=spec.param_dtype,
+                                 lm_head_fp32=spec.lm_head_fp32)
+  for key in ("hidden_size", "num_layers", "intermediate_size"):
+    if getattr(spec, key) is not None:
+      changes[key] = getattr(spec, key)
+  try:
+    mcfg = dataclasses.replace(model_config.preset(spec.preset), **changes)
+  except ValueError as e:
+    raise UserError(f"config key 'model': {e}") from None
+  if mcfg.vocab_size < tok.vocab_size:
+    raise UserError(f"config key 'model.preset': {spec.preset} has vocab_size "
+                    f"{mcfg.vocab_size}, smaller than the tokenizer's {tok.vocab_size}")
+  return mcfg
+
+
+def _host_init(mcfg: model_config.ModelConfig, mesh, seed: int, std: float) -> nnx.Module:
+  """Random params drawn in NumPy and placed sharded (XLA-compiling a random init of a tiny
+  model costs more than the whole SFT warm start on a small CPU)."""
+  graphdef, abstract = sharding.abstract_model(mcfg)
+  rng = np.random.default_rng(seed)
+
+  def one(path, x):
+    value = x.get_value()
+    name = getattr(path[-1], "key", None)
+    if name == "scale":  # RMSNorm scales start at 1
+      arr = np.ones(value.shape)
+    elif name == "bias":
+      arr = np.zeros(value.shape)
+    else:
+      arr = std * rng.standard_normal(value.shape)
+    return x.replace(arr.astype(value.dtype))
+
+  state = jax.tree.map_with_path(one, abstract, is_leaf=lambda v: isinstance(v, nnx.Variable))
+  return nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh)))
+
+
+def build_policy(cfg: Config, tok: tokenizer_lib.Tokenizer, mesh
+                 ) -> tuple[nnx.Module, model_config.ModelConfig]:
+  """The policy on the trainer mesh: a Hugging Face directory or a randomly initialised preset."""
+  spec = cfg.model
+  if spec.path is not None:
+    return hf_io.load_hf_model(spec.path, mesh, param_dtype=spec.param_dtype, dtype=spec.dtype,
+                               lm_head_fp32=spec.lm_head_fp32)
+  mcfg = model_config_for(cfg, tok)
+  if mcfg.num_params() <= _HOST_INIT_MAX_PARAMS:
+    return _host_init(mcfg, mesh, cfg.run.seed, spec.init_std), mcfg
+  return sharding.create_sharded_model(mcfg, mesh, seed=cfg.run.seed), mcfg
+
+
+def load_tokenizer(cfg: Config) -> tokenizer_lib.Tokenizer:
+  spec = cfg.model.tokenizer
+  if spec == "byte" and cfg.model.path is not None:
+    spec = cfg.model.path  # a checkpoint directory brings its own tokenizer
+  return tokenizer_lib.load_tokenizer(spec)
+
+
+def warm_start(cfg: Config, tok: tokenizer_lib.Tokenizer, model: nnx.Module, mesh,
+               seq_len: int, run_dir: pathlib.Path, progress: progress_lib.Progress
+               ) -> tuple[nnx.Module, float]:
+  """SFT on the training prompts' solutions; returns the policy and its accelerator-hours.
+
+  Runs `sft.steps` steps, or fewer once the mean greedy sequence accuracy of the last 10
+  training batches reaches `run.sft_stop_accuracy`.
+  """
+  prompts = data_sources.from_config(cfg.data, tok)  # its own stream: RL's is untouched
+  n = min(prompts.num_train, cfg.sft.steps * cfg.sft.batch_size)
+  examples = [(p.token_ids, tok.encode(p.solution) + [tok.eos_id])
+              for p in prompts.take(n) if p.solution]
+  fitting = [(p, s) for p, s in examples if len(p) + len(s) <= seq_len]
+  if not fitting:
+    raise UserError("config key 'sft.steps': > 0 but no training prompt has a solution that "
+                    f"fits {seq_len} tokens (set data.solution_field, or sft.steps=0)")
+  if len(fitting) < len(examples):
+    log.warning("SFT dropped %d examples longer than %d tokens", len(examples) - len(fitting),
+                seq_len)
+  clock = metrics_lib.ComputeClock(mesh.devices.size)
+  trainer = sft_lib.make_trainer(model, mesh, cfg.sft, cfg.optim)
+  steps, size, target = cfg.sft.steps, cfg.sft.batch_size, cfg.run.sft_stop_accuracy
+  every = max(1, steps // 5)
+  recent: collections.deque[float] = collections.deque(maxlen=10)
+  t0 = time.perf_counter()
+  stop_text = f", stopping at sequence accuracy {target:g}" if target is not None else ""
+  progress.print(f"SFT warm start: up to {steps} steps on {len(fitting)} examples{stop_text}")
+  with open(run_dir / "sft.jsonl", "w", encoding="utf-8") as f:
+
+    def record(step: int, metrics: Any) -> bool:
+      """Logs one step's metrics (fetched one step late); True when the target is met."""
+      m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      f.write(json.dumps({"step": step, **m}) + "\n")
+      recent.append(m["sequence_accuracy"])
+      done = (target is not None and len(recent) == recent.maxlen
+              and sum(recent) / len(recent) >= target)
+      if (step + 1) % every == 0 or step + 1 == steps or done:
+        progress.print(f"  sft {step + 1}/{steps} | loss {m['loss']:.3f} | token acc "
+                       f"{m['token_accuracy']:.3f} | seq acc {sum(recent) / len(recent):.3f} "
+                       f"| {time.perf_counter() - t0:.0f}s")
+      return done
+
+    pending = None
+    for step in range(steps):
+      chunk = [fitting[(step * size + j) % len(fitting)] for j in range(size)]
+      batch = batch_lib.pack_sft([p for p, _ in chunk], [s for _, s in chunk],
+                                 seq_len=seq_len, pad_id=tok.pad_id)
+      metrics = trainer.step(batch)
+      # Fetch step t-1's metrics after dispatching step t: the host never stalls the device.
+      if pending is not None and record(*pending):
+        pending = None
+        break
+      pending = (step, metrics)
+    if pending is not None:
+      record(*pending)
+  return trainer.model(), clock.hours
+
+
+def _abstract(tree: Any) -> Any:
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                      tree)
+
+
+def restore(ckpt: checkpoint_lib.Checkpointer, trainer: train_step.Trainer
+            ) -> loop_lib.HostState:
+  """Loads the newest readable checkpoint into `trainer`; returns the host state."""
+  try:
+    step, state, host = ckpt.restore(_abstract(trainer.state))
+  except UserError as e:
+    if "do not match" in str(e) or "structure" in str(e):
+      raise UserError(f"{e} -- the checkpoints do not fit this config (did the model or the "
+                      "optimizer settings change?); use --overwrite to start afresh") from None
+    raise
+  trainer.state = state
+  return loop_lib.HostState.from_json(host, f"{ckpt.directory}/{step}")
+
+
+# ---- the run --------------------------------------------------------------------------------
+
+
+def _make_source(cfg: Config, sampler: engine.Sampler, admitter: sources.Admitter,
+                 scorer: rollouts.GroupScorer, pool) -> Any:
+  p = cfg.rl.prompts_per_step
+  mode = cfg.pipeline.mode
+  if mode == "pipeline":
+    return generator.PipelineSource(
+        sampler, admitter, scorer, num_prompts=p, max_staleness=cfg.pipeline.max_staleness,
+        queue_size=cfg.pipeline.queue_size, reward_workers=cfg.pipeline.reward_workers)
+  rounds = max(1, cfg.pipeline.max_staleness) if mode == "ppo_offpolicy" else 1
+  return sources.RoundSource(sampler, admitter, scorer, p, rounds=rounds, pool=pool)
+
+
+def _replay_forecast(forecaster: Any, metrics_path: pathlib.Path, before_step: int) -> None:
+  """Feeds the eval points of the kept metrics rows back into a fresh forecaster."""
+  if not metrics_path.exists():
+    return
+  for row in metrics_lib.read_metrics(metrics_path):
+    if row.get("step", before_step) < before_step and row.get("val/pass_rate") is not None:
+      forecaster.update(row["compute_hours"], row["val/pass_rate"], step=row["step"])
+
+
+def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.ExitStack,
+         slices: mesh_lib.Slices, tok: tokenizer_lib.Tokenizer,
+         prompts: data_sources.PromptSource, validation: list, model: nnx.Module,
+         mcfg: model_config.ModelConfig, shape: rollouts.BatchShape,
+         progress: progress_lib.Progress, on_step) -> tuple[loop_lib.Outcome, Any, Any]:
+  """Everything after the policy exists: warm start or restore, then the loop."""
+  from jaxrl_scale.scaling import live  # pylint: disable=g-import-not-at-top
+
+  p, g = shape.num_prompts, shape.group_size
+  seq_len, mode = shape.seq_len, cfg.pipeline.mode
+  ckpt = cleanup.enter_context(checkpoint_lib.Checkpointer(
+      run_dir / "checkpoints", keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save))
+  host = loop_lib.HostState(seed=cfg.run.seed)
+  if not resume and cfg.sft.steps > 0:
+    model, host.sft_compute_hours = warm_start(cfg, tok, model, slices.trainer, seq_len,
+                                               run_dir, progress)
+  trainer = train_step.Trainer(model, slices.trainer, cfg.optim, train_step.RLObjective(cfg.rl),
+                               micro_batches=train_step.micro_batches_for(cfg.optim, p))
+  del model  # its buffers now belong to the trainer (donated to every step)
+  if resume:
+    host = restore(ckpt, trainer)
+    progress.print(f"  resumed from checkpoint step {host.step} "
+                   f"({host.compute_hours:.4g} accelerator-hours so far)")
+
+  curriculum = None
+  if cfg.rl.no_positive_resampling:
+    curriculum = (curriculum_lib.NoPositiveResampling.from_state_dict(host.curriculum)
+                  if host.curriculum is not None else curriculum_lib.NoPositiveResampling(
+                      cfg.rl.npr_threshold, cfg.rl.npr_min_samples))
+  sampler = engine.Sampler(trainer.model(), cfg.sampler, mesh=slices.generator, tokenizer=tok,
+                           seed=cfg.run.seed, max_prompt_len=cfg.data.max_prompt_tokens,
+                           version=host.policy_version)
+  # A Sampler is driven by one thread: the pipelined generator owns its own.
+  eval_sampler = sampler if mode != "pipeline" else engine.Sampler(
+      trainer.model(), cfg.sampler, mesh=slices.generator, tokenizer=tok, seed=cfg.run.seed,
+      max_prompt_len=cfg.data.max_prompt_tokens, version=host.policy_version)
+  pool = concurrent.futures.ThreadPoolExecutor(cfg.pipeline.reward_workers,
+                                               thread_name_prefix="verify")
+  cleanup.callback(pool.shutdown, wait=False, cancel_futures=True)
+  scorer = rollouts.GroupScorer(cfg.rl, tok, num_threads=cfg.pipeline.reward_workers,
+                                timeout_s=cfg.pipeline.reward_timeout_s)
+  cleanup.callback(scorer.close)
+  admitter = sources.Admitter(prompts, g, cfg.run.seed)
+  if resume:
+    admitter.load_state(host.source)
+  source = _make_source(cfg, sampler, admitter, scorer, pool)
+  cleanup.callback(source.close)
+  evaluator = None
+  if cfg.eval.every and validation:
+    evaluator = eval_lib.Evaluator(eval_sampler, validation, scorer,
+                                   samples_per_prompt=cfg.eval.samples_per_prompt,
+                                   temperature=cfg.eval.temperature, seed=cfg.run.seed,
+                                   pool=pool)
+  writer = cleanup.enter_context(metrics_lib.MetricsWriter(
+      run_dir, resume_step=host.metrics_rows if resume else 0, tensorboard=cfg.run.tensorboard))
+  forecaster = None
+  if cfg.forecast.enabled and evaluator is not None:
+    forecaster = live.LiveForecaster(target_compute=cfg.forecast.target_compute_hours,
+                                     min_compute=cfg.forecast.min_compute_hours,
+                                     n_boot=cfg.forecast.n_boot, seed=cfg.run.seed)
+    if resume:
+      _replay_forecast(forecaster, writer.path, host.metrics_rows)
+  devices = {d.id for m in (slices.trainer, slices.generator) for d in m.devices.flat}
+  clock = metrics_lib.ComputeClock(len(devices), start_hours=host.compute_hours)
+  loop = loop_lib.Loop(cfg, trainer=trainer, source=source, evaluator=evaluator, writer=writer,
+                       checkpointer=ckpt, forecaster=forecaster, curriculum=curriculum,
+                       shape=shape, state=host, clock=clock,
+                       flops_per_token=2.0 * mcfg.num_params(), progress=progress)
+  loop.on_step = on_step
+  prompts.set_keep(loop.keep_prompt)
+  if not resume:
+    loop.initial_eval()
+    loop.save(0)
+  if isinstance(source, generator.PipelineSource):
+    source.start()
+  return loop.run(), forecaster, loop.state
+
+
+def train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool = False,
+          config_path: str | None = None, stream: TextIO | None = None,
+          on_step=None) -> loop_lib.Outcome:
+  """Runs (or resumes) the RL run described by `cfg` in `run_dir`.
+
+  Args:
+    cfg: the resolved config.
+    run_dir: the run directory.
+    resume: continue from the newest readable checkpoint in run_dir/checkpoints.
+    config_path: shown in the header.
+    stream: where progress goes (stdout by default).
+    on_step: called with (step, metrics row) after each step (tests, benchmarks).
+
+  Returns:
+    The loop's Outcome (done, or stopped by a signal with a checkpoint saved).
+  """
+  run_dir = pathlib.Path(run_dir)
+  run_dir.mkdir(parents=True, exist_ok=True)
+  progress = progress_lib.Progress(cfg.run.steps, log_every=cfg.run.log_every, stream=stream,
+                                   enabled=cfg.run.progress)
+  (run_dir / "config.yaml").write_text(yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False))
+  mode = cfg.pipeline.mode
+  mesh_cfg = dataclasses.replace(cfg.mesh, colocated=True) if mode == "colocated" else cfg.mesh
+  slices = mesh_lib.make_slices(mesh_cfg)
+  progress.print(f"jaxrl-scale train {config_path or ''} -> {run_dir}\n"
+                 f"  mode {mode} | {jax.default_backend()} {slices.describe()}")
+
+  tok = load_tokenizer(cfg)
+  prompts = data_sources.from_config(cfg.data, tok)
+  validation = prompts.validation()
+  if cfg.eval.max_prompts:
+    validation = validation[:cfg.eval.max_prompts]
+  model, mcfg = build_policy(cfg, tok, slices.trainer)
+  p, g = cfg.rl.prompts_per_step, cfg.rl.generations_per_prompt
+  seq_len = cfg.data.max_prompt_tokens + cfg.sampler.max_new_tokens
+  shape = rollouts.BatchShape(num_prompts=p, group_size=g, seq_len=seq_len, pad_id=tok.pad_id)
+  progress.print(f"  policy {cfg.model.path or cfg.model.preset}: {mcfg.num_params() / 1e6:.2f}M "
+                 f"params | data {prompts.origin}: {prompts.num_train} train / "
+                 f"{len(validation)} validation prompts | {p} prompts x {g} samples per step")
+
+  with contextlib.ExitStack() as cleanup:  # closed in reverse order, also on errors
+    outcome, forecaster, host = _run(cfg, run_dir, resume, cleanup, slices, tok, prompts,
+                                     validation, model, mcfg, shape, progress, on_step)
+  summary_lib.finish(cfg, run_dir, outcome, forecaster, host, progress)
+  return outcome

@@ -1,0 +1,86 @@
+"""Every shipped config loads, and each recipe differs from ScaleRL where it says it does."""
+
+import pathlib
+
+import pytest
+
+from jaxrl_scale import config
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+NAMES = sorted(p.stem for p in CONFIGS.glob("*.yaml"))
+
+
+def _flat(cfg) -> dict:
+  out = {}
+  for section, values in config.to_dict(cfg).items():
+    for key, value in values.items():
+      out[f"{section}.{key}"] = value
+  return out
+
+
+def _diff(name: str) -> dict:
+  base = _flat(config.load(CONFIGS / "scalerl_qwen3_8b.yaml"))
+  other = _flat(config.load(CONFIGS / f"{name}.yaml"))
+  return {k: other[k] for k in base if base[k] != other[k] and k not in ("run.name",
+                                                                        "run.output_dir")}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_config_loads(name):
+  cfg = config.load(CONFIGS / f"{name}.yaml")
+  assert cfg.run.name == name
+
+
+def test_expected_configs_exist():
+  expected = {"cpu_tiny", "scalerl_qwen3_8b", "deepseek_grpo", "qwen_dapo", "magistral",
+              "minimax", "loo_plan", "loo_lp", "loo_batch", "loo_8op", "loo_fp32", "loo_savg",
+              "loo_dapo"}
+  assert expected <= set(NAMES)
+
+
+@pytest.mark.parametrize("name, changed", [
+    ("loo_plan", {"rl.advantage_norm": "prompt"}),
+    ("loo_batch", {"rl.zero_variance_filter": False}),
+    ("loo_8op", {"pipeline.mode": "ppo_offpolicy"}),
+    ("loo_fp32", {"model.lm_head_fp32": False}),
+    ("loo_savg", {"rl.aggregation": "sample_avg"}),
+    ("loo_dapo", {"rl.loss": "dapo"}),
+    ("loo_lp", {"sampler.interrupt": False, "rl.length_penalty": True,
+                "rl.length_penalty_max": 14336, "rl.length_penalty_cache": 2048}),
+])
+def test_leave_one_out_changes_one_choice(name, changed):
+  assert _diff(name) == changed
+
+
+def test_scalerl_is_the_paper_recipe():
+  cfg = config.load(CONFIGS / "scalerl_qwen3_8b.yaml")
+  assert (cfg.rl.loss, cfg.rl.eps_max, cfg.rl.aggregation, cfg.rl.advantage_norm) == (
+      "cispo", 5.0, "prompt_avg", "batch")
+  assert (cfg.rl.prompts_per_step, cfg.rl.generations_per_prompt) == (48, 16)
+  assert (cfg.pipeline.mode, cfg.pipeline.max_staleness) == ("pipeline", 8)
+  assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.eps, cfg.optim.weight_decay) == (
+      5e-7, 100, 1e-15, 0.01)
+  assert cfg.model.lm_head_fp32 and cfg.rl.zero_variance_filter and cfg.rl.no_positive_resampling
+  assert (cfg.sampler.interrupt, cfg.sampler.interrupt_min, cfg.sampler.interrupt_max) == (
+      True, 10240, 12288)
+  assert (cfg.eval.every, cfg.eval.samples_per_prompt, cfg.data.num_validation) == (100, 16, 1000)
+
+
+def test_baselines():
+  grpo = config.load(CONFIGS / "deepseek_grpo.yaml")
+  assert (grpo.rl.loss, grpo.rl.clip_low, grpo.rl.aggregation, grpo.pipeline.mode) == (
+      "grpo", 0.2, "sample_avg", "ppo_offpolicy")
+  dapo = config.load(CONFIGS / "qwen_dapo.yaml")
+  assert (dapo.rl.loss, dapo.rl.clip_high, dapo.rl.prompts_per_step) == ("dapo", 0.26, 80)
+  assert config.load(CONFIGS / "magistral.yaml").pipeline.mode == "pipeline"
+  minimax = config.load(CONFIGS / "minimax.yaml")
+  assert (minimax.rl.loss, minimax.model.lm_head_fp32, minimax.pipeline.mode) == (
+      "cispo", True, "ppo_offpolicy")
+
+
+def test_cpu_demo_is_small_and_split():
+  cfg = config.load(CONFIGS / "cpu_tiny.yaml")
+  assert cfg.mesh.simulated_cpu_devices == 8 and not cfg.mesh.colocated
+  assert cfg.sft.steps > 0 and cfg.model.path is None and cfg.model.tokenizer == "byte"
+  assert (cfg.rl.loss, cfg.rl.aggregation, cfg.rl.advantage_norm) == (
+      "cispo", "prompt_avg", "batch")

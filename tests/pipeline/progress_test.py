@@ -1,0 +1,33 @@
+import io
+
+from jaxrl_scale.pipeline import progress
+
+
+def test_duration():
+  assert progress.duration(42.4) == "42s"
+  assert progress.duration(185) == "3m05s"
+  assert progress.duration(3720) == "1h02m"
+
+
+def test_step_lines_show_the_roles_and_the_last_eval():
+  out = io.StringIO()
+  p = progress.Progress(total_steps=20, log_every=5, stream=out)
+  p.step(0, {"val/pass_rate": 0.25, "compute_hours": 0.0})
+  p.step(3, {"rollout/pass_rate": 0.5})  # not a logging step: silent
+  p.step(5, {"rollout/pass_rate": 0.5, "gen/tokens_per_s": 12345.0,
+             "train/tokens_per_s": 2000.0, "staleness/mean": 0.75, "staleness/max": 2.0,
+             "rollout/truncated_frac": 0.125})
+  lines = out.getvalue().splitlines()
+  assert len(lines) == 2
+  assert lines[0].startswith("step  0/20 | val 0.250")
+  assert "val 0.250 | train 0.50 | gen 12.3k tok/s | train 2.0k tok/s | stale 0.8/2 | " \
+         "trunc 0.12" in lines[1]
+  assert "ETA" in lines[1]
+
+
+def test_disabled_prints_nothing():
+  out = io.StringIO()
+  p = progress.Progress(total_steps=2, stream=out, enabled=False)
+  p.step(1, {"val/pass_rate": 0.5})
+  p.print("x")
+  assert out.getvalue() == ""

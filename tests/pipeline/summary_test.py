@@ -1,0 +1,23 @@
+from jaxrl_scale.pipeline import summary
+
+
+def test_render_puts_the_half_budget_forecast_next_to_the_actual():
+  text = summary.render({
+      "outcome": "done", "signal": None, "steps": 40, "compute_hours": 0.12,
+      "sft_compute_hours": 0.02, "flops": 3.2e11, "start_pass_rate": 0.31,
+      "final_pass_rate": 0.86, "final_step": 40,
+      "half_budget_forecast": {"made_at_step": 20, "made_at_compute_hours": 0.06,
+                               "n_points": 5, "A": 0.9, "B": 2.0, "C_mid": 0.03,
+                               "predicted_final": 0.84, "predicted_interval": (0.8, 0.88),
+                               "predicted_at_target": 0.85, "target_compute_hours": 0.118},
+  })
+  assert "0.310 at step 0 (after SFT) -> 0.860 at step 40" in text
+  assert "predicted pass rate at the final compute: 0.840" in text
+  assert "actual: 0.860" in text
+  assert "0.118 h: 0.850 [0.800, 0.880]" in text
+
+
+def test_render_after_a_signal_says_how_to_continue():
+  text = summary.render({"outcome": "signal", "signal": "SIGTERM", "steps": 7,
+                         "compute_hours": 0.1, "sft_compute_hours": 0.0, "flops": 1.0})
+  assert "stopped by SIGTERM after step 7" in text and "--resume" in text

@@ -1,0 +1,263 @@
+"""End-to-end runs of `jaxrl-scale train` on a tiny config: every mode, resume after SIGTERM
+and SIGKILL, a corrupt latest checkpoint, non-finite steps, the CLI.
+
+The runs share one persistent compilation cache (the shapes are the same in every test),
+so only the first run of the session pays for XLA compiles.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_scale import checkpoint
+from jaxrl_scale import config
+from jaxrl_scale import metrics
+from jaxrl_scale import train
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.pipeline import loop as loop_lib
+from jaxrl_scale.pipeline import rollouts
+from jaxrl_scale.pipeline import wiring
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _write_task(path: pathlib.Path) -> None:
+  """Prompts 'N:' whose answer is N mod 2: a few SFT steps give a policy that is right about
+  half the time, so every group has reward variance and every step trains."""
+  with open(path, "w") as f:
+    for i in range(80):
+      a = str(i % 2)
+      f.write(json.dumps({"id": f"r{i}", "prompt": f"{i}:", "answer": a, "solution": a}) + "\n")
+
+
+def tiny_overrides(data: pathlib.Path, steps: int = 4) -> list[str]:
+  return [
+      f"run.steps={steps}", "run.tensorboard=false", "run.progress=false",
+      "model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=64",
+      f"data.source={data}", "data.task=arithmetic", "data.id_field=id",
+      "data.solution_field=solution", "data.num_validation=8", "data.max_prompt_tokens=8",
+      "sft.steps=15", "sft.lr=1e-2", "sft.batch_size=16",
+      "rl.prompts_per_step=4", "rl.generations_per_prompt=4", "optim.lr=1e-3",
+      "optim.warmup_steps=0", "sampler.num_slots=16", "sampler.max_new_tokens=4",
+      "sampler.decode_chunk=4", "sampler.prompt_buckets=[8]",
+      "eval.every=2", "eval.samples_per_prompt=2", "checkpoint.every=2",
+      "checkpoint.async_save=false", "forecast.n_boot=0", "pipeline.max_staleness=2",
+  ]
+
+
+@pytest.fixture(scope="module")
+def task_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("data") / "parity.jsonl"
+  _write_task(path)
+  return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+  cache = str(tmp_path_factory.mktemp("jax_cache"))
+  old = (jax.config.jax_compilation_cache_dir,
+         jax.config.jax_persistent_cache_min_compile_time_secs)
+  jax.config.update("jax_compilation_cache_dir", cache)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  yield cache
+  jax.config.update("jax_compilation_cache_dir", old[0])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", old[1])
+
+
+def _cfg(task_file, run_dir, *extra, steps=4):
+  return config.load(ROOT / "configs" / "cpu_tiny.yaml",
+                     tiny_overrides(task_file, steps) + [f"run.output_dir={run_dir}", *extra])
+
+
+def _rows(run_dir):
+  return metrics.read_metrics(pathlib.Path(run_dir) / "metrics.jsonl")
+
+
+def _final_params(run_dir):
+  """The params of a run's newest checkpoint as host arrays."""
+  with checkpoint.Checkpointer(pathlib.Path(run_dir) / "checkpoints") as ckpt:
+    step = ckpt.latest_step()
+    return step, ckpt.read_arrays(step)
+
+
+def _check_stream(rows, steps, k):
+  assert [r["step"] for r in rows] == list(range(steps + 1))
+  hours = [r["compute_hours"] for r in rows]
+  assert all(b >= a for a, b in zip(hours, hours[1:]))
+  assert all("val/pass_rate" in r for r in rows if r["step"] % 2 == 0)
+  trained = [r for r in rows[1:] if "train/loss" in r]
+  assert trained, "no step trained"
+  assert all(r["staleness/max"] <= k for r in rows[1:])
+  assert all(r["flops"] > 0 for r in rows[1:])
+
+
+@pytest.mark.parametrize("mode", ["sync", "pipeline", "ppo_offpolicy", "colocated"])
+def test_each_mode_runs_end_to_end(task_file, tmp_path, mode):
+  cfg = _cfg(task_file, tmp_path / mode, f"pipeline.mode={mode}")
+  outcome = wiring.train(cfg, cfg.run.output_dir)
+  assert outcome.reason == "done" and outcome.step == 4
+  rows = _rows(cfg.run.output_dir)
+  _check_stream(rows, 4, k=2)
+  if mode == "ppo_offpolicy":  # one round of k = 2 mini-batches per policy
+    assert [r["staleness/max"] for r in rows[1:]] == [0.0, 1.0, 0.0, 1.0]
+  if mode == "sync":
+    assert all(r["staleness/max"] == 0 for r in rows[1:])
+  summary = json.loads((tmp_path / mode / "summary.json").read_text())
+  assert summary["steps"] == 4 and summary["final_pass_rate"] == rows[-1]["val/pass_rate"]
+  assert (tmp_path / mode / "config.yaml").exists()
+  with checkpoint.Checkpointer(tmp_path / mode / "checkpoints") as ckpt:
+    assert ckpt.all_steps() == [0, 2, 4]
+
+
+def test_stop_request_saves_and_resume_continues_without_gaps(task_file, tmp_path):
+  cfg = _cfg(task_file, tmp_path / "run", steps=5)
+
+  def stop_at_3(step, row):
+    if step == 3:
+      loop.request_stop(signal.SIGTERM)
+
+  loop = None
+  original = loop_lib.Loop.__init__
+
+  def capture(self, *args, **kwargs):
+    nonlocal loop
+    original(self, *args, **kwargs)
+    loop = self
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(loop_lib.Loop, "__init__", capture)
+    outcome = wiring.train(cfg, cfg.run.output_dir, on_step=stop_at_3)
+  assert outcome.reason == "signal" and outcome.step == 3
+  with checkpoint.Checkpointer(tmp_path / "run" / "checkpoints") as ckpt:
+    assert ckpt.latest_step() == 3
+  outcome = wiring.train(cfg, cfg.run.output_dir, resume=True)
+  assert outcome.reason == "done" and outcome.step == 5
+  _check_stream(_rows(cfg.run.output_dir), 5, k=2)
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(task_file, tmp_path):
+  cfg = _cfg(task_file, tmp_path / "run", steps=4)
+  wiring.train(cfg, cfg.run.output_dir)
+  state_dir = tmp_path / "run" / "checkpoints" / "4" / "state"
+  for p in state_dir.iterdir():  # damage step 4's arrays
+    if p.is_dir():
+      shutil.rmtree(p)
+    else:
+      p.write_bytes(b"garbage")
+  longer = _cfg(task_file, tmp_path / "run", steps=6)
+  with pytest.warns(UserWarning, match="step 4 .* unreadable"):
+    outcome = wiring.train(longer, longer.run.output_dir, resume=True)
+  assert outcome.step == 6
+  rows = _rows(tmp_path / "run")
+  _check_stream(rows, 6, k=2)  # steps 3 and 4 were redone, not duplicated
+
+
+def test_nonfinite_steps_are_skipped_then_abort(task_file, tmp_path, monkeypatch):
+  real = rollouts.build_batch
+
+  def poisoned(groups, rl, shape):
+    batch, stats, keep = real(groups, rl, shape)
+    bad = batch.gen_logp_PGS.copy()
+    bad[:] = np.nan
+    import dataclasses
+    return dataclasses.replace(batch, gen_logp_PGS=bad), stats, keep
+
+  monkeypatch.setattr(rollouts, "build_batch", poisoned)
+  cfg = _cfg(task_file, tmp_path / "run", "optim.max_nonfinite_steps=2", steps=4)
+  with pytest.raises(loop_lib.TrainingAborted, match="NaN/inf for 2 steps in a row"):
+    wiring.train(cfg, cfg.run.output_dir)
+  rows = _rows(tmp_path / "run")
+  assert [r.get("train/nonfinite") for r in rows[1:]] == [1.0, 1.0]
+  step, params = _final_params(tmp_path / "run")
+  assert step == 0  # the only checkpoint, written before RL, is intact and finite
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+def test_cli_resume_without_checkpoint_is_a_user_error(tmp_path):
+  parser = __import__("argparse").ArgumentParser()
+  train.add_arguments(parser)
+  args = parser.parse_args([str(ROOT / "configs" / "cpu_tiny.yaml"), "run.steps=1",
+                            "--resume", "--output-dir", str(tmp_path / "none")])
+  with pytest.raises(UserError, match="--resume: no checkpoint"):
+    train.run(args)
+  assert args.resume and args.output_dir == str(tmp_path / "none")
+
+
+# ---- subprocesses: real signals ------------------------------------------------------------
+
+
+def _launch(task_file, run_dir, cache, *extra, steps):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=cache,
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  env.pop("XLA_FLAGS", None)  # the command simulates its own devices
+  cmd = [sys.executable, "-m", "jaxrl_scale.train", str(ROOT / "configs" / "cpu_tiny.yaml"),
+         *tiny_overrides(task_file, steps), "run.progress=true", *extra,
+         "--output-dir", str(run_dir)]
+  return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+
+
+def _wait_for_step(run_dir, step, proc, timeout=300):
+  path = pathlib.Path(run_dir) / "metrics.jsonl"
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if proc.poll() is not None:
+      raise AssertionError(f"run exited early:\n{proc.stdout.read()}")
+    if path.exists() and any(json.loads(line).get("step") == step
+                             for line in path.read_text().splitlines() if line.endswith("}")):
+      return
+    time.sleep(0.05)
+  raise AssertionError(f"step {step} not reached in {timeout}s")
+
+
+def _finish(proc, timeout=300):
+  out, _ = proc.communicate(timeout=timeout)
+  return proc.returncode, out
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_exits_cleanly(task_file, tmp_path, compile_cache):
+  proc = _launch(task_file, tmp_path / "run", compile_cache, "checkpoint.every=0", steps=30)
+  _wait_for_step(tmp_path / "run", 2, proc)
+  proc.send_signal(signal.SIGTERM)
+  code, out = _finish(proc)
+  assert code == 0, out
+  assert "stopped by SIGTERM" in out
+  step = json.loads((tmp_path / "run" / "summary.json").read_text())["steps"]
+  with checkpoint.Checkpointer(tmp_path / "run" / "checkpoints") as ckpt:
+    assert ckpt.latest_step() == step  # saved on the signal, not on a schedule
+  assert [r["step"] for r in _rows(tmp_path / "run")] == list(range(step + 1))
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_ends_with_the_uninterrupted_params(task_file, tmp_path,
+                                                               compile_cache):
+  steps = 8
+  ref = _launch(task_file, tmp_path / "ref", compile_cache, steps=steps)
+  code, out = _finish(ref)
+  assert code == 0, out
+  killed = _launch(task_file, tmp_path / "run", compile_cache, steps=steps)
+  _wait_for_step(tmp_path / "run", 5, killed)  # checkpoints at 2 and 4; step 5 is lost
+  killed.send_signal(signal.SIGKILL)
+  killed.wait()
+  resumed = _launch(task_file, tmp_path / "run", compile_cache, steps=steps)
+  code, out = _finish(resumed)
+  assert code == 0, out
+  assert "resumed from checkpoint step 4" in out
+  ref_step, ref_params = _final_params(tmp_path / "ref")
+  run_step, run_params = _final_params(tmp_path / "run")
+  assert ref_step == run_step == steps
+  jax.tree.map(np.testing.assert_array_equal, run_params, ref_params)
+  ref_rows, run_rows = _rows(tmp_path / "ref"), _rows(tmp_path / "run")
+  assert [r["step"] for r in run_rows] == list(range(steps + 1))
+  for a, b in zip(ref_rows, run_rows):  # the same losses, step by step
+    assert a.get("train/loss") == b.get("train/loss")
