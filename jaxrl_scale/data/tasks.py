@@ -238,6 +238,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "d2": {"digits": 2},
         "d3": {"digits": 3},
         "d4": {"digits": 4},
+        "add2": {"digits": 2, "ops": "+"},  # the CPU demo's task: 2-digit addition only
     },
     "countdown": {
         "n3": {"count": 3, "max_number": 10, "max_target": 100},
