@@ -44,7 +44,7 @@ def test_builtin_prepares_array_record_and_reads_back(tmp_path):
 
 
 def test_named_configs_and_countdown(tmp_path):
-  assert list(tfds_builders.JaxrlArithmetic.builder_configs) == ["d1", "d2", "d3", "d4"]
+  assert list(tfds_builders.JaxrlArithmetic.builder_configs) == ["d1", "d2", "d3", "d4", "add2"]
   assert list(tfds_builders.JaxrlCountdown.builder_configs) == ["n3", "n4"]
   d1 = tfds_builders.builtin("arithmetic", "d1", data_dir=str(tmp_path))
   assert len(d1) == 200 and all(len(r["prompt"]) == 4 for r in d1[:])
