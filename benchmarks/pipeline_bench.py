@@ -3,8 +3,8 @@
     python benchmarks/pipeline_bench.py                      # configs/cpu_tiny.yaml, 30 steps
     python benchmarks/pipeline_bench.py CONFIG key=value ... --steps 40 --warmup 5
 
-Both modes run the same config (no SFT, no evals, no checkpoints: only RL steps) in this
-process, one after the other, each from the same initial policy. The first `--warmup` steps
+Both modes run the same config (no SFT, no evals, no checkpoints: only RL steps, every one
+of which trains) in this process, one after the other, each from the same initial policy. The first `--warmup` steps
 of each (compiles, pipeline fill) are excluded; the reported seconds per step is the median
 of the remaining steps' wall-clock intervals. Idle fractions per role over the timed steps:
 
@@ -57,8 +57,12 @@ def run_mode(config_path: str, overrides: list[str], mode: str, steps: int, warm
     rows.append(row)
 
   with tempfile.TemporaryDirectory() as run_dir:
+    # No SFT, so a random policy earns no reward and every group would be filtered as
+    # zero-variance, skipping the update: keep all groups so each step trains (the same work
+    # as a real step, with zero advantages).
     cfg = config_lib.load(config_path, [
         *overrides, f"pipeline.mode={mode}", f"run.steps={steps}", "sft.steps=0",
+        "rl.zero_variance_filter=false", "rl.no_positive_resampling=false",
         "eval.every=0", "checkpoint.every=0", "run.progress=false", "run.tensorboard=false",
         "forecast.enabled=false", f"run.output_dir={run_dir}"])
     wiring.train(cfg, run_dir, stream=io.StringIO(), on_step=on_step)

@@ -44,16 +44,21 @@ class RunConfig:
   log_every: int = 1
   tensorboard: bool = True  # TensorBoard event files beside metrics.jsonl
   progress: bool = True  # print progress lines to stdout
-  # End the SFT warm start (sft.steps at most) once the mean greedy sequence accuracy of its
-  # last 10 training batches reaches this: RL then starts from a known level of skill
-  # rather than wherever a fixed step count happens to land. None = run all sft.steps.
-  sft_stop_accuracy: float | None = None
+  # End the SFT warm start (sft.steps at most) once the policy's sampled pass rate on
+  # `sft_dev_prompts` training prompts held out of SFT reaches this, checked every
+  # `sft_check_every` steps: RL then starts from a known level of skill rather than wherever
+  # a fixed step count lands (small models learn in sudden jumps). None = all sft.steps.
+  sft_stop_pass_rate: float | None = None
+  sft_dev_prompts: int = 64
+  sft_check_every: int = 5
 
   def __post_init__(self):
     _check(self.steps >= 0, "run.steps", f"must be >= 0, got {self.steps}")
     _check(self.log_every >= 1, "run.log_every", f"must be >= 1, got {self.log_every}")
-    _check(self.sft_stop_accuracy is None or 0 < self.sft_stop_accuracy <= 1,
-           "run.sft_stop_accuracy", f"must be in (0, 1] or null, got {self.sft_stop_accuracy}")
+    _check(self.sft_stop_pass_rate is None or 0 < self.sft_stop_pass_rate <= 1,
+           "run.sft_stop_pass_rate", f"must be in (0, 1] or null, got {self.sft_stop_pass_rate}")
+    _check(self.sft_dev_prompts >= 1, "run.sft_dev_prompts", "must be >= 1")
+    _check(self.sft_check_every >= 1, "run.sft_check_every", "must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,3 +61,11 @@ def test_empty_directory_is_a_user_error(tmp_path, mesh):
     assert ckpt.latest_step() is None
     with pytest.raises(UserError, match="no checkpoint found"):
       ckpt.restore(_abstract(_state(mesh, 0)))
+
+
+def test_read_arrays_without_a_target(tmp_path, mesh):
+  with checkpoint.Checkpointer(tmp_path / "ckpt", async_save=False) as ckpt:
+    ckpt.save(5, _state(mesh, 2), {"step": 5})
+    arrays = ckpt.read_arrays(5)
+  np.testing.assert_array_equal(arrays["params"]["w"], np.arange(32.0).reshape(8, 4) * 2)
+  assert int(arrays["opt"]["count"]) == 2

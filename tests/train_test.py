@@ -45,7 +45,7 @@ def tiny_overrides(data: pathlib.Path, steps: int = 4) -> list[str]:
       "model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=64",
       f"data.source={data}", "data.task=arithmetic", "data.id_field=id",
       "data.solution_field=solution", "data.num_validation=8", "data.max_prompt_tokens=8",
-      "sft.steps=15", "sft.lr=1e-2", "sft.batch_size=16",
+      "sft.steps=15", "sft.lr=1e-2", "sft.batch_size=16", "run.sft_stop_pass_rate=null",
       "rl.prompts_per_step=4", "rl.generations_per_prompt=4", "optim.lr=1e-3",
       "optim.warmup_steps=0", "sampler.num_slots=16", "sampler.max_new_tokens=4",
       "sampler.decode_chunk=4", "sampler.prompt_buckets=[8]",
@@ -116,6 +116,39 @@ def test_each_mode_runs_end_to_end(task_file, tmp_path, mode):
   assert (tmp_path / mode / "config.yaml").exists()
   with checkpoint.Checkpointer(tmp_path / mode / "checkpoints") as ckpt:
     assert ckpt.all_steps() == [0, 2, 4]
+
+
+def test_sft_stops_at_the_dev_pass_rate_target(task_file, tmp_path, monkeypatch):
+  from jaxrl_scale import eval as eval_lib
+  checks = []
+
+  def fake_run(self, params=None, version=None):
+    checks.append(version)
+    return {"val/pass_rate": 0.1 * len(checks)}  # 0.1, 0.2, 0.3, ...
+
+  real_init = eval_lib.Evaluator.__init__
+  dev_sizes = []
+
+  def capture(self, sampler, prompts, *args, **kwargs):
+    dev_sizes.append(len(prompts))
+    real_init(self, sampler, prompts, *args, **kwargs)
+
+  monkeypatch.setattr(eval_lib.Evaluator, "__init__", capture)
+  monkeypatch.setattr(eval_lib.Evaluator, "run", fake_run)
+  cfg = _cfg(task_file, tmp_path / "run", "run.sft_stop_pass_rate=0.3", "run.sft_dev_prompts=8",
+             "run.sft_check_every=2", "eval.every=0", steps=1)
+  wiring.train(cfg, cfg.run.output_dir)
+  sft_rows = [json.loads(line) for line in (tmp_path / "run" / "sft.jsonl").read_text().splitlines()]
+  assert len(checks) == 3 and len(sft_rows) == 6  # checked after steps 2, 4, 6; stopped at 6
+  assert [r.get("dev/pass_rate") for r in sft_rows[1::2]] == pytest.approx([0.1, 0.2, 0.3])
+  assert dev_sizes[0] == 8  # the warm start's dev prompts (eval is off)
+
+
+def test_sft_dev_prompts_must_leave_training_examples(task_file, tmp_path):
+  cfg = _cfg(task_file, tmp_path / "run", "run.sft_stop_pass_rate=0.5",
+             "run.sft_dev_prompts=500", steps=1)
+  with pytest.raises(UserError, match="run.sft_dev_prompts"):
+    wiring.train(cfg, cfg.run.output_dir)
 
 
 def test_stop_request_saves_and_resume_continues_without_gaps(task_file, tmp_path):

@@ -203,11 +203,17 @@ class Loop:
     self.checkpointer.save(step, self.trainer.state, self.state.to_json())
 
   def initial_eval(self) -> None:
-    """Row 0: the starting policy's pass rate (the forecast's R0)."""
-    row = {"compute_hours": self.clock.hours, "flops": self.state.flops}
+    """Row 0: the starting policy's pass rate (the forecast's R0), at compute 0.
+
+    The RL compute clock starts after it: measuring the starting point is not training.
+    """
+    row: dict[str, Any] = {}
     if self.evaluator is not None:
       row.update(self.evaluate(0))
-    self.state.compute_hours = row["compute_hours"]
+    self.state.flops = 0.0
+    row.update(compute_hours=0.0, flops=0.0)
+    self.state.compute_hours = 0.0
+    self.clock = metrics_lib.ComputeClock(self.clock.num_devices, start_hours=0.0)
     self.writer.write(0, row)
     self.progress.step(0, row)
 

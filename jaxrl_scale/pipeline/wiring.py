@@ -1,21 +1,18 @@
 """Builds one run from a config and runs it (what `jaxrl-scale train` calls).
 
-Order: trainer / generator slices -> tokenizer -> prompts -> policy -> SFT warm start (fresh
-runs) or checkpoint restore (resumed runs) -> RL trainer -> sampler(s) -> verifiers -> the
+Order: trainer / generator slices -> tokenizer -> prompts -> policy -> verifiers and sampler
+-> SFT warm start (fresh runs) -> RL trainer -> checkpoint restore (resumed runs) -> the
 mode's rollout source -> metrics stream, checkpointer, live forecaster -> `loop.Loop`.
 The caller must already have asked for simulated CPU devices (`parallel.mesh`).
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import logging
 import pathlib
-import time
 from typing import Any, TextIO
 
 import jax
@@ -42,9 +39,8 @@ from jaxrl_scale.pipeline import progress as progress_lib
 from jaxrl_scale.pipeline import rollouts
 from jaxrl_scale.pipeline import sources
 from jaxrl_scale.pipeline import summary as summary_lib
-from jaxrl_scale.rl import batch as batch_lib
+from jaxrl_scale.pipeline import warm_start
 from jaxrl_scale.rl import curriculum as curriculum_lib
-from jaxrl_scale.rl import sft as sft_lib
 from jaxrl_scale.rl import train_step
 
 log = logging.getLogger(__name__)
@@ -116,64 +112,6 @@ def load_tokenizer(cfg: Config) -> tokenizer_lib.Tokenizer:
   return tokenizer_lib.load_tokenizer(spec)
 
 
-def warm_start(cfg: Config, tok: tokenizer_lib.Tokenizer, model: nnx.Module, mesh,
-               seq_len: int, run_dir: pathlib.Path, progress: progress_lib.Progress
-               ) -> tuple[nnx.Module, float]:
-  """SFT on the training prompts' solutions; returns the policy and its accelerator-hours.
-
-  Runs `sft.steps` steps, or fewer once the mean greedy sequence accuracy of the last 10
-  training batches reaches `run.sft_stop_accuracy`.
-  """
-  prompts = data_sources.from_config(cfg.data, tok)  # its own stream: RL's is untouched
-  n = min(prompts.num_train, cfg.sft.steps * cfg.sft.batch_size)
-  examples = [(p.token_ids, tok.encode(p.solution) + [tok.eos_id])
-              for p in prompts.take(n) if p.solution]
-  fitting = [(p, s) for p, s in examples if len(p) + len(s) <= seq_len]
-  if not fitting:
-    raise UserError("config key 'sft.steps': > 0 but no training prompt has a solution that "
-                    f"fits {seq_len} tokens (set data.solution_field, or sft.steps=0)")
-  if len(fitting) < len(examples):
-    log.warning("SFT dropped %d examples longer than %d tokens", len(examples) - len(fitting),
-                seq_len)
-  clock = metrics_lib.ComputeClock(mesh.devices.size)
-  trainer = sft_lib.make_trainer(model, mesh, cfg.sft, cfg.optim)
-  steps, size, target = cfg.sft.steps, cfg.sft.batch_size, cfg.run.sft_stop_accuracy
-  every = max(1, steps // 5)
-  recent: collections.deque[float] = collections.deque(maxlen=10)
-  t0 = time.perf_counter()
-  stop_text = f", stopping at sequence accuracy {target:g}" if target is not None else ""
-  progress.print(f"SFT warm start: up to {steps} steps on {len(fitting)} examples{stop_text}")
-  with open(run_dir / "sft.jsonl", "w", encoding="utf-8") as f:
-
-    def record(step: int, metrics: Any) -> bool:
-      """Logs one step's metrics (fetched one step late); True when the target is met."""
-      m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      f.write(json.dumps({"step": step, **m}) + "\n")
-      recent.append(m["sequence_accuracy"])
-      done = (target is not None and len(recent) == recent.maxlen
-              and sum(recent) / len(recent) >= target)
-      if (step + 1) % every == 0 or step + 1 == steps or done:
-        progress.print(f"  sft {step + 1}/{steps} | loss {m['loss']:.3f} | token acc "
-                       f"{m['token_accuracy']:.3f} | seq acc {sum(recent) / len(recent):.3f} "
-                       f"| {time.perf_counter() - t0:.0f}s")
-      return done
-
-    pending = None
-    for step in range(steps):
-      chunk = [fitting[(step * size + j) % len(fitting)] for j in range(size)]
-      batch = batch_lib.pack_sft([p for p, _ in chunk], [s for _, s in chunk],
-                                 seq_len=seq_len, pad_id=tok.pad_id)
-      metrics = trainer.step(batch)
-      # Fetch step t-1's metrics after dispatching step t: the host never stalls the device.
-      if pending is not None and record(*pending):
-        pending = None
-        break
-      pending = (step, metrics)
-    if pending is not None:
-      record(*pending)
-  return trainer.model(), clock.hours
-
-
 def _abstract(tree: Any) -> Any:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                       tree)
@@ -229,10 +167,20 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
   seq_len, mode = shape.seq_len, cfg.pipeline.mode
   ckpt = cleanup.enter_context(checkpoint_lib.Checkpointer(
       run_dir / "checkpoints", keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save))
+  pool = concurrent.futures.ThreadPoolExecutor(cfg.pipeline.reward_workers,
+                                               thread_name_prefix="verify")
+  cleanup.callback(pool.shutdown, wait=False, cancel_futures=True)
+  scorer = rollouts.GroupScorer(cfg.rl, tok, num_threads=cfg.pipeline.reward_workers,
+                                timeout_s=cfg.pipeline.reward_timeout_s)
+  cleanup.callback(scorer.close)
+  # Built before the warm start, which samples with it; it gets the trained weights below.
+  sampler = engine.Sampler(model, cfg.sampler, mesh=slices.generator, tokenizer=tok,
+                           seed=cfg.run.seed, max_prompt_len=cfg.data.max_prompt_tokens)
   host = loop_lib.HostState(seed=cfg.run.seed)
   if not resume and cfg.sft.steps > 0:
-    model, host.sft_compute_hours = warm_start(cfg, tok, model, slices.trainer, seq_len,
-                                               run_dir, progress)
+    model, host.sft_compute_hours, _ = warm_start.run(
+        cfg, tok, model, slices.trainer, seq_len, run_dir, progress, sampler=sampler,
+        scorer=scorer, pool=pool)
   trainer = train_step.Trainer(model, slices.trainer, cfg.optim, train_step.RLObjective(cfg.rl),
                                micro_batches=train_step.micro_batches_for(cfg.optim, p))
   del model  # its buffers now belong to the trainer (donated to every step)
@@ -240,25 +188,17 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
     host = restore(ckpt, trainer)
     progress.print(f"  resumed from checkpoint step {host.step} "
                    f"({host.compute_hours:.4g} accelerator-hours so far)")
+  sampler.update_params(trainer.params, host.policy_version)
 
   curriculum = None
   if cfg.rl.no_positive_resampling:
     curriculum = (curriculum_lib.NoPositiveResampling.from_state_dict(host.curriculum)
                   if host.curriculum is not None else curriculum_lib.NoPositiveResampling(
                       cfg.rl.npr_threshold, cfg.rl.npr_min_samples))
-  sampler = engine.Sampler(trainer.model(), cfg.sampler, mesh=slices.generator, tokenizer=tok,
-                           seed=cfg.run.seed, max_prompt_len=cfg.data.max_prompt_tokens,
-                           version=host.policy_version)
   # A Sampler is driven by one thread: the pipelined generator owns its own.
   eval_sampler = sampler if mode != "pipeline" else engine.Sampler(
       trainer.model(), cfg.sampler, mesh=slices.generator, tokenizer=tok, seed=cfg.run.seed,
       max_prompt_len=cfg.data.max_prompt_tokens, version=host.policy_version)
-  pool = concurrent.futures.ThreadPoolExecutor(cfg.pipeline.reward_workers,
-                                               thread_name_prefix="verify")
-  cleanup.callback(pool.shutdown, wait=False, cancel_futures=True)
-  scorer = rollouts.GroupScorer(cfg.rl, tok, num_threads=cfg.pipeline.reward_workers,
-                                timeout_s=cfg.pipeline.reward_timeout_s)
-  cleanup.callback(scorer.close)
   admitter = sources.Admitter(prompts, g, cfg.run.seed)
   if resume:
     admitter.load_state(host.source)

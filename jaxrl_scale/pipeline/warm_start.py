@@ -1,0 +1,118 @@
+"""The SFT warm start before RL, optionally stopped at a target pass rate.
+
+The paper starts RL from a model that already solves some prompts (notes sec. 8); on CPU a
+random-init policy would see no reward for a long time. A small model learns a task like
+2-digit addition in a sudden jump whose timing varies from seed to seed (and from machine
+to machine, since float rounding differs), so a fixed number of SFT steps can leave RL
+anywhere between 0.02 and 0.9. With `run.sft_stop_pass_rate` the warm start instead samples
+a few training prompts held out of SFT (never the validation prompts) every
+`run.sft_check_every` steps, exactly as the eval does, and stops once their pass rate
+reaches the target.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import time
+from typing import Any
+
+import jax
+from flax import nnx
+
+from jaxrl_scale import eval as eval_lib
+from jaxrl_scale import metrics as metrics_lib
+from jaxrl_scale.config import Config
+from jaxrl_scale.data import sources as data_sources
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.generation import engine
+from jaxrl_scale.pipeline import progress as progress_lib
+from jaxrl_scale.rl import batch as batch_lib
+from jaxrl_scale.rl import sft as sft_lib
+
+log = logging.getLogger(__name__)
+
+_DEV_SALT = 0xD5  # dev samples use other seeds than the validation eval
+
+
+def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: pathlib.Path,
+        progress: progress_lib.Progress, *, sampler: engine.Sampler | None = None,
+        scorer: Any = None, pool: Any = None) -> tuple[nnx.Module, float, dict[str, float]]:
+  """SFT on the training prompts' solutions.
+
+  Args:
+    cfg: the run config (sft.*, run.sft_stop_pass_rate / sft_dev_prompts / sft_check_every).
+    tok: the tokenizer.
+    model: the policy on `mesh`; its buffers pass to the SFT trainer.
+    mesh: the trainer mesh.
+    seq_len: fixed sequence length (longer examples are dropped).
+    run_dir: where sft.jsonl goes.
+    progress: the console.
+    sampler, scorer, pool: sample and score the dev prompts (needed with a stop target).
+
+  Returns:
+    (policy, accelerator-hours of the trainer slice, {"steps", "dev_pass_rate"}).
+  """
+  target = cfg.run.sft_stop_pass_rate
+  n_dev = cfg.run.sft_dev_prompts if target is not None else 0
+  prompts = data_sources.from_config(cfg.data, tok)  # its own stream: RL's is untouched
+  if n_dev >= prompts.num_train:
+    raise UserError(f"config key 'run.sft_dev_prompts': {n_dev} leaves no SFT examples of "
+                    f"{prompts.num_train} training prompts")
+  drawn = prompts.take(min(prompts.num_train, cfg.sft.steps * cfg.sft.batch_size + n_dev))
+  dev, train = drawn[:n_dev], drawn[n_dev:]
+  examples = [(p.token_ids, tok.encode(p.solution) + [tok.eos_id]) for p in train if p.solution]
+  fitting = [(p, s) for p, s in examples if len(p) + len(s) <= seq_len]
+  if not fitting:
+    raise UserError("config key 'sft.steps': > 0 but no training prompt has a solution that "
+                    f"fits {seq_len} tokens (set data.solution_field, or sft.steps=0)")
+  if len(fitting) < len(examples):
+    log.warning("SFT dropped %d examples longer than %d tokens", len(examples) - len(fitting),
+                seq_len)
+  checker = None
+  if target is not None:
+    if sampler is None or scorer is None:
+      raise ValueError("a stop target needs a sampler and a scorer")
+    checker = eval_lib.Evaluator(sampler, dev, scorer,
+                                 samples_per_prompt=cfg.eval.samples_per_prompt,
+                                 temperature=cfg.eval.temperature,
+                                 seed=cfg.run.seed ^ _DEV_SALT, pool=pool)
+
+  clock = metrics_lib.ComputeClock(mesh.devices.size)
+  trainer = sft_lib.make_trainer(model, mesh, cfg.sft, cfg.optim)
+  steps, size = cfg.sft.steps, cfg.sft.batch_size
+  every = max(1, steps // 5)
+  info = {"steps": 0.0, "dev_pass_rate": float("nan")}
+  t0 = time.perf_counter()
+  stop_text = (f", stopping once {len(dev)} held-out training prompts pass at {target:g}"
+               if target is not None else "")
+  progress.print(f"SFT warm start: up to {steps} steps on {len(fitting)} examples{stop_text}")
+  with open(run_dir / "sft.jsonl", "w", encoding="utf-8") as f:
+
+    def record(step: int, metrics: Any, dev_rate: float | None = None) -> None:
+      m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      row = {"step": step, **m}
+      if dev_rate is not None:
+        row["dev/pass_rate"] = dev_rate
+      f.write(json.dumps(row) + "\n")
+      if (step + 1) % every == 0 or step + 1 == steps or dev_rate is not None and (
+          dev_rate >= target):
+        dev_text = f" | dev pass {dev_rate:.3f}" if dev_rate is not None else ""
+        progress.print(f"  sft {step + 1}/{steps} | loss {m['loss']:.3f} | token acc "
+                       f"{m['token_accuracy']:.3f}{dev_text} | {time.perf_counter() - t0:.0f}s")
+
+    for step in range(steps):
+      chunk = [fitting[(step * size + j) % len(fitting)] for j in range(size)]
+      batch = batch_lib.pack_sft([p for p, _ in chunk], [s for _, s in chunk],
+                                 seq_len=seq_len, pad_id=tok.pad_id)
+      metrics = trainer.step(batch)
+      info["steps"] = step + 1.0
+      dev_rate = None
+      if checker is not None and (step + 1) % cfg.run.sft_check_every == 0:
+        dev_rate = checker.run(trainer.params, 0)["val/pass_rate"]
+        info["dev_pass_rate"] = dev_rate
+      record(step, metrics, dev_rate)
+      if dev_rate is not None and dev_rate >= target:
+        break
+  return trainer.model(), clock.hours, info

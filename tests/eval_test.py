@@ -1,0 +1,57 @@
+import numpy as np
+import pytest
+
+from jaxrl_scale import eval as eval_lib
+from jaxrl_scale.data import sources as data_sources
+from jaxrl_scale.generation import records
+
+
+class _Sampler:
+  """Answers prompt i with sample j: 'correct' when j < i (so prompt i has i of k right)."""
+
+  version = 0
+
+  def __init__(self):
+    self.requests = []
+    self.posted = []
+
+  def update_params(self, params, version):
+    self.posted.append(version)
+
+  def generate(self, requests):
+    self.requests.extend(requests)
+    return [records.Completion(
+        prompt_id=r.prompt_id, sample_index=r.sample_index, prompt_tokens=np.zeros(2, np.int32),
+        tokens=np.full((3,), 1 if r.sample_index < r.prompt_id else 0, np.int32),
+        logprobs=np.zeros(3, np.float32), versions=np.zeros(3, np.int32),
+        forced=np.zeros(3, bool), finish_reason=records.EOS, truncated=r.prompt_id == 0)
+        for r in requests]
+
+
+class _Scorer:
+
+  def score(self, prompt, completions):
+    correct = np.array([c.tokens[0] == 1 for c in completions])
+    return np.where(correct, 1.0, -1.0), correct, {}
+
+
+def _prompts(n):
+  return [data_sources.Prompt(id=str(i), task="arithmetic", prompt="", text="", token_ids=(1, 2),
+                              answer="", solution="") for i in range(n)]
+
+
+def test_mean_at_k_and_pass_at_k():
+  sampler = _Sampler()
+  ev = eval_lib.Evaluator(sampler, _prompts(3), _Scorer(), samples_per_prompt=4,
+                          temperature=0.7, seed=3)
+  out = ev.run(params="w", version=9)
+  # Prompt i has i of 4 samples right: (0 + 1 + 2) / 12.
+  assert out["val/pass_rate"] == pytest.approx(3 / 12)
+  assert out["val/pass_at_k"] == pytest.approx(2 / 3)
+  assert out["val/truncated_frac"] == pytest.approx(4 / 12)
+  assert sampler.posted == [9]
+  assert all(r.temperature == 0.7 for r in sampler.requests)
+  seeds = [r.seed for r in sampler.requests]
+  assert len(set(seeds)) == len(seeds)
+  ev.run()
+  assert [r.seed for r in sampler.requests[12:]] == seeds  # same draws every eval
