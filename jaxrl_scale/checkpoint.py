@@ -8,6 +8,12 @@ it when complete), so a crash mid-save leaves the previous checkpoints intact.
 Restore reads the arrays straight into the shardings of an abstract target (a pytree of
 `jax.ShapeDtypeStruct` with `.sharding`), so no host gathers a full copy. A latest checkpoint
 that cannot be read falls back to the one before it, with a warning.
+
+Several processes: every process calls save and restore with the same step (orbax writes
+each process's shards and process 0 finalises the step), so the directory must be one
+that all processes see: a shared filesystem, or a `gs://` URL (passed to orbax as is).
+Host state is written once, by orbax's primary process; a multi-process run's loop puts
+every process's own part (data position, sequence counter) into it, keyed by process.
 """
 
 from __future__ import annotations
@@ -27,11 +33,20 @@ _STATE = "state"
 _HOST = "host"
 
 
+def _directory(directory: str | pathlib.Path) -> Any:
+  """An absolute local path, or an `epath.Path` for a URL such as gs://bucket/run."""
+  text = str(directory)
+  if "://" in text:
+    from etils import epath  # pylint: disable=g-import-not-at-top
+    return epath.Path(text)
+  return pathlib.Path(directory).absolute()
+
+
 class Checkpointer:
   """Save / restore with retention; async saves by default."""
 
   def __init__(self, directory: str | pathlib.Path, keep: int = 3, async_save: bool = True):
-    self.directory = pathlib.Path(directory).absolute()
+    self.directory = _directory(directory)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
         enable_async_checkpointing=async_save,

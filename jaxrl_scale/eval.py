@@ -4,13 +4,18 @@ mean@k (the paper's validation metric, notes sec. 7: 1,000 held-out prompts, mea
 samples k completions per prompt at the eval temperature and averages correctness over
 all of them. Every eval uses the same per-sample seeds (common random numbers), so the
 difference between two evals reflects the policy, not a new draw of the sampling noise.
+
+Several processes: each samples a disjoint share of the prompts (`shard`) on its own
+generator devices, with the seeds the prompts have in the full list, and the per-process
+counts are summed (`gather`); every process gets the same numbers, equal to what a single
+process would compute up to float rounding of the length mean.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,11 +40,16 @@ class Evaluator:
     temperature: sampling temperature of the eval.
     seed: base of the per-sample seeds.
     pool: thread pool that scores prompts in parallel.
+    shard: (index, count): this process samples prompts index, index + count, ...
+    gather: with count > 1, exchanges a dict of this process's counts with the other
+      processes and returns all of them (e.g. `parallel.distributed.allgather`).
   """
 
   def __init__(self, sampler: engine.Sampler, prompts: Sequence[sources.Prompt],
                scorer: Any, *, samples_per_prompt: int, temperature: float,
-               seed: int = 0, pool: concurrent.futures.Executor | None = None):
+               seed: int = 0, pool: concurrent.futures.Executor | None = None,
+               shard: tuple[int, int] = (0, 1),
+               gather: Callable[[dict[str, float]], list[dict[str, float]]] | None = None):
     if samples_per_prompt < 1:
       raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
     self.sampler = sampler
@@ -49,6 +59,13 @@ class Evaluator:
     self.temperature = temperature
     self.seed = (seed ^ _EVAL_SALT) & 0x7FFFFFFF
     self.pool = pool
+    index, count = shard
+    if not 0 <= index < count:
+      raise ValueError(f"shard {shard}: index outside [0, count)")
+    if count > 1 and gather is None:
+      raise ValueError("a sharded eval needs `gather` to combine the processes' counts")
+    self.shard = (index, count)
+    self.gather = gather
 
   def run(self, params: Any = None, version: int | None = None) -> dict[str, float]:
     """Samples and scores; `params` (if given) are loaded into the sampler first.
@@ -59,6 +76,8 @@ class Evaluator:
     """
     if not self.prompts:
       return {}
+    if self.shard[1] > 1:
+      return self._run_sharded(params, version)
     t0 = time.perf_counter()
     if params is not None:
       self.sampler.update_params(params, self.sampler.version if version is None else version)
@@ -84,4 +103,45 @@ class Evaluator:
         "val/truncated_frac": float(np.mean([c.truncated for c in completions])),
         "val/num_prompts": float(len(self.prompts)),
         "val/seconds": time.perf_counter() - t0,
+    }
+
+  def _run_sharded(self, params: Any, version: int | None) -> dict[str, float]:
+    """This process's share of the prompts, then the counts of all processes summed."""
+    t0 = time.perf_counter()
+    if params is not None:  # every process, even one without prompts: it is a collective
+      self.sampler.update_params(params, self.sampler.version if version is None else version)
+    index, count = self.shard
+    mine = list(range(index, len(self.prompts), count))
+    counts = {"correct": 0.0, "samples": 0.0, "any_correct": 0.0, "prompts": 0.0,
+              "tokens": 0.0, "truncated": 0.0}
+    if mine:
+      requests = [
+          records.Request(self.prompts[i].token_ids, prompt_id=i, sample_index=j,
+                          seed=records.sequence_seed(self.seed, i, j),
+                          temperature=self.temperature)
+          for i in mine for j in range(self.k)]
+      completions = self.sampler.generate(requests)
+
+      def score(n: int) -> np.ndarray:
+        return self.scorer.score(self.prompts[mine[n]],
+                                 completions[n * self.k:(n + 1) * self.k])[1]
+
+      indices = range(len(mine))
+      correct_NK = np.stack(list(self.pool.map(score, indices) if self.pool
+                                 else map(score, indices)))
+      counts.update(correct=float(correct_NK.sum()), samples=float(correct_NK.size),
+                    any_correct=float(correct_NK.any(axis=1).sum()), prompts=float(len(mine)),
+                    tokens=float(sum(c.num_tokens for c in completions)),
+                    truncated=float(sum(bool(c.truncated) for c in completions)))
+    counts["seconds"] = time.perf_counter() - t0
+    parts = self.gather(counts)
+    total = {k: sum(p[k] for p in parts) for k in counts if k != "seconds"}
+    samples = max(total["samples"], 1.0)
+    return {
+        "val/pass_rate": total["correct"] / samples,
+        "val/pass_at_k": total["any_correct"] / max(total["prompts"], 1.0),
+        "val/length_mean": total["tokens"] / samples,
+        "val/truncated_frac": total["truncated"] / samples,
+        "val/num_prompts": total["prompts"],
+        "val/seconds": max(p["seconds"] for p in parts),
     }

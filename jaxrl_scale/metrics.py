@@ -3,6 +3,9 @@
 Every line of metrics.jsonl is one JSON object with at least `step` and `compute_hours`;
 eval steps add `val/pass_rate`. On resume the writer drops lines at or after the resume step
 before appending, so the stream has no gaps and no duplicate steps.
+
+In a multi-process run only process 0 writes (`MetricsWriter`); the others get a
+`NullMetricsWriter` with the same interface, so the stream exists once.
 """
 
 from __future__ import annotations
@@ -81,6 +84,28 @@ class MetricsWriter:
     self._file.close()
     if self._tb is not None:
       self._tb.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+class NullMetricsWriter:
+  """A MetricsWriter that writes nothing (processes other than 0 of a multi-process run)."""
+
+  def __init__(self, run_dir: str | os.PathLike):
+    self.run_dir = pathlib.Path(run_dir)
+    self.path = self.run_dir / "metrics.jsonl"
+
+  def write(self, step: int, metrics: dict[str, Any]) -> None:
+    if "compute_hours" not in metrics:
+      raise ValueError("every metrics row needs compute_hours")
+    del step
+
+  def close(self) -> None:
+    pass
 
   def __enter__(self):
     return self

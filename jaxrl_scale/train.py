@@ -16,6 +16,15 @@ start, the RL trainer, the sampler(s), the verifiers, the mode's rollout source,
 metrics stream, the checkpointer and the live forecaster; `pipeline.loop.Loop` runs the
 steps. Only the standard library is imported at module level (the CLI builds every
 subcommand's parser on each call).
+
+Multi-host: the same command runs in every process. `jax.distributed` starts first
+(`parallel.distributed.maybe_initialize`: auto-detected on Cloud TPU, else from
+JAXRL_COORDINATOR / JAXRL_NUM_PROCESSES / JAXRL_PROCESS_ID); mesh.simulated_cpu_devices
+then counts devices per process. The run directory must be one all processes share;
+process 0 writes the files, every process writes its checkpoint shards.
+
+    JAXRL_COORDINATOR=host0:8476 JAXRL_NUM_PROCESSES=2 JAXRL_PROCESS_ID=0 jaxrl-scale train ...
+    JAXRL_COORDINATOR=host0:8476 JAXRL_NUM_PROCESSES=2 JAXRL_PROCESS_ID=1 jaxrl-scale train ...
 """
 
 from __future__ import annotations
@@ -98,18 +107,31 @@ def run(args) -> int:
   if args.output_dir is not None:
     overrides.append(f"run.output_dir={args.output_dir}")
   cfg = config_lib.load(config_path, overrides)
+  if "://" in cfg.run.output_dir:
+    raise UserError(f"config key 'run.output_dir': {cfg.run.output_dir!r} is a URL; the run "
+                    "directory must be a filesystem path (on a pod: a shared mount, e.g. "
+                    "gcsfuse, at the same path on every host)")
   run_dir = pathlib.Path(cfg.run.output_dir)
-  if args.overwrite and run_dir.exists():
-    shutil.rmtree(run_dir)
-  has_checkpoint = (run_dir / "checkpoints").is_dir() and any(
-      p.name.isdigit() for p in (run_dir / "checkpoints").iterdir())
-  if args.resume and not has_checkpoint:
-    raise UserError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}")
 
-  # Before anything initialises a JAX backend: on CPU, simulate the configured devices so
-  # the trainer and generator slices exist (no effect on TPU/GPU devices).
+  # First of all, before anything initialises a JAX backend: on CPU, simulate the configured
+  # devices (per process) so the trainer and generator slices exist (a config flag only; no
+  # effect on TPU/GPU devices), then join the other processes (a no-op for one; it starts
+  # the backend).
+  from jaxrl_scale.parallel import distributed  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   mesh_lib.simulate_cpu_devices(cfg.mesh.simulated_cpu_devices)
+  distributed.maybe_initialize()
+
+  if args.overwrite and run_dir.exists() and distributed.is_primary():
+    shutil.rmtree(run_dir)
+  distributed.barrier("run directory ready")
+  has_checkpoint = (run_dir / "checkpoints").is_dir() and any(
+      p.name.isdigit() for p in (run_dir / "checkpoints").iterdir())
+  if len(set(distributed.allgather(has_checkpoint, name="has_checkpoint"))) > 1:
+    raise UserError(f"run directory {run_dir}: some processes see checkpoints and some do "
+                    "not; run.output_dir must be a directory all processes share")
+  if args.resume and not has_checkpoint:
+    raise UserError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}")
 
   from jaxrl_scale.pipeline import loop as loop_lib  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.pipeline import wiring  # pylint: disable=g-import-not-at-top

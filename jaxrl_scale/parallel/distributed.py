@@ -16,6 +16,12 @@ find each other through a coordinator (process 0). Where the settings come from:
     distributed.maybe_initialize()       # first thing in the entry point
     if distributed.is_primary():         # process 0 writes metrics and logs once
       ...
+    everyone = distributed.allgather(x)  # host objects of all processes, in process order
+
+`allgather` and `barrier` go through the coordination service's key-value store, never a
+device collective: in a training run the main thread owns every cross-process device
+collective (the train step, the trainer -> generator weight gather), and a generator
+thread's local computations must not be interleaved with others' collectives.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ import dataclasses
 import glob
 import os
 import pathlib
+import pickle
 import threading
+import time
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import jax
 
@@ -250,15 +258,105 @@ def is_primary() -> bool:
   return jax.process_index() == 0
 
 
-def barrier(name: str) -> None:
+def is_multiprocess() -> bool:
+  """True when this job has more than one process."""
+  return jax.process_count() > 1
+
+
+def barrier(name: str, timeout_s: float = 3600.0) -> None:
   """Blocks until every process reaches the barrier `name`; a no-op in a single process.
 
   Use it around work that one process does for all (process 0 creating the run directory
-  before the others read it).
+  before the others read it). It waits on the coordination service, not on a device
+  collective, so it never queues work on devices another thread may be driving.
   """
+  global _kv_seq
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    multihost_utils.sync_global_devices(name)
+    client = _client()
+    if client is None:  # initialised by someone else without a client: device barrier
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices(name)
+      return
+    with _kv_lock:
+      _kv_seq += 1
+      key = f"jaxrl_barrier/{_kv_seq}/{name}"
+    client.wait_at_barrier(key, int(timeout_s * 1000))
+
+
+# ---- host-side exchange between processes ------------------------------------------------
+
+ENV_EXCHANGE_TIMEOUT = "JAXRL_EXCHANGE_TIMEOUT_S"
+_kv_lock = threading.Lock()
+_kv_seq = 0
+_POLL_MS = 2000  # a blocked exchange wakes up this often, so signal handlers can run
+
+
+def _client():
+  """The coordination-service client of `jax.distributed` (None when not initialised)."""
+  try:
+    from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  except ImportError:  # pragma: no cover - a JAX without the private module
+    return None
+  return getattr(jax_distributed.global_state, "client", None)
+
+
+def allgather(obj: Any, *, name: str = "gather", timeout_s: float | None = None) -> list[Any]:
+  """Every process's `obj`, in process order; `[obj]` in a single process.
+
+  Host-side only: the objects are pickled through the coordination service's key-value
+  store, so no device computation runs (the train step's device collectives and a
+  generator thread's local work are untouched). Every process must make the same sequence
+  of calls, from one thread; the calls are matched by their position in that sequence
+  (`name` only labels the keys for debugging). Meant for small to medium objects: rollout
+  groups, metrics, data positions, stop requests.
+
+  Args:
+    obj: any picklable object.
+    name: a label of the call site.
+    timeout_s: how long to wait for the slowest process (default: the environment
+      variable JAXRL_EXCHANGE_TIMEOUT_S, else 3600).
+
+  Returns:
+    [process 0's obj, process 1's obj, ...].
+
+  Raises:
+    RuntimeError: a process did not contribute within the timeout.
+  """
+  global _kv_seq
+  n = jax.process_count()
+  if n == 1:
+    return [obj]
+  client = _client()
+  if client is None:
+    raise RuntimeError("allgather needs jax.distributed initialised by maybe_initialize()")
+  if timeout_s is None:
+    timeout_s = float(os.environ.get(ENV_EXCHANGE_TIMEOUT, "3600"))
+  with _kv_lock:
+    _kv_seq += 1
+    seq = _kv_seq
+  me = jax.process_index()
+  client.key_value_set_bytes(f"jaxrl_kv/{seq}/{me}", pickle.dumps(obj, protocol=5))
+  out: list[Any] = []
+  deadline = time.monotonic() + timeout_s
+  for p in range(n):
+    while True:
+      try:
+        raw = client.blocking_key_value_get_bytes(f"jaxrl_kv/{seq}/{p}", _POLL_MS)
+        break
+      except Exception as e:  # noqa: BLE001 - the client raises a generic error on timeout
+        if "DEADLINE_EXCEEDED" not in str(e) and "timed out" not in str(e).lower():
+          raise
+        if time.monotonic() > deadline:
+          raise RuntimeError(f"process {me}: process {p} sent nothing for {name!r} within "
+                             f"{timeout_s:.0f} s ({ENV_EXCHANGE_TIMEOUT})") from None
+    out.append(obj if p == me else pickle.loads(raw))
+  # Everyone has published call `seq`, so everyone has finished reading call `seq - 1`.
+  if seq > 1:
+    try:
+      client.key_value_delete(f"jaxrl_kv/{seq - 1}/{me}")
+    except Exception:  # noqa: BLE001 - a leftover key only costs coordinator memory
+      pass
+  return out
 
 
 def describe() -> str:

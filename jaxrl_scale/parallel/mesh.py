@@ -4,6 +4,13 @@ The trainer mesh has axes ('fsdp', 'tp'); the generator mesh has axes ('data', '
 over 'data', tensor-parallel weights over 'tp'). In colocated mode both roles get all devices
 and alternate. Meshes use `AxisType.Auto`: shardings are stated explicitly at jit boundaries
 (in/out shardings) and the compiler propagates them inside.
+
+Several processes (multi-host): every process gives the same number of its local devices
+to each role. The trainer mesh spans all processes (its gradient all-reduce is cross-host);
+the generator mesh of a process holds only that process's own generator devices, so each
+process samples on its own and no generator computation is a cross-process collective.
+`mesh.trainer_devices` / `generator_devices` still count (or take a fraction of) all devices
+of the job, and must split evenly over the processes.
 """
 
 from __future__ import annotations
@@ -29,6 +36,18 @@ class Slices:
   trainer: Mesh
   generator: Mesh
   colocated: bool
+  num_processes: int = 1
+
+  @property
+  def num_devices(self) -> int:
+    """Devices of the whole job in either role (the compute clock's device count)."""
+    trainer = {d.id for d in self.trainer.devices.flat}
+    generator = {d.id for d in self.generator.devices.flat}
+    if self.num_processes == 1:
+      return len(trainer | generator)
+    if self.colocated:
+      return len(trainer)
+    return len(trainer) + len(generator) * self.num_processes  # each process: its own slice
 
   def describe(self) -> str:
     def one(mesh: Mesh) -> str:
@@ -36,6 +55,10 @@ class Slices:
       ids = [d.id for d in mesh.devices.flat]
       return f"{mesh.devices.size} devices {ids} ({shape})"
 
+    if self.num_processes > 1:
+      kind = "colocated trainer" if self.colocated else "trainer"
+      return (f"{kind}: {one(self.trainer)}; generator (this process's, one per each of "
+              f"{self.num_processes} processes): {one(self.generator)}")
     if self.colocated:
       return f"colocated: {one(self.trainer)}"
     return f"trainer: {one(self.trainer)}; generator: {one(self.generator)}"
@@ -44,7 +67,8 @@ class Slices:
 def simulate_cpu_devices(count: int) -> None:
   """Asks XLA for `count` CPU devices. Must run before JAX initialises its backends.
 
-  Only has an effect on the CPU platform; on TPU/GPU the real devices are used.
+  Only has an effect on the CPU platform; on TPU/GPU the real devices are used. The count is
+  per process: 2 processes x 4 simulate a job of 8 devices.
   """
   flags = os.environ.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" not in flags:
@@ -91,12 +115,66 @@ def split_devices(cfg: MeshConfig, devices: list | None = None) -> tuple[list, l
   return devices[:n_train], devices[n_train:n_train + n_gen]
 
 
+def split_by_process(cfg: MeshConfig, devices: list, process_index: int
+                     ) -> tuple[list, list]:
+  """(trainer devices of the whole job, this process's generator devices), several processes.
+
+  Every process gives its first `trainer_devices / P` local devices (by id) to the
+  trainer and the next `generator_devices / P` to its own generator; the trainer list is
+  process-major, so a trainer mesh's tp groups stay inside one host when tp divides the
+  per-process count. Colocated: the trainer gets every device, the generator this
+  process's local ones.
+
+  Args:
+    cfg: the mesh config (counts or fractions of all devices).
+    devices: every device of the job (objects with `.id` and `.process_index`).
+    process_index: this process.
+  """
+  by_process: dict[int, list] = {}
+  for d in sorted(devices, key=lambda d: (d.process_index, d.id)):
+    by_process.setdefault(d.process_index, []).append(d)
+  n, total = len(by_process), len(devices)
+  per = {len(v) for v in by_process.values()}
+  if len(per) != 1:
+    raise UserError(f"processes have different numbers of devices "
+                    f"({sorted(len(v) for v in by_process.values())}); multi-process runs need "
+                    "the same count on every host")
+  local = by_process[process_index]
+  if cfg.colocated:
+    return [d for p in sorted(by_process) for d in by_process[p]], list(local)
+  counts = {}
+  for key in ("trainer_devices", "generator_devices"):
+    count = _resolve_count(getattr(cfg, key), total, key)
+    if count % n:
+      raise UserError(f"config key 'mesh.{key}': {count} devices do not split evenly over "
+                      f"{n} processes (every process gives the same number of its devices to "
+                      "each role)")
+    counts[key] = count // n
+  t, g = counts["trainer_devices"], counts["generator_devices"]
+  if t + g > len(local):
+    raise UserError(
+        f"config keys 'mesh.trainer_devices' + 'mesh.generator_devices' ask each of the {n} "
+        f"processes for {t} + {g} devices but each has {len(local)}")
+  trainer = [d for p in sorted(by_process) for d in by_process[p][:t]]
+  return trainer, list(local[t:t + g])
+
+
 def make_slices(cfg: MeshConfig, devices: list | None = None) -> Slices:
-  """Builds the trainer and generator meshes from the config."""
-  train_devs, gen_devs = split_devices(cfg, devices)
+  """Builds the trainer and generator meshes from the config.
+
+  With several JAX processes (and `devices` not given) the trainer mesh spans all of them
+  and the generator mesh is this process's own slice (`split_by_process`).
+  """
+  if devices is None and jax.process_count() > 1:
+    train_devs, gen_devs = split_by_process(cfg, jax.devices(), jax.process_index())
+    num_processes = jax.process_count()
+  else:
+    train_devs, gen_devs = split_devices(cfg, devices)
+    num_processes = 1
   trainer = _mesh(train_devs, cfg.trainer_tp, TRAINER_AXES, "trainer_tp")
   generator = _mesh(gen_devs, cfg.generator_tp, GENERATOR_AXES, "generator_tp")
-  return Slices(trainer=trainer, generator=generator, colocated=cfg.colocated)
+  return Slices(trainer=trainer, generator=generator, colocated=cfg.colocated,
+                num_processes=num_processes)
 
 
 def single_device_mesh(device=None, axes: tuple[str, str] = TRAINER_AXES) -> Mesh:

@@ -5,14 +5,27 @@ generator's ('data', 'tp') mesh, possibly on other devices and in another dtype.
 runs first, on the trainer's devices and in the trainer's sharding, so a float32 -> bfloat16
 policy moves half the bytes across; the move itself is one `jax.device_put` of the whole
 tree, which lets the runtime schedule all array copies together.
+
+Across hosts (several JAX processes): the trainer's params are sharded over devices of
+every process, while each process's generator mesh holds only its own devices, and
+`jax.device_put` cannot move an array off devices this process does not own. `to_local`
+first re-lays each array out on the trainer's devices so that every process holds one
+complete copy on its own trainer devices (sharded over them, replicated across processes:
+an all-gather over hosts, cast fused in), then reassembles those local shards into a
+process-local array; the move onto the generator mesh is then local. `reshard` does this
+by itself when given such arrays. It is a collective: every process must call it, in the
+same order, from the same (main) thread.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 
 def _cast(tree: Any, dtypes: Any) -> Any:
@@ -28,6 +41,81 @@ def _cast(tree: Any, dtypes: Any) -> Any:
   return jax.tree.unflatten(treedef, list(cast(tuple(leaves))))
 
 
+def _by_process(devices) -> np.ndarray:
+  """[processes, devices per process] of `devices`, each row in the given order."""
+  rows: dict[int, list] = {}
+  for d in devices:
+    rows.setdefault(d.process_index, []).append(d)
+  sizes = {len(r) for r in rows.values()}
+  if len(sizes) != 1:
+    raise ValueError(f"to_local: processes hold different numbers of the array's devices "
+                     f"({sorted(len(r) for r in rows.values())})")
+  return np.array([rows[p] for p in sorted(rows)])
+
+
+def _local_spec(shape: tuple[int, ...], per_process: int) -> PartitionSpec:
+  """Split the first axis `per_process` divides over the local devices, else replicate."""
+  for i, size in enumerate(shape):
+    if size % per_process == 0:
+      return PartitionSpec(*((None,) * i + ("local",)))
+  return PartitionSpec()
+
+
+@functools.lru_cache(maxsize=16)
+def _gather_fn(out_shardings: tuple, dtypes: tuple):
+  return jax.jit(lambda xs: tuple(x.astype(d) for x, d in zip(xs, dtypes)),
+                 out_shardings=out_shardings)
+
+
+def to_local(tree: Any, dtypes: Any | None = None) -> Any:
+  """A process-local copy of `tree`, whose arrays may span several processes.
+
+  Arrays that are already fully addressable pass through (cast if asked). The others must
+  all live on one device set (e.g. the trainer mesh) with the same number of devices in
+  every process; each comes back as an array on this process's devices of that set.
+
+  Args:
+    tree: a pytree of jax.Arrays (e.g. the trainer's params).
+    dtypes: optional tree with the target dtype of every leaf.
+
+  Returns:
+    The same structure; every leaf fully addressable. A collective when any leaf is not
+    (see the module docstring).
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  want = ([jnp.dtype(getattr(w, "dtype", w)) for w in jax.tree.leaves(dtypes)]
+          if dtypes is not None else [x.dtype for x in leaves])
+  if len(want) != len(leaves):
+    raise ValueError(f"dtype tree has {len(want)} leaves, params have {len(leaves)}")
+  remote = [i for i, x in enumerate(leaves)
+            if isinstance(x, jax.Array) and not x.is_fully_addressable]
+  if not remote:
+    if dtypes is None:
+      return tree
+    return _cast(tree, jax.tree.unflatten(treedef, want))
+  device_sets = {tuple(leaves[i].sharding._device_assignment) for i in remote}  # pylint: disable=protected-access
+  if len(device_sets) != 1:
+    raise ValueError("to_local: the cross-process arrays live on different device sets")
+  grid = _by_process(next(iter(device_sets)))
+  gather_mesh = Mesh(grid, ("process", "local"))
+  me = jax.process_index()
+  row = next(r for r in grid if r[0].process_index == me)
+  local_mesh = Mesh(np.array(row), ("local",))
+  specs = [_local_spec(leaves[i].shape, grid.shape[1]) for i in remote]
+  out_shardings = tuple(NamedSharding(gather_mesh, spec) for spec in specs)
+  gathered = _gather_fn(out_shardings, tuple(want[i] for i in remote))(
+      tuple(leaves[i] for i in remote))
+  out = list(leaves)
+  for i, y, spec in zip(remote, gathered, specs):
+    by_device = {s.device: s.data for s in y.addressable_shards}
+    out[i] = jax.make_array_from_single_device_arrays(
+        y.shape, NamedSharding(local_mesh, spec), [by_device[d] for d in row])
+  for i, x in enumerate(leaves):
+    if i not in remote and x.dtype != want[i]:
+      out[i] = x.astype(want[i])
+  return jax.tree.unflatten(treedef, out)
+
+
 def reshard(tree: Any, shardings: Any, dtypes: Any | None = None) -> Any:
   """Places `tree` on `shardings` (a matching tree, or a prefix of it), casting first.
 
@@ -40,9 +128,18 @@ def reshard(tree: Any, shardings: Any, dtypes: Any | None = None) -> Any:
 
   Returns:
     The same tree structure, on the target shardings. Source arrays are left untouched.
+    Source arrays spread over several processes are first gathered to a local copy
+    (`to_local`, a collective) when the targets are this process's devices only.
   """
   if dtypes is not None:
     dtypes = jax.tree.map(lambda x: getattr(x, "dtype", x), dtypes)
+  targets = jax.tree.leaves(shardings)
+  if jax.process_count() > 1 and targets and all(
+      getattr(s, "is_fully_addressable", False) for s in targets) and any(
+          isinstance(x, jax.Array) and not x.is_fully_addressable
+          for x in jax.tree.leaves(tree)):
+    return jax.device_put(to_local(tree, dtypes), shardings)
+  if dtypes is not None:
     tree = _cast(tree, dtypes)
   return jax.device_put(tree, shardings)
 

@@ -13,6 +13,16 @@ One iteration (step s, trainer at policy version s - 1):
 
 The metrics stream has exactly one row per step 0..N: row 0 is the evaluation of the
 starting policy (R0 of the forecast), row s is step s with its eval merged in.
+
+Several processes (`gather` given): every process runs this loop in lockstep. Its source
+yields this process's share of the step's groups; one host-side exchange per step
+(`parallel.distributed.allgather`) hands every process all P groups in process order,
+together with each process's stop request (a signal) or failure, so that all of them
+train the same batch, or all stop at the same step (a stop anywhere saves a checkpoint
+everywhere; a failure anywhere raises everywhere) and none is left waiting in a
+collective. The policy version is the step count, the same everywhere. Per-process
+generator numbers are combined (`combine_metrics`); the checkpoint's host state holds every
+process's data position.
 """
 
 from __future__ import annotations
@@ -97,6 +107,31 @@ class Outcome:
   last_eval: dict[str, float] | None = None
 
 
+def combine_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+  """One row from the per-process rows of a multi-process run's source metrics.
+
+  Throughputs and counts add up (`*tokens_per_s`, `queue/*`, `*count`, `*dropped_stale`),
+  maxima stay maxima (`*max`), everything else (idle fractions, busy seconds) is averaged.
+  """
+  out: dict[str, float] = {}
+  for key in dict.fromkeys(k for row in rows for k in row):
+    values = [float(row[key]) for row in rows if row.get(key) is not None]
+    if not values:
+      continue
+    if (key.endswith("tokens_per_s") or key.startswith("queue/") or key.endswith("count")
+        or key.endswith("dropped_stale")):
+      out[key] = sum(values)
+    elif key.endswith("max"):
+      out[key] = max(values)
+    else:
+      out[key] = sum(values) / len(values)
+  return out
+
+
+class ProcessFailed(RuntimeError):
+  """Another process of a multi-process run failed; this one stops with it."""
+
+
 class Loop:
   """Runs RL steps `state.step + 1 .. cfg.run.steps` (see the module docstring).
 
@@ -114,6 +149,7 @@ class Loop:
     clock: compute clock (its hours continue `state.compute_hours`).
     flops_per_token: forward FLOPs per token (2 x parameters).
     progress: the console display.
+    gather: multi-process runs: `parallel.distributed.allgather` (None: one process).
   """
 
   def __init__(self, cfg: Config, *, trainer: train_step.Trainer, source: Any,
@@ -121,8 +157,10 @@ class Loop:
                checkpointer: checkpoint_lib.Checkpointer | None, forecaster: Any,
                curriculum: curriculum_lib.NoPositiveResampling | None,
                shape: rollouts.BatchShape, state: HostState, clock: metrics_lib.ComputeClock,
-               flops_per_token: float, progress: progress_lib.Progress):
+               flops_per_token: float, progress: progress_lib.Progress,
+               gather: Callable[..., list[Any]] | None = None):
     self.cfg = cfg
+    self.gather = gather
     self.trainer = trainer
     self.source = source
     self.evaluator = evaluator
@@ -194,7 +232,10 @@ class Loop:
   def save(self, step: int) -> None:
     if self.checkpointer is None or self.checkpointer.latest_step() == step:
       return
-    self.state.source = self.source.state()
+    source = self.source.state()
+    if self.gather is not None:  # every process's own data position, in process order
+      source = {"processes": self.gather(source, name="source_state")}
+    self.state.source = source
     self.state.policy_version = step
     self.state.metrics_rows = step + 1
     if self.curriculum is not None:
@@ -245,15 +286,13 @@ class Loop:
     self.progress.restart(step)
     self._t_start = time.perf_counter()
     while step < total:
-      if (out := self._stopped(step)) is not None:
-        return out
       t0 = time.perf_counter()
-      try:
-        groups = self.source.next_groups(step)
-      except generator.Interrupted:
+      got = self._next_groups(step)
+      if got is None:
         return self._stopped(step)
+      local, groups = got
       t1 = time.perf_counter()
-      row = self._train_step(step, groups)
+      row = self._train_step(step, groups, local)
       t2 = time.perf_counter()
       step += 1
       self.state.step = step
@@ -262,7 +301,10 @@ class Loop:
       self._train_s += t2 - t1
       elapsed = time.perf_counter() - self._t_start
       row["time/trainer_idle_frac"] = self._wait_s / elapsed if elapsed > 0 else 0.0
-      row.update(self.source.metrics(step))
+      source_metrics = self.source.metrics(step)
+      if self.gather is not None:
+        source_metrics = combine_metrics(self.gather(source_metrics, name="source_metrics"))
+      row.update(source_metrics)
       if cfg.eval.every and (step % cfg.eval.every == 0 or step == total):
         row.update(self.evaluate(step))
       row["compute_hours"] = self.clock.hours
@@ -277,8 +319,52 @@ class Loop:
         self.save(step)
     return self._stopped(step) or Outcome("done", step, None, self.last_eval)
 
-  def _train_step(self, step: int, groups: list[rollouts.Group]) -> dict[str, Any]:
-    """Batch, update and host-side bookkeeping for one step; returns its metrics row."""
+  def _next_groups(self, step: int
+                   ) -> tuple[list[rollouts.Group], list[rollouts.Group]] | None:
+    """(this process's groups, the step's groups), or None when the run must stop here.
+
+    One process: the source's groups are the step's. Several: each process's share is
+    exchanged (with stop requests and failures, see the module docstring).
+    """
+    local: list[rollouts.Group] | None = None
+    error: BaseException | None = None
+    if self._signal is None:
+      try:
+        local = self.source.next_groups(step)
+      except generator.Interrupted:
+        pass
+      except Exception as e:  # noqa: BLE001 - re-raised below, after telling the others
+        if self.gather is None:
+          raise
+        error = e
+    if self.gather is None:
+      return None if local is None else (local, local)
+    payload = {"signal": self._signal, "error": None if error is None else
+               f"{type(error).__name__}: {error}", "groups": local}
+    parts = self.gather(payload, name="groups")
+    if error is not None:
+      raise error
+    failed = [(p, part["error"]) for p, part in enumerate(parts) if part["error"]]
+    if failed:
+      p, message = failed[0]
+      raise ProcessFailed(f"process {p} failed at step {step + 1}: {message}")
+    signals = [part["signal"] for part in parts if part["signal"] is not None]
+    if signals or local is None:
+      if self._signal is None:
+        self._signal = signals[0] if signals else signal.SIGTERM
+        self.progress.print(f"another process received {signal.Signals(self._signal).name}: "
+                            "saving a checkpoint, then exiting")
+      return None
+    return local, [g for part in parts for g in part["groups"]]
+
+  def _train_step(self, step: int, groups: list[rollouts.Group],
+                  local: list[rollouts.Group] | None = None) -> dict[str, Any]:
+    """Batch, update and host-side bookkeeping for one step; returns its metrics row.
+
+    `groups` are the step's groups (all processes'); `local` this process's own (default:
+    all of them), the ones its source hands back as consumed.
+    """
+    local = groups if local is None else local
     version = step  # policy version the trainer holds before this update
     batch, row, keep = rollouts.build_batch(groups, self.cfg.rl, self.shape)
     row.update(staleness_lib.summarize(
@@ -296,13 +382,13 @@ class Loop:
     t0 = time.perf_counter()
     if keep.any():
       metrics = self.trainer.step(batch)
-      self.source.after_step(groups, self.trainer.params, version + 1)
+      self.source.after_step(local, self.trainer.params, version + 1)
       metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
       train_tokens = metrics.get("tokens", 0.0)
     else:
       # Every prompt had equal rewards: no signal, so no update (Adam's momentum alone would
       # still move the weights).
-      self.source.after_step(groups, self.trainer.params, version + 1)
+      self.source.after_step(local, self.trainer.params, version + 1)
       metrics, train_tokens = {"skipped_no_signal": 1.0}, 0.0
     train_s = time.perf_counter() - t0
     row.update({f"train/{k}": v for k, v in metrics.items()})

@@ -16,13 +16,21 @@ data position from just before its prompt was drawn is remembered until the trai
 used the group. A checkpoint stores the position of the oldest group not yet trained on,
 so a resumed run regenerates exactly the groups that were lost (and in sync mode, with the
 same seeds, exactly the same samples).
+
+Several processes (`ProcessShard`): each process runs its own source on its own generator
+devices and produces P / num_processes groups per step from a disjoint part of the prompt
+stream (prompts are assigned to processes by a hash of their id, so the split needs no
+coordination and each process's data position resumes exactly), with its own seeds; the
+training loop exchanges the groups so that every process trains on all P.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import threading
 import time
+import zlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -49,6 +57,50 @@ class RolloutSource(Protocol):
 
   def close(self) -> None:
     """Stops background work; safe to call twice."""
+
+
+class ProcessShard:
+  """Which part of the rollout work one process of a multi-process run does.
+
+  Args:
+    index: this process (0-based).
+    count: number of processes.
+  """
+
+  def __init__(self, index: int = 0, count: int = 1):
+    if not 0 <= index < count:
+      raise ValueError(f"process index {index} outside [0, {count})")
+    self.index = index
+    self.count = count
+
+  def owns(self, prompt_id: str) -> bool:
+    """Whether this process generates for training prompt `prompt_id` (a stable hash)."""
+    if self.count == 1:
+      return True
+    digest = hashlib.blake2b(str(prompt_id).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % self.count == self.index
+
+  def share(self, prompts_per_step: int) -> int:
+    """This process's groups per step: P / count (P must divide evenly)."""
+    from jaxrl_scale.errors import UserError  # pylint: disable=g-import-not-at-top
+
+    if prompts_per_step % self.count:
+      raise UserError(f"config key 'rl.prompts_per_step': {prompts_per_step} does not split "
+                      f"evenly over {self.count} processes (each generates the same share)")
+    return prompts_per_step // self.count
+
+  def seed(self, seed: int) -> int:
+    """This process's sampling seed: `seed` itself in process 0 (single-process runs keep
+    their seeds), a distinct stable derivative elsewhere."""
+    if self.index == 0:
+      return seed
+    return zlib.crc32(f"{seed}/process/{self.index}".encode("utf-8")) & 0x7FFFFFFF
+
+  def keep_hook(self, keep: Any = None) -> Any:
+    """A PromptSource keep hook: this process's prompts that `keep` (if given) accepts."""
+    if self.count == 1:
+      return keep
+    return lambda prompt_id: self.owns(prompt_id) and (keep is None or keep(prompt_id))
 
 
 class Admitter:

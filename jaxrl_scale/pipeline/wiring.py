@@ -3,7 +3,15 @@
 Order: trainer / generator slices -> tokenizer -> prompts -> policy -> verifiers and sampler
 -> SFT warm start (fresh runs) -> RL trainer -> checkpoint restore (resumed runs) -> the
 mode's rollout source -> metrics stream, checkpointer, live forecaster -> `loop.Loop`.
-The caller must already have asked for simulated CPU devices (`parallel.mesh`).
+The caller must already have started `jax.distributed` (`parallel.distributed`) and asked
+for simulated CPU devices (`parallel.mesh`).
+
+Several processes: the trainer mesh spans all of them, each process samples on its own
+generator slice with its own source (`sources.ProcessShard`: a disjoint share of the
+prompts, P / processes groups per step, its own seeds) and evaluates its share of the
+validation prompts; `loop.Loop` exchanges the groups so every process trains the same
+batch. Process 0 alone writes config.yaml, metrics.jsonl, TensorBoard, progress,
+summary.json and the forecast; checkpoints are written by all (orbax).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import pathlib
+import tempfile
 from typing import Any, TextIO
 
 import jax
@@ -32,6 +41,7 @@ from jaxrl_scale.models import config as model_config
 from jaxrl_scale.models import hf_io
 from jaxrl_scale.models import sharding
 from jaxrl_scale.models import tokenizer as tokenizer_lib
+from jaxrl_scale.parallel import distributed
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.pipeline import generator
 from jaxrl_scale.pipeline import loop as loop_lib
@@ -117,9 +127,13 @@ def _abstract(tree: Any) -> Any:
                       tree)
 
 
-def restore(ckpt: checkpoint_lib.Checkpointer, trainer: train_step.Trainer
-            ) -> loop_lib.HostState:
-  """Loads the newest readable checkpoint into `trainer`; returns the host state."""
+def restore(ckpt: checkpoint_lib.Checkpointer, trainer: train_step.Trainer,
+            shard: sources.ProcessShard | None = None) -> loop_lib.HostState:
+  """Loads the newest readable checkpoint into `trainer`; returns the host state.
+
+  The host state's `source` is this process's own data position (a multi-process
+  checkpoint holds one per process, see `loop.Loop.save`).
+  """
   try:
     step, state, host = ckpt.restore(_abstract(trainer.state))
   except UserError as e:
@@ -128,15 +142,29 @@ def restore(ckpt: checkpoint_lib.Checkpointer, trainer: train_step.Trainer
                       "optimizer settings change?); use --overwrite to start afresh") from None
     raise
   trainer.state = state
-  return loop_lib.HostState.from_json(host, f"{ckpt.directory}/{step}")
+  state_host = loop_lib.HostState.from_json(host, f"{ckpt.directory}/{step}")
+  state_host.source = process_source_state(state_host.source, shard or sources.ProcessShard(),
+                                           f"{ckpt.directory}/{step}")
+  return state_host
+
+
+def process_source_state(source: dict[str, Any], shard: sources.ProcessShard,
+                         origin: str) -> dict[str, Any]:
+  """This process's part of a checkpoint's source state."""
+  parts = source.get("processes") if isinstance(source, dict) else None
+  written = len(parts) if parts is not None else 1
+  if written != shard.count:
+    raise UserError(f"{origin}: the checkpoint was written by {written} process(es), this run "
+                    f"has {shard.count}; resume with the same number of processes")
+  return parts[shard.index] if parts is not None else source
 
 
 # ---- the run --------------------------------------------------------------------------------
 
 
 def _make_source(cfg: Config, sampler: engine.Sampler, admitter: sources.Admitter,
-                 scorer: rollouts.GroupScorer, pool) -> Any:
-  p = cfg.rl.prompts_per_step
+                 scorer: rollouts.GroupScorer, pool, p: int) -> Any:
+  """The mode's rollout source, producing `p` groups per step (this process's share)."""
   mode = cfg.pipeline.mode
   if mode == "pipeline":
     return generator.PipelineSource(
@@ -165,6 +193,10 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
 
   p, g = shape.num_prompts, shape.group_size
   seq_len, mode = shape.seq_len, cfg.pipeline.mode
+  shard = sources.ProcessShard(jax.process_index(), jax.process_count())
+  multi = shard.count > 1
+  gather = distributed.allgather if multi else None
+  local_p = shard.share(p)
   ckpt = cleanup.enter_context(checkpoint_lib.Checkpointer(
       run_dir / "checkpoints", keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save))
   pool = concurrent.futures.ThreadPoolExecutor(cfg.pipeline.reward_workers,
@@ -178,14 +210,17 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
                            seed=cfg.run.seed, max_prompt_len=cfg.data.max_prompt_tokens)
   host = loop_lib.HostState(seed=cfg.run.seed)
   if not resume and cfg.sft.steps > 0:
+    # Every process runs the same SFT steps; only process 0's sft.jsonl is kept.
+    sft_dir = run_dir if distributed.is_primary() else pathlib.Path(
+        cleanup.enter_context(tempfile.TemporaryDirectory(prefix="jaxrl_sft_")))
     model, host.sft_compute_hours, _ = warm_start.run(
-        cfg, tok, model, slices.trainer, seq_len, run_dir, progress, sampler=sampler,
+        cfg, tok, model, slices.trainer, seq_len, sft_dir, progress, sampler=sampler,
         scorer=scorer, pool=pool)
   trainer = train_step.Trainer(model, slices.trainer, cfg.optim, train_step.RLObjective(cfg.rl),
                                micro_batches=train_step.micro_batches_for(cfg.optim, p))
   del model  # its buffers now belong to the trainer (donated to every step)
   if resume:
-    host = restore(ckpt, trainer)
+    host = restore(ckpt, trainer, shard)
     progress.print(f"  resumed from checkpoint step {host.step} "
                    f"({host.compute_hours:.4g} accelerator-hours so far)")
   sampler.update_params(trainer.params, host.policy_version)
@@ -199,34 +234,40 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
   eval_sampler = sampler if mode != "pipeline" else engine.Sampler(
       trainer.model(), cfg.sampler, mesh=slices.generator, tokenizer=tok, seed=cfg.run.seed,
       max_prompt_len=cfg.data.max_prompt_tokens, version=host.policy_version)
-  admitter = sources.Admitter(prompts, g, cfg.run.seed)
+  admitter = sources.Admitter(prompts, g, shard.seed(cfg.run.seed))
   if resume:
     admitter.load_state(host.source)
-  source = _make_source(cfg, sampler, admitter, scorer, pool)
+  source = _make_source(cfg, sampler, admitter, scorer, pool, local_p)
   cleanup.callback(source.close)
   evaluator = None
   if cfg.eval.every and validation:
     evaluator = eval_lib.Evaluator(eval_sampler, validation, scorer,
                                    samples_per_prompt=cfg.eval.samples_per_prompt,
                                    temperature=cfg.eval.temperature, seed=cfg.run.seed,
-                                   pool=pool)
-  writer = cleanup.enter_context(metrics_lib.MetricsWriter(
-      run_dir, resume_step=host.metrics_rows if resume else 0, tensorboard=cfg.run.tensorboard))
+                                   pool=pool, shard=(shard.index, shard.count), gather=(
+                                       (lambda c: distributed.allgather(c, name="eval"))
+                                       if multi else None))
+  if distributed.is_primary():
+    writer = cleanup.enter_context(metrics_lib.MetricsWriter(
+        run_dir, resume_step=host.metrics_rows if resume else 0,
+        tensorboard=cfg.run.tensorboard))
+  else:
+    writer = metrics_lib.NullMetricsWriter(run_dir)
   forecaster = None
-  if cfg.forecast.enabled and evaluator is not None:
+  if cfg.forecast.enabled and evaluator is not None and distributed.is_primary():
     forecaster = live.LiveForecaster(target_compute=cfg.forecast.target_compute_hours,
                                      min_compute=cfg.forecast.min_compute_hours,
                                      n_boot=cfg.forecast.n_boot, seed=cfg.run.seed)
     if resume:
       _replay_forecast(forecaster, writer.path, host.metrics_rows)
-  devices = {d.id for m in (slices.trainer, slices.generator) for d in m.devices.flat}
-  clock = metrics_lib.ComputeClock(len(devices), start_hours=host.compute_hours)
+  clock = metrics_lib.ComputeClock(slices.num_devices, start_hours=host.compute_hours)
   loop = loop_lib.Loop(cfg, trainer=trainer, source=source, evaluator=evaluator, writer=writer,
                        checkpointer=ckpt, forecaster=forecaster, curriculum=curriculum,
                        shape=shape, state=host, clock=clock,
-                       flops_per_token=2.0 * mcfg.num_params(), progress=progress)
+                       flops_per_token=2.0 * mcfg.num_params(), progress=progress,
+                       gather=gather)
   loop.on_step = on_step
-  prompts.set_keep(loop.keep_prompt)
+  prompts.set_keep(shard.keep_hook(loop.keep_prompt))
   if not resume:
     loop.initial_eval()
     loop.save(0)
@@ -253,14 +294,18 @@ def train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool = False,
   """
   run_dir = pathlib.Path(run_dir)
   run_dir.mkdir(parents=True, exist_ok=True)
+  primary = distributed.is_primary()
   progress = progress_lib.Progress(cfg.run.steps, log_every=cfg.run.log_every, stream=stream,
-                                   enabled=cfg.run.progress)
-  (run_dir / "config.yaml").write_text(yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False))
+                                   enabled=cfg.run.progress and primary)
+  if primary:
+    (run_dir / "config.yaml").write_text(
+        yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False))
   mode = cfg.pipeline.mode
   mesh_cfg = dataclasses.replace(cfg.mesh, colocated=True) if mode == "colocated" else cfg.mesh
   slices = mesh_lib.make_slices(mesh_cfg)
+  processes = (f" | {distributed.describe()}" if jax.process_count() > 1 else "")
   progress.print(f"jaxrl-scale train {config_path or ''} -> {run_dir}\n"
-                 f"  mode {mode} | {jax.default_backend()} {slices.describe()}")
+                 f"  mode {mode} | {jax.default_backend()} {slices.describe()}{processes}")
 
   tok = load_tokenizer(cfg)
   prompts = data_sources.from_config(cfg.data, tok)
@@ -278,5 +323,6 @@ def train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool = False,
   with contextlib.ExitStack() as cleanup:  # closed in reverse order, also on errors
     outcome, forecaster, host = _run(cfg, run_dir, resume, cleanup, slices, tok, prompts,
                                      validation, model, mcfg, shape, progress, on_step)
-  summary_lib.finish(cfg, run_dir, outcome, forecaster, host, progress)
+  if primary:
+    summary_lib.finish(cfg, run_dir, outcome, forecaster, host, progress)
   return outcome

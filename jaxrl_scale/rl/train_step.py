@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -283,10 +284,14 @@ class Trainer:
     return jax.tree.map(lambda _: NamedSharding(self.mesh, PartitionSpec(*spec)), batch)
 
   def shard_batch(self, batch):
-    """Places a host (NumPy) batch on the trainer mesh."""
+    """Places a host (NumPy) batch on the trainer mesh.
+
+    With a trainer mesh over several processes, `batch` is the GLOBAL batch, identical in
+    every process; each process copies only the rows of its own devices (`put_global`).
+    """
     if self._batch_shardings is None:
       self._batch_shardings = self.batch_shardings(batch)
-    return jax.device_put(batch, self._batch_shardings)
+    return put_global(batch, self._batch_shardings)
 
   # ---- the step --------------------------------------------------------------------------
 
@@ -438,6 +443,27 @@ class Trainer:
     """
     params, rest = jax.tree.map(lambda x: x, (self.state.params, self._rest))
     return nnx.merge(self.graphdef, params, rest)
+
+
+def put_global(tree, shardings):
+  """`jax.device_put` of host arrays that also works when `shardings` span processes.
+
+  Each process must pass the same global values; it transfers only the slices its own
+  devices hold (`jax.make_array_from_callback`). Arrays already on device, and shardings
+  within this process, go through `jax.device_put`.
+  """
+  leaves, treedef = jax.tree.flatten(tree)
+  targets = jax.tree.leaves(shardings)
+  if len(targets) != len(leaves) or all(s.is_fully_addressable for s in targets):
+    return jax.device_put(tree, shardings)
+
+  def one(x, sharding):
+    if isinstance(x, jax.Array):
+      return jax.device_put(x, sharding)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+  return jax.tree.unflatten(treedef, [one(x, s) for x, s in zip(leaves, targets)])
 
 
 def _shapes(batch) -> list[tuple[tuple[int, ...], str]]:
