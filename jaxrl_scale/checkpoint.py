@@ -104,11 +104,23 @@ class Checkpointer:
     raise UserError(f"no readable checkpoint in {self.directory}: " + "; ".join(errors))
 
   def read_arrays(self, step: int) -> Any:
-    """The saved arrays of `step` as NumPy arrays, without a target (checks, tools)."""
+    """The saved arrays of `step` as NumPy arrays, without a target (checks, tools).
+
+    Works on checkpoints written by any number of processes: every array is read onto
+    this process's first device, whatever topology saved it.
+    """
     import jax  # pylint: disable=g-import-not-at-top
 
+    path = self.directory / str(step) / _STATE
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")
+      meta = ocp.StandardCheckpointer().metadata(path)
+    meta = getattr(meta, "item_metadata", meta)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                          meta)
     restored = self._manager.restore(
-        step, args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore()}))
+        step, args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(target)}))
     return jax.device_get(restored[_STATE])
 
   def wait(self) -> None:

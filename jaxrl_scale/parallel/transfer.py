@@ -20,6 +20,7 @@ same order, from the same (main) thread.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
@@ -53,10 +54,21 @@ def _by_process(devices) -> np.ndarray:
   return np.array([rows[p] for p in sorted(rows)])
 
 
-def _local_spec(shape: tuple[int, ...], per_process: int) -> PartitionSpec:
-  """Split the first axis `per_process` divides over the local devices, else replicate."""
-  for i, size in enumerate(shape):
-    if size % per_process == 0:
+def _local_spec(x: jax.Array, per_process: int) -> PartitionSpec:
+  """Which axis of `x` to split over a process's local devices: an axis the source already
+  splits (so the move is an all-gather over processes, not a full reshuffle), else the
+  first one `per_process` divides; replicated when none does."""
+  spec = getattr(x.sharding, "spec", None) or ()
+  mesh_shape = getattr(getattr(x.sharding, "mesh", None), "shape", {})
+
+  def ways(entry) -> int:  # devices the source splits one axis over
+    names = entry if isinstance(entry, tuple) else (entry,)
+    return math.prod(mesh_shape.get(n, 1) for n in names if n is not None)
+
+  sharded = sorted((i for i, entry in enumerate(spec) if ways(entry) > 1),
+                   key=lambda i: -ways(spec[i]))
+  for i in sharded + list(range(x.ndim)):
+    if x.shape[i] % per_process == 0:
       return PartitionSpec(*((None,) * i + ("local",)))
   return PartitionSpec()
 
@@ -101,7 +113,7 @@ def to_local(tree: Any, dtypes: Any | None = None) -> Any:
   me = jax.process_index()
   row = next(r for r in grid if r[0].process_index == me)
   local_mesh = Mesh(np.array(row), ("local",))
-  specs = [_local_spec(leaves[i].shape, grid.shape[1]) for i in remote]
+  specs = [_local_spec(leaves[i], grid.shape[1]) for i in remote]
   out_shardings = tuple(NamedSharding(gather_mesh, spec) for spec in specs)
   gathered = _gather_fn(out_shardings, tuple(want[i] for i in remote))(
       tuple(leaves[i] for i in remote))
