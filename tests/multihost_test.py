@@ -149,6 +149,78 @@ def test_combine_metrics_adds_throughput_and_keeps_maxima():
       "pipeline/dropped_stale": 1.0})
 
 
+class _Source:
+
+  def __init__(self, groups=None, error=None):
+    self.groups, self.error, self.calls = groups, error, 0
+
+  def next_groups(self, step):
+    self.calls += 1
+    if self.error is not None:
+      raise self.error
+    return self.groups
+
+
+class _Progress:
+
+  def __init__(self):
+    self.lines = []
+
+  def print(self, text):
+    self.lines.append(text)
+
+
+def _loop(source, others, own_signal=None):
+  """A Loop with only what `_next_groups` touches; `others` are the other processes'
+  payloads, appended after this process's (process 0) in the fake exchange."""
+  loop = loop_lib.Loop.__new__(loop_lib.Loop)
+  loop.source, loop.progress, loop._signal = source, _Progress(), own_signal
+  sent = []
+
+  def gather(payload, name):
+    sent.append((name, payload))
+    return [payload, *others]
+
+  loop.gather = gather
+  return loop, sent
+
+
+def _payload(groups=None, sig=None, error=None):
+  return {"signal": sig, "error": error, "groups": groups}
+
+
+def test_exchange_gives_every_process_all_groups_in_process_order():
+  loop, sent = _loop(_Source(groups=["a0", "a1"]), [_payload(groups=["b0", "b1"])])
+  local, groups = loop._next_groups(3)
+  assert local == ["a0", "a1"] and groups == ["a0", "a1", "b0", "b1"]
+  assert sent == [("groups", _payload(groups=["a0", "a1"]))]
+
+
+def test_a_signal_on_another_process_stops_this_one_at_the_same_step():
+  loop, _ = _loop(_Source(groups=["a0"]), [_payload(sig=signal.SIGTERM)])
+  assert loop._next_groups(3) is None
+  assert loop._signal == signal.SIGTERM
+  assert "another process received SIGTERM" in loop.progress.lines[0]
+
+
+def test_a_signal_here_is_sent_instead_of_waiting_for_rollouts():
+  source = _Source(groups=["a0"])
+  loop, sent = _loop(source, [_payload(groups=["b0"])], own_signal=signal.SIGINT)
+  assert loop._next_groups(3) is None
+  assert source.calls == 0 and sent[0][1]["signal"] == signal.SIGINT
+
+
+def test_a_failure_anywhere_raises_everywhere():
+  loop, _ = _loop(_Source(groups=["a0"]), [_payload(error="GeneratorError: boom")])
+  with pytest.raises(loop_lib.ProcessFailed, match="process 1 failed at step 4: .*boom"):
+    loop._next_groups(3)
+  # This process's own failure is sent to the others first, then raised here.
+  loop, sent = _loop(_Source(error=ValueError("bad verifier")), [_payload(groups=["b0"])])
+  with pytest.raises(ValueError, match="bad verifier"):
+    loop._next_groups(3)
+  assert sent[0][1]["error"] == "ValueError: bad verifier"
+
+
 def test_process_source_state_picks_this_process_part():
   parts = {"processes": [{"next_seq": 3}, {"next_seq": 5}]}
   assert wiring.process_source_state(parts, sources.ProcessShard(1, 2), "ck") == {
