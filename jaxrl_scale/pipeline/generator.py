@@ -13,11 +13,11 @@ sec. 3.1 / A.11); every token records the version that produced it.
 Bounds (k = pipeline.max_staleness, P = prompts per step):
   * admission: the generator admits a new group only while fewer than k * P groups are
     admitted and not yet trained on (PipelineRL's "max lag"), so queued data cannot run
-    far ahead of the trainer. The one exception keeps the system live: when fewer than P
-    groups are finished, the trainer is waiting on sequences in flight, and those only
-    finish if decoding goes on. The Sampler pulls a request whenever a slot frees and
-    decodes nothing while that pull blocks, so admission must proceed then; the overshoot
-    is at most one slot-full of groups (num_slots / G).
+    far ahead of the trainer. While admission is closed the request stream answers None
+    ("nothing to admit now") as long as sequences are in flight, so the live slots keep
+    decoding (and finishing the groups the trainer waits for); it blocks only when nothing
+    is in flight, i.e. when every admitted group is finished and the trainer has at least
+    P of them.
   * consumption: the trainer at version v takes the groups with the oldest data first and
     never trains on a token older than v - k: such a group is dropped and counted
     (`pipeline/dropped_stale`); with the admission bound this is rare.
@@ -109,17 +109,22 @@ class PipelineSource:
     return self
 
   def _may_admit(self) -> bool:
-    if self.admitter.num_outstanding < self.limit:
-      return True
-    return len(self.queue) + self.queue.pending < self.num_prompts
+    return self.admitter.num_outstanding < self.limit
 
-  def _requests(self) -> Iterator[records.Request]:
+  def _requests(self) -> Iterator[records.Request | None]:
     while not self._stop.is_set():
-      t0 = time.perf_counter()
-      with self._cond:
-        while not self._stop.is_set() and not self._may_admit():
-          self._cond.wait(_POLL_S)
-      self.throttle_wait_s += time.perf_counter() - t0
+      if not self._may_admit():
+        with self._cond:
+          inflight = bool(self._inflight)
+        if inflight:
+          # Sequences are decoding: do not block their slots, ask again next chunk.
+          yield None
+          continue
+        t0 = time.perf_counter()
+        with self._cond:  # nothing in flight: the generator has nothing to do but wait
+          while not self._stop.is_set() and not self._may_admit():
+            self._cond.wait(_POLL_S)
+        self.throttle_wait_s += time.perf_counter() - t0
       if self._stop.is_set():
         return
       version = self.sampler.version

@@ -13,6 +13,9 @@ from jaxrl_scale.models import tokenizer as tokenizer_lib
 from jaxrl_scale.pipeline import rollouts
 
 
+_END = object()
+
+
 class FakeSampler:
   """Continuous batching over `num_slots` slots, one token per slot per chunk.
 
@@ -29,6 +32,7 @@ class FakeSampler:
     self._pending = None
     self._lock = threading.Lock()
     self.chunks = 0
+    self.none_pulls = 0
     self.posted = []
 
   def update_params(self, params, version):
@@ -46,13 +50,18 @@ class FakeSampler:
           self.version, self._pending = self._pending, None
       for i in range(self.num_slots):
         if slots[i] is None and not exhausted:
-          req = next(it, None)
-          if req is None:
+          req = next(it, _END)
+          if req is _END:
             exhausted = True
+          elif req is None:  # nothing to admit now: decode the live slots
+            self.none_pulls += 1
+            break
           else:
             slots[i] = (req, [])
       if all(s is None for s in slots):
-        return
+        if exhausted:
+          return
+        continue  # like the real Sampler: nothing live, ask the iterator again
       if self.chunk_s:
         time.sleep(self.chunk_s)
       self.chunks += 1

@@ -63,9 +63,22 @@ def test_admission_bound_limits_outstanding_groups(prompt_source, fakes):
     assert sampler.chunks == chunks  # stalled, not spinning
   finally:
     src.close()
-  # k * P groups, plus at most one slot-full of groups admitted to keep decoding going
-  # while fewer than P were finished.
-  assert 2 * P <= outstanding <= 2 * P + slots // G
+  assert outstanding == 2 * P  # exactly k * P groups admitted and not trained on
+
+
+def test_throttled_admission_keeps_live_sequences_decoding(prompt_source, fakes):
+  # k * P = 4 groups of 2 fill the admission bound while long sequences (prompt_id % 4 == 0:
+  # 40 tokens) are still decoding; the request stream must answer None, not block, so those
+  # finish and the trainer gets its P groups.
+  sampler = fakes.Sampler(num_slots=16, length=lambda req: 40 if req.prompt_id % 4 == 0 else 1,
+                          chunk_s=0.0005)
+  src = _source(sampler, prompt_source, fakes, k=1).start()
+  try:
+    consumed = _train(src, 3)
+  finally:
+    src.close()
+  assert len(consumed) == 3
+  assert sampler.none_pulls > 0  # admission was closed while sequences were live
 
 
 def test_queue_backpressure_stalls_the_generator(prompt_source, fakes):
