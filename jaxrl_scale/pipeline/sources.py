@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from jaxrl_scale.data import sources as data_sources
+from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import engine
 from jaxrl_scale.generation import records
 from jaxrl_scale.pipeline import rollouts
@@ -82,8 +83,6 @@ class ProcessShard:
 
   def share(self, prompts_per_step: int) -> int:
     """This process's groups per step: P / count (P must divide evenly)."""
-    from jaxrl_scale.errors import UserError  # pylint: disable=g-import-not-at-top
-
     if prompts_per_step % self.count:
       raise UserError(f"config key 'rl.prompts_per_step': {prompts_per_step} does not split "
                       f"evenly over {self.count} processes (each generates the same share)")
