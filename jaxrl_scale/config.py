@@ -46,8 +46,9 @@ class RunConfig:
   progress: bool = True  # print progress lines to stdout
   # End the SFT warm start (sft.steps at most) once the policy's sampled pass rate on
   # `sft_dev_prompts` training prompts held out of SFT reaches this, checked every
-  # `sft_check_every` steps: RL then starts from a known level of skill rather than wherever
-  # a fixed step count lands (small models learn in sudden jumps). None = all sft.steps.
+  # `sft_check_every` steps (every step once half the target is reached): RL then starts
+  # from a known level of skill rather than wherever a fixed step count lands (small models
+  # learn in sudden jumps). None = all sft.steps.
   sft_stop_pass_rate: float | None = None
   sft_dev_prompts: int = 64
   sft_check_every: int = 5

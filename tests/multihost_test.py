@@ -337,7 +337,9 @@ def _overrides(data: pathlib.Path, steps: int) -> list[str]:
       "model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=64",
       f"data.source={data}", "data.task=arithmetic", "data.id_field=id",
       "data.solution_field=solution", "data.num_validation=8", "data.max_prompt_tokens=8",
-      "sft.steps=15", "sft.lr=1e-2", "sft.batch_size=16", "run.sft_stop_pass_rate=null",
+      "sft.steps=15", "sft.lr=1e-2", "sft.batch_size=16",
+      # An unreachable target: the sharded dev-set check runs 3 times in both processes.
+      "run.sft_stop_pass_rate=1.0", "run.sft_dev_prompts=8", "run.sft_check_every=5",
       "rl.prompts_per_step=4", "rl.generations_per_prompt=4", "optim.lr=1e-3",
       "optim.warmup_steps=0", "sampler.num_slots=16", "sampler.max_new_tokens=4",
       "sampler.decode_chunk=4", "sampler.prompt_buckets=[8]",

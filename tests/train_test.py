@@ -139,8 +139,11 @@ def test_sft_stops_at_the_dev_pass_rate_target(task_file, tmp_path, monkeypatch)
              "run.sft_check_every=2", "eval.every=0", steps=1)
   wiring.train(cfg, cfg.run.output_dir)
   sft_rows = [json.loads(line) for line in (tmp_path / "run" / "sft.jsonl").read_text().splitlines()]
-  assert len(checks) == 3 and len(sft_rows) == 6  # checked after steps 2, 4, 6; stopped at 6
-  assert [r.get("dev/pass_rate") for r in sft_rows[1::2]] == pytest.approx([0.1, 0.2, 0.3])
+  # Checked after steps 2 and 4 (every 2), then after every step once 0.2 >= 0.3 / 2: the
+  # check after step 5 reaches the target and stops the warm start there.
+  assert len(checks) == 3 and len(sft_rows) == 5
+  rates = {i + 1: r["dev/pass_rate"] for i, r in enumerate(sft_rows) if "dev/pass_rate" in r}
+  assert rates == pytest.approx({2: 0.1, 4: 0.2, 5: 0.3})
   assert dev_sizes[0] == 8  # the warm start's dev prompts (eval is off)
 
 

@@ -213,9 +213,11 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
     # Every process runs the same SFT steps; only process 0's sft.jsonl is kept.
     sft_dir = run_dir if distributed.is_primary() else pathlib.Path(
         cleanup.enter_context(tempfile.TemporaryDirectory(prefix="jaxrl_sft_")))
+    # Its dev-set checks are sharded like the eval, so every process stops at the same step.
     model, host.sft_compute_hours, _ = warm_start.run(
         cfg, tok, model, slices.trainer, seq_len, sft_dir, progress, sampler=sampler,
-        scorer=scorer, pool=pool)
+        scorer=scorer, pool=pool, shard=(shard.index, shard.count),
+        gather=(lambda c: distributed.allgather(c, name="sft_dev")) if multi else None)
   trainer = train_step.Trainer(model, slices.trainer, cfg.optim, train_step.RLObjective(cfg.rl),
                                micro_batches=train_step.micro_batches_for(cfg.optim, p))
   del model  # its buffers now belong to the trainer (donated to every step)
