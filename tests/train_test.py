@@ -118,6 +118,22 @@ def test_each_mode_runs_end_to_end(task_file, tmp_path, mode):
     assert ckpt.all_steps() == [0, 2, 4]
 
 
+def test_forecast_lines_follow_their_step_line(task_file, tmp_path):
+  import io
+  cfg = _cfg(task_file, tmp_path / "run", "run.progress=true", "forecast.enabled=true",
+             "checkpoint.every=0", steps=8)
+  out = io.StringIO()
+  wiring.train(cfg, cfg.run.output_dir, stream=out)
+  lines = out.getvalue().splitlines()
+  forecasts = [i for i, line in enumerate(lines) if line.startswith("  forecast:")]
+  assert forecasts, out.getvalue()
+  rows = {r["step"]: r for r in _rows(tmp_path / "run")}
+  for i in forecasts:  # the line above is the step the forecast was fitted at
+    step = int(lines[i - 1].split()[1].split("/")[0])
+    assert f"A={rows[step]['forecast/A']:.3f}" in lines[i] or (
+        f"A~{rows[step]['forecast/A']:.2f}?" in lines[i]), (lines[i - 1], lines[i])
+
+
 def test_sft_stops_at_the_dev_pass_rate_target(task_file, tmp_path, monkeypatch):
   from jaxrl_scale import eval as eval_lib
   checks = []

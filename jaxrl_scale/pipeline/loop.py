@@ -174,6 +174,7 @@ class Loop:
     self.clock = clock
     self.flops_per_token = flops_per_token
     self.progress = progress
+    self._forecast_line: str | None = None
     self.last_eval: dict[str, float] | None = None
     self._signal: int | None = None
     self._t_start = time.perf_counter()
@@ -222,8 +223,13 @@ class Loop:
       fit = self.forecaster.update(hours, out["val/pass_rate"], step=step)
       if fit is not None and fit.step == step:
         out.update(fit.as_metrics())
-        self.progress.print("  " + fit.summary())
+        self._forecast_line = "  " + fit.summary()  # printed under the step's line
     return out
+
+  def _print_forecast(self) -> None:
+    if self._forecast_line is not None:
+      self.progress.print(self._forecast_line)
+      self._forecast_line = None
 
   def _eval_tokens(self, out: dict[str, float]) -> float:
     n = out.get("val/num_prompts", 0.0) * self.evaluator.k
@@ -257,6 +263,7 @@ class Loop:
     self.clock = metrics_lib.ComputeClock(self.clock.num_devices, start_hours=0.0)
     self.writer.write(0, row)
     self.progress.step(0, row)
+    self._print_forecast()
 
   # ---- the loop ----------------------------------------------------------------------------
 
@@ -312,6 +319,7 @@ class Loop:
       self.state.compute_hours = row["compute_hours"]
       self.writer.write(step, row)
       self.progress.step(step, row)
+      self._print_forecast()
       if self.on_step is not None:
         self.on_step(step, row)
       self._check_nonfinite(step, row)
