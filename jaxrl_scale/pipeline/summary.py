@@ -104,7 +104,9 @@ def render(summary: dict[str, Any]) -> str:
     lines.append(
         f"forecast made at half the budget (step {half['made_at_step']}, "
         f"{half['made_at_compute_hours']:.4g} h, {half['n_points']} points): A={half['A']:.3f} "
-        f"B={half['B']:.2f} C_mid={half['C_mid']:.3g}")
+        f"B={half['B']:.2f} C_mid={half['C_mid']:.3g}"
+        + ("" if half.get("well_determined", True) else
+           " (not well determined: the data did not pin A down yet; read the interval)"))
     lines.append(f"  predicted pass rate at the final compute: {half['predicted_final']:.3f}"
                  f" | actual: {summary['final_pass_rate']:.3f}")
     band = half.get("predicted_interval")

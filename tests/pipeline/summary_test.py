@@ -15,6 +15,19 @@ def test_render_puts_the_half_budget_forecast_next_to_the_actual():
   assert "predicted pass rate at the final compute: 0.840" in text
   assert "actual: 0.860" in text
   assert "0.118 h: 0.850 [0.800, 0.880]" in text
+  assert "not well determined" not in text
+
+
+def test_render_flags_a_half_budget_forecast_that_is_not_well_determined():
+  text = summary.render({
+      "outcome": "done", "signal": None, "steps": 40, "compute_hours": 0.12,
+      "sft_compute_hours": 0.0, "flops": 1.0, "start_pass_rate": 0.3, "final_pass_rate": 0.8,
+      "final_step": 40,
+      "half_budget_forecast": {"made_at_step": 20, "made_at_compute_hours": 0.06,
+                               "n_points": 5, "A": 1.0, "B": 1.2, "C_mid": 0.2,
+                               "well_determined": False, "predicted_final": 0.7},
+  })
+  assert "A=1.000 B=1.20 C_mid=0.2 (not well determined" in text
 
 
 def test_render_after_a_signal_says_how_to_continue():
