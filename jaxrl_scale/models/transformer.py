@@ -125,12 +125,19 @@ class Transformer(nnx.Module):
 
   def hidden_states(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
                     cache: KVCache | None = None, cache_index_B: jax.Array | None = None,
-                    *, remat: bool = False) -> jax.Array | tuple[jax.Array, KVCache]:
+                    *, remat: str = "none",
+                    activation_sharding: jax.sharding.NamedSharding | None = None,
+                    ) -> jax.Array | tuple[jax.Array, KVCache]:
     """Final-norm hidden states h_BTD; with a cache, (h_BTD, new_cache).
 
-    remat=True (full-sequence path only) recomputes each layer in the backward pass instead
-    of storing its activations.
+    Args:
+      remat: a name from `REMAT_POLICIES` (full-sequence path only): what each layer keeps
+        for the backward pass; the rest is recomputed.
+      activation_sharding: a NamedSharding for [B, T, D] activations, e.g. batch rows over
+        'fsdp'. Without it the compiler may replicate the micro-batch on every chip.
     """
+    if remat not in REMAT_POLICIES:
+      raise ValueError(f"unknown remat policy {remat!r}; expected one of {sorted(REMAT_POLICIES)}")
     if (cache is None) != (cache_index_B is None):
       raise ValueError("cache and cache_index_B must be given together")
     x_BTD = self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype))
@@ -139,10 +146,14 @@ class Transformer(nnx.Module):
     if cache is None:
       causal_TS = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
       allowed_BTS = causal_TS[None, :, :] & mask_BT[:, None, :]
-      call = nnx.remat(_call_layer) if remat else _call_layer
+      pin = _pinner(activation_sharding)
+      x_BTD = pin(x_BTD)
+      call = _call_layer
+      if remat != "none":
+        call = nnx.remat(_call_layer, policy=REMAT_POLICIES[remat], prevent_cse=False)
       for layer in self.layers:
-        x_BTD = call(layer, x_BTD, positions_BT, allowed_BTS)
-      return self.norm(x_BTD)
+        x_BTD = pin(call(layer, x_BTD, positions_BT, allowed_BTS))
+      return pin(self.norm(x_BTD))
 
     slot_BT = cache_index_B.astype(jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     b_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[0])[:, None], slot_BT.shape)
@@ -202,6 +213,22 @@ class Transformer(nnx.Module):
       return self.logits(out)
     h_BTD, new_cache = out
     return self.logits(h_BTD), new_cache
+
+
+# What a layer keeps for the backward pass: "none" stores every activation, "full" stores only
+# the layer input (everything else is recomputed), "dots" stores matmul outputs that have no
+# batch dims (the projections) and recomputes the cheap elementwise work and attention.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _pinner(sharding: jax.sharding.NamedSharding | None):
+  if sharding is None:
+    return lambda x: x
+  return lambda x: jax.lax.with_sharding_constraint(x, sharding)
 
 
 def _call_layer(layer: layers.DecoderLayer, x_BTD: jax.Array, positions_BT: jax.Array,

@@ -214,7 +214,7 @@ def test_remat_and_chunked_log_probs_give_the_same_loss_and_grads(tiny_model):
   @nnx.jit
   def both(m):
     def loss(m, remat, chunk):
-      h = m.hidden_states(tokens, pos, mask, remat=remat)
+      h = m.hidden_states(tokens, pos, mask, remat="full" if remat else "none")
       return m.token_log_probs(h, tokens, chunk_size=chunk).sum()
     return (nnx.value_and_grad(loss)(m, False, None), nnx.value_and_grad(loss)(m, True, 4))
 
