@@ -137,25 +137,34 @@ def empty_state(cfg: ModelConfig, num_slots: int, max_len: int,
 
 
 def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
-          adm: Admission) -> SlotState:
-  """Prefills the admitted prompts into a scratch cache and moves them into their slots."""
+          adm: Admission, mesh: Mesh | None = None) -> SlotState:
+  """Prefills the admitted prompts and writes their keys/values into their slots.
+
+  With the generator's `mesh`, the prefill's activations are split by rows over its 'data'
+  axis (when it divides n), which also lets `attention.causal_attention` pick the TPU kernel.
+  """
   model = nnx.merge(graphdef, params)
   n, t = adm.tokens_nT.shape
+  act_sharding = None
+  if mesh is not None:
+    data = mesh.shape.get("data", 1)
+    row_axis = "data" if data > 1 and n % data == 0 else None
+    act_sharding = NamedSharding(mesh, PartitionSpec(row_axis, None, None))
   max_len = state.cache.max_len
   positions_nT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (n, t))
   # The last prompt token is fed by the first decode step, so only P-1 tokens go in now.
   mask_nT = positions_nT < (adm.length_n - 1)[:, None]
-  scratch = transformer.init_cache(model.cfg, n, t, state.cache.k[0].dtype)
-  _, scratch = model.hidden_states(adm.tokens_nT, positions_nT, mask_nT, cache=scratch,
-                                   cache_index_B=jnp.zeros((n,), jnp.int32))
+  # The full-sequence pass (the TPU attention kernel where there is one) rather than the
+  # cache path, whose dense [n, K, G, T, T] float32 scores grow with the bucket squared.
+  _, k_LnTKH, v_LnTKH = model.prefill(adm.tokens_nT, positions_nT, mask_nT,
+                                      activation_sharding=act_sharding)
 
-  def put(big, small):  # small [n, T, ...] into rows slot_n, slots [0, T) of big [S, L, ...]
-    return big.at[adm.slot_n, :t].set(small.astype(big.dtype), mode="drop")
+  def put(big_LSM, small_LnT):  # rows slot_n, slots [0, T) of every layer
+    return big_LSM.at[:, adm.slot_n, :t].set(small_LnT.astype(big_LSM.dtype), mode="drop")
 
-  valid_nL = jnp.zeros((n, max_len), jnp.bool_).at[:, :t].set(scratch.valid_BS)
+  valid_nL = jnp.zeros((n, max_len), jnp.bool_).at[:, :t].set(mask_nT)
   cache = transformer.KVCache(
-      k=tuple(put(b, s) for b, s in zip(state.cache.k, scratch.k)),
-      v=tuple(put(b, s) for b, s in zip(state.cache.v, scratch.v)),
+      k=put(state.cache.k, k_LnTKH), v=put(state.cache.v, v_LnTKH),
       valid_BS=state.cache.valid_BS.at[adm.slot_n].set(valid_nL, mode="drop"))
 
   def row(old, new):
@@ -254,22 +263,21 @@ def admit_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSta
 
   def run(param_leaves, state, adm):
     params = jax.tree.unflatten(param_treedef, param_leaves)
-    return jax.lax.with_sharding_constraint(admit(graphdef, params, state, adm), shardings)
+    new = admit(graphdef, params, state, adm, mesh=shardings.token_S.mesh)
+    return jax.lax.with_sharding_constraint(new, shardings)
 
   return jax.jit(run, donate_argnums=(1,))
 
 
 def _cache_view(cache: transformer.KVCache, view_len: int) -> transformer.KVCache:
-  return transformer.KVCache(k=tuple(k[:, :view_len] for k in cache.k),
-                             v=tuple(v[:, :view_len] for v in cache.v),
+  return transformer.KVCache(k=cache.k[:, :, :view_len], v=cache.v[:, :, :view_len],
                              valid_BS=cache.valid_BS[:, :view_len])
 
 
 def _write_view(cache: transformer.KVCache, view: transformer.KVCache) -> transformer.KVCache:
-  put = lambda big, small: big.at[:, :small.shape[1]].set(small)  # noqa: E731
-  return transformer.KVCache(k=tuple(map(put, cache.k, view.k)),
-                             v=tuple(map(put, cache.v, view.v)),
-                             valid_BS=put(cache.valid_BS, view.valid_BS))
+  n = view.max_len
+  return transformer.KVCache(k=cache.k.at[:, :, :n].set(view.k), v=cache.v.at[:, :, :n].set(view.v),
+                             valid_BS=cache.valid_BS.at[:, :n].set(view.valid_BS))
 
 
 @functools.lru_cache(maxsize=None)

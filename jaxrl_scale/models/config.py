@@ -20,6 +20,9 @@ from jaxrl_scale.errors import UserError
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16")
+# The full-sequence attention kernels of `models.attention` (kept here so that reading a
+# config never imports JAX).
+ATTENTION_IMPLS = ("auto", "einsum", "splash")
 
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -79,6 +82,9 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   pad_token_id: int | None = None
+  # Full-sequence attention (trainer, prefill): "auto" = the Pallas TPU kernel on TPU devices
+  # when an activation sharding is given, else "einsum". See `models.attention`.
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     _check(self.family in FAMILIES, "family", f"must be one of {FAMILIES}, got {self.family!r}")
@@ -95,6 +101,8 @@ class ModelConfig:
     for key in ("param_dtype", "dtype"):
       v = getattr(self, key)
       _check(v in DTYPES, key, f"must be one of {DTYPES}, got {v!r}")
+    _check(self.attention_impl in ATTENTION_IMPLS, "attention_impl",
+           f"must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
     want_bias, want_norm = self.family == "qwen2", self.family == "qwen3"
     _check(self.qkv_bias == want_bias, "qkv_bias",
            f"is {want_bias} for family {self.family!r}, got {self.qkv_bias}")

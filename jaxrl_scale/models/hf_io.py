@@ -9,6 +9,7 @@ Layout mapping (HF `nn.Linear.weight` is [out, in]; ours put the input dim first
   q_proj.bias   [N*H]    -> bias   [N, H]         gate/up_proj  [F, D]   -> kernel [D, F]
   down_proj     [D, F]   -> kernel [F, D]         lm_head       [V, D]   -> kernel [D, V]
   embed_tokens, norms: unchanged.
+Layer i of `model.layers.{i}.*` is index i of our stacked `layers.*` params ([L, ...]).
 """
 
 from __future__ import annotations
@@ -46,12 +47,13 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints car
 
 @dataclasses.dataclass(frozen=True)
 class _Entry:
-  """One tensor: ours = hf.reshape(concat(groups)).transpose(perm)."""
+  """One HF tensor: ours[layer] (or ours) = hf.reshape(concat(groups)).transpose(perm)."""
 
   path: tuple[Any, ...]  # our nnx state path
   hf_key: str
   groups: tuple[tuple[int, ...], ...]  # how each HF dim splits into our dims
   perm: tuple[int, ...]
+  layer: int | None = None  # index on the leading layer axis of a stacked param
 
   @property
   def hf_shape(self) -> tuple[int, ...]:
@@ -59,38 +61,41 @@ class _Entry:
 
   @property
   def shape(self) -> tuple[int, ...]:
+    """Our shape of this one tensor (one layer's slice of a stacked param)."""
     split = [s for g in self.groups for s in g]
     return tuple(split[p] for p in self.perm)
 
 
 def layout(cfg: ModelConfig) -> list[_Entry]:
-  """Every tensor of a `cfg` model, in Hugging Face order."""
+  """Every Hugging Face tensor of a `cfg` model, in Hugging Face order."""
   d, n, k, h, f, v = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                       cfg.intermediate_size, cfg.vocab_size)
   out = [_Entry(("embed_tokens", "embedding"), "model.embed_tokens.weight", ((v,), (d,)), (0, 1))]
   for i in range(cfg.num_layers):
-    pre, our = f"model.layers.{i}.", ("layers", i)
+    pre, our = f"model.layers.{i}.", ("layers",)
     att = our + ("self_attn",)
+    kw = dict(layer=i)
     out.append(_Entry(our + ("input_layernorm", "scale"), pre + "input_layernorm.weight",
-                      ((d,),), (0,)))
+                      ((d,),), (0,), **kw))
     for name, heads in (("q_proj", n), ("k_proj", k), ("v_proj", k)):
       out.append(_Entry(att + (name, "kernel"), f"{pre}self_attn.{name}.weight",
-                        ((heads, h), (d,)), (2, 0, 1)))
+                        ((heads, h), (d,)), (2, 0, 1), **kw))
       if cfg.qkv_bias:
         out.append(_Entry(att + (name, "bias"), f"{pre}self_attn.{name}.bias",
-                          ((heads, h),), (0, 1)))
+                          ((heads, h),), (0, 1), **kw))
     out.append(_Entry(att + ("o_proj", "kernel"), pre + "self_attn.o_proj.weight",
-                      ((d,), (n, h)), (1, 2, 0)))
+                      ((d,), (n, h)), (1, 2, 0), **kw))
     if cfg.qk_norm:
       for name in ("q_norm", "k_norm"):
-        out.append(_Entry(att + (name, "scale"), f"{pre}self_attn.{name}.weight", ((h,),), (0,)))
+        out.append(_Entry(att + (name, "scale"), f"{pre}self_attn.{name}.weight", ((h,),), (0,),
+                          **kw))
     out.append(_Entry(our + ("post_attention_layernorm", "scale"),
-                      pre + "post_attention_layernorm.weight", ((d,),), (0,)))
+                      pre + "post_attention_layernorm.weight", ((d,),), (0,), **kw))
     for name in ("gate_proj", "up_proj"):
       out.append(_Entry(our + ("mlp", name, "kernel"), f"{pre}mlp.{name}.weight",
-                        ((f,), (d,)), (1, 0)))
+                        ((f,), (d,)), (1, 0), **kw))
     out.append(_Entry(our + ("mlp", "down_proj", "kernel"), pre + "mlp.down_proj.weight",
-                      ((d,), (f,)), (1, 0)))
+                      ((d,), (f,)), (1, 0), **kw))
   out.append(_Entry(("norm", "scale"), "model.norm.weight", ((d,),), (0,)))
   if not cfg.tie_embeddings:
     out.append(_Entry(("lm_head", "kernel"), "lm_head.weight", ((v,), (d,)), (1, 0)))
@@ -174,6 +179,17 @@ def _read_slice(handle: Any, entry: _Entry, index: tuple[slice, ...] | None,
   return np.ascontiguousarray(arr.transpose(entry.perm)).astype(dtype)
 
 
+def _read_param(parts: list[tuple[Any, _Entry]], index: tuple[slice, ...] | None,
+                dtype: np.dtype) -> np.ndarray:
+  """The part `index` of a param: one tensor, or the layers `index[0]` selects, stacked."""
+  handle, entry = parts[0]
+  if entry.layer is None:
+    return _read_slice(handle, entry, index, dtype)
+  index = index if index is not None else (slice(None),) * (len(entry.shape) + 1)
+  layers = range(*index[0].indices(len(parts)))
+  return np.stack([_read_slice(*parts[i], index[1:], dtype) for i in layers])
+
+
 def load_hf_model(path: str, mesh: Mesh | None = None, *, param_dtype: str | None = None,
                   dtype: str | None = None, lm_head_fp32: bool | None = None,
                   rules: sharding.Rules = sharding.DEFAULT_RULES,
@@ -220,6 +236,8 @@ def load_hf_model(path: str, mesh: Mesh | None = None, *, param_dtype: str | Non
   shard_of = dict(nnx.to_flat_state(shardings))
   np_dtype = np.dtype(jnp.dtype(cfg.param_dtype))
 
+  # Per param path: (handle, entry) of each HF tensor it is made of (one per layer if stacked).
+  sources: dict[tuple[Any, ...], list[tuple[Any, _Entry]]] = {}
   arrays = {}
   with contextlib.ExitStack() as stack:
     handles: dict[str, Any] = {}
@@ -238,11 +256,15 @@ def load_hf_model(path: str, mesh: Mesh | None = None, *, param_dtype: str | Non
       if hf_shape != entry.hf_shape:
         raise UserError(f"{file_path}: tensor '{entry.hf_key}' has shape {list(hf_shape)}, "
                         f"config.json implies {list(entry.hf_shape)}")
-      target = shard_of[entry.path]
+      sources.setdefault(entry.path, []).append((handle, entry))
+    for param_path, parts in sources.items():
+      target = shard_of[param_path]
       target = target.get_value() if isinstance(target, nnx.Variable) else target
-      arrays[entry.path] = jax.make_array_from_callback(
-          entry.shape, target,
-          lambda idx, h=handle, e=entry: _read_slice(h, e, idx, np_dtype), dtype=np_dtype)
+      shape = parts[0][1].shape
+      if parts[0][1].layer is not None:
+        shape = (len(parts),) + shape
+      arrays[param_path] = jax.make_array_from_callback(
+          shape, target, lambda idx, ps=parts: _read_param(ps, idx, np_dtype), dtype=np_dtype)
 
   flat = [(p, v.replace(arrays[p])) for p, v in nnx.to_flat_state(abs_state)]
   return nnx.merge(graphdef, nnx.from_flat_state(flat)), cfg
@@ -295,7 +317,9 @@ def save_hf_model(model: transformer.Transformer, cfg: ModelConfig, out_dir: str
   for name, shard in zip(names, shards):
     tensors = {}
     for entry in shard:
-      arr = _host_array(flat[entry.path].get_value())
+      value = flat[entry.path].get_value()
+      # One layer at a time, so the host never holds a whole stacked param.
+      arr = _host_array(value if entry.layer is None else value[entry.layer])
       tensors[entry.hf_key] = _to_hf(arr, entry)
       weight_map[entry.hf_key] = name
       total += tensors[entry.hf_key].nbytes

@@ -4,12 +4,14 @@ Every parameter carries its logical axis names in the `out_sharding` metadata (w
 sharding off, so nothing is placed at creation); `models.sharding` maps them onto a mesh.
 
 Logical axes: 'vocab' V, 'embed' D, 'q_heads' N, 'kv_heads' K, 'head_dim' H, 'mlp' F,
-'norm' (RMSNorm scales; always replicated).
+'norm' (RMSNorm scales; always replicated). The transformer stacks its layers, which puts a
+'layers' axis (never sharded) first on every layer parameter.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +23,9 @@ from jaxrl_scale.models.config import ModelConfig, RopeScaling
 # Finite (not -inf) so a query with no visible key (a padding row) gets a uniform softmax
 # instead of NaN; such rows are ignored by callers.
 _MASKED = float(np.finfo(np.float32).min)
+
+# (q_BTNH, k_BTKH, v_BTKH) -> (out_BTNH, aux); see `Attention.__call__`.
+Attend = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
 
 
 def param(value: jax.Array, axes: tuple[str | None, ...]) -> nnx.Param:
@@ -124,17 +129,16 @@ class Attention(nnx.Module):
     self.rope = (h, cfg.rope_theta, cfg.rope_scaling)
     self.num_kv_heads = k
 
-  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, allowed_BTS: jax.Array,
-               kv: tuple[jax.Array, jax.Array] | None = None, slot_BT: jax.Array | None = None,
-               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """Attention output, and the updated (k, v) cache when `kv` is given.
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, attend: Attend,
+               ) -> tuple[jax.Array, Any]:
+    """Attention output [B, T, D] and whatever `attend` returns beside its output.
 
     Args:
       x_BTD: normalised input.
       positions_BT: RoPE positions of the T tokens.
-      allowed_BTS: which keys each query may attend to. S = T without a cache, else S_max.
-      kv: (k_BSKH, v_BSKH) cache of this layer, or None for the full-sequence path.
-      slot_BT: cache slot of each new token (out-of-range slots are dropped, not clamped).
+      attend: (q_BTNH, k_BTKH, v_BTKH) -> (out_BTNH, aux): the attention itself, with RoPE
+        (and the qk norms) already applied. The caller picks the full-sequence kernel or
+        the KV-cache read/write (`cached_attention`), so one layer serves both paths.
     """
     q_BTNH = self.q_proj(x_BTD)
     k_BTKH = self.k_proj(x_BTD)
@@ -145,26 +149,45 @@ class Attention(nnx.Module):
     inv_freq_h = rope_frequencies(*self.rope)
     q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq_h)
     k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq_h)
+    out_BTNH, aux = attend(q_BTNH, k_BTKH, v_BTKH)
+    return self.o_proj(out_BTNH.astype(q_BTNH.dtype)), aux
 
-    new_kv = None
-    if kv is None:
-      k_BSKH, v_BSKH = k_BTKH, v_BTKH
-    else:
-      b_BT = jnp.broadcast_to(jnp.arange(x_BTD.shape[0])[:, None], slot_BT.shape)
-      k_BSKH = kv[0].at[b_BT, slot_BT].set(k_BTKH.astype(kv[0].dtype), mode="drop")
-      v_BSKH = kv[1].at[b_BT, slot_BT].set(v_BTKH.astype(kv[1].dtype), mode="drop")
-      new_kv = (k_BSKH, v_BSKH)
-      k_BSKH, v_BSKH = k_BSKH.astype(q_BTNH.dtype), v_BSKH.astype(q_BTNH.dtype)
 
-    b, t, n, h = q_BTNH.shape
-    k = self.num_kv_heads
-    q_BTKGH = q_BTNH.reshape(b, t, k, n // k, h)
-    scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
-                              preferred_element_type=jnp.float32) * (h ** -0.5)
-    scores_BKGTS = jnp.where(allowed_BTS[:, None, None, :, :], scores_BKGTS, _MASKED)
-    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
-    out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
-    return self.o_proj(out_BTKGH.reshape(b, t, n, h)), new_kv
+def cached_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
+                     k_LBSKH: jax.Array, v_LBSKH: jax.Array, layer: jax.Array,
+                     slot_BT: jax.Array, allowed_BTS: jax.Array,
+                     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+  """Writes the new keys/values into layer `layer` of a stacked cache, then attends over it.
+
+  The write is a scatter into the whole [L, B, S, K, H] buffer (in place inside the layer
+  scan's carry) rather than into a copied-out layer slice, so a decode step moves only the
+  new tokens' bytes besides the attention read.
+
+  Args:
+    q_BTNH, k_BTKH, v_BTKH: this layer's projections (RoPE applied).
+    k_LBSKH, v_LBSKH: the stacked cache.
+    layer: int32 scalar, which layer.
+    slot_BT: cache slot of each new token (out-of-range slots are dropped, not clamped).
+    allowed_BTS: which slots each query may attend to (after the writes).
+
+  Returns:
+    (out_BTNH in q's dtype, (k_LBSKH, v_LBSKH) updated).
+  """
+  b_BT = jnp.broadcast_to(jnp.arange(q_BTNH.shape[0])[:, None], slot_BT.shape)
+  l_BT = jnp.broadcast_to(layer, slot_BT.shape)
+  k_LBSKH = k_LBSKH.at[l_BT, b_BT, slot_BT].set(k_BTKH.astype(k_LBSKH.dtype), mode="drop")
+  v_LBSKH = v_LBSKH.at[l_BT, b_BT, slot_BT].set(v_BTKH.astype(v_LBSKH.dtype), mode="drop")
+  k_BSKH = k_LBSKH[layer].astype(q_BTNH.dtype)
+  v_BSKH = v_LBSKH[layer].astype(q_BTNH.dtype)
+  b, t, n, h = q_BTNH.shape
+  k = k_BSKH.shape[2]
+  q_BTKGH = q_BTNH.reshape(b, t, k, n // k, h)
+  scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
+                            preferred_element_type=jnp.float32) * (h ** -0.5)
+  scores_BKGTS = jnp.where(allowed_BTS[:, None, None, :, :], scores_BKGTS, _MASKED)
+  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
+  out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
+  return out_BTKGH.reshape(b, t, n, h), (k_LBSKH, v_LBSKH)
 
 
 class MLP(nnx.Module):
@@ -191,11 +214,10 @@ class DecoderLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, allowed_BTS: jax.Array,
-               kv: tuple[jax.Array, jax.Array] | None = None, slot_BT: jax.Array | None = None,
-               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    attn_BTD, new_kv = self.self_attn(self.input_layernorm(x_BTD), positions_BT, allowed_BTS,
-                                      kv, slot_BT)
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, attend: Attend,
+               ) -> tuple[jax.Array, Any]:
+    """(x_BTD after the block, the aux output of `attend`); see `Attention.__call__`."""
+    attn_BTD, aux = self.self_attn(self.input_layernorm(x_BTD), positions_BT, attend)
     x_BTD = x_BTD + attn_BTD
     x_BTD = x_BTD + self.mlp(self.post_attention_layernorm(x_BTD))
-    return x_BTD, new_kv
+    return x_BTD, aux

@@ -9,12 +9,19 @@ Full-sequence path (trainer)
   mask_BT[b, s]. positions_BT only feed RoPE, so left padding works with
   positions = max(cumsum(mask) - 1, 0) and right padding with positions = arange(T).
   Outputs at padding positions are finite garbage; ignore them.
-  For training, `hidden_states(..., remat=True)` recomputes layers in the backward pass and
-  `token_log_probs(h_BTD, targets_BT, chunk_size=c)` never holds all [B, T, V] logits.
+  The layers are stacked and run by one `jax.lax.scan`, so a program holds one compiled
+  layer body whatever the depth. Attention goes through `attention.causal_attention`
+  (cfg.attention_impl: the Pallas kernel on TPU, an einsum elsewhere); no [B, T, T] mask is
+  ever built. For training, `hidden_states(..., remat="full")` (see `REMAT_POLICIES`)
+  recomputes layers in the backward pass, `activation_sharding` pins the [B, T, D]
+  activations at every layer boundary, and `token_log_probs(h_BTD, targets_BT, chunk_size=c)`
+  never holds all [B, T, V] logits.
+  `prefill(tokens_BT, positions_BT, mask_BT) -> (h_BTD, k_LBTKH, v_LBTKH)` is the same pass
+  returning each layer's keys (RoPE applied) and values, for a sampler to put in its cache.
 
 KV-cache path (sampler)
-  `cache = init_cache(cfg, batch=B, max_len=S)` holds, per layer, k and v of shape [B, S, K, H]
-  and a per-row slot mask `valid_BS` (all False at first).
+  `cache = init_cache(cfg, batch=B, max_len=S)` holds k and v of shape [L, B, S, K, H] (all
+  layers stacked) and a per-row slot mask `valid_BS` (all False at first).
   `h_BTD, cache = model.hidden_states(tokens_BT, positions_BT, mask_BT, cache=cache,
   cache_index_B=idx_B)` (or `model(...)` for `(logits_BTV, cache)`):
     * Write: token t of row b goes to slot idx_B[b] + t, and valid_BS[b, slot] is set to
@@ -42,22 +49,23 @@ logits"; the paper traces a large gain in the asymptote to this).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl_scale.models import layers
+from jaxrl_scale.models import attention, layers
 from jaxrl_scale.models.config import ModelConfig
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-  """Per-layer keys/values [B, S, K, H] and the written-and-real slot mask [B, S]."""
+  """Keys/values of every layer [L, B, S, K, H] and the written-and-real slot mask [B, S]."""
 
-  k: tuple[jax.Array, ...]
-  v: tuple[jax.Array, ...]
+  k: jax.Array
+  v: jax.Array
   valid_BS: jax.Array
 
   @property
@@ -71,9 +79,8 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = N
   For a cache placed on a mesh see `sharding.init_sharded_cache`.
   """
   dt = jnp.dtype(dtype or cfg.dtype)
-  shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-  return KVCache(k=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
-                 v=tuple(jnp.zeros(shape, dt) for _ in range(cfg.num_layers)),
+  shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
                  valid_BS=jnp.zeros((batch, max_len), jnp.bool_))
 
 
@@ -98,23 +105,24 @@ class Embedder(nnx.Module):
 class Transformer(nnx.Module):
   """Decoder-only transformer; see the module docstring for the call contract.
 
-  Param tree (paths as in `nnx.state(model)`):
-    embed_tokens.embedding                      [V, D]
-    layers[i].input_layernorm.scale             [D]
-    layers[i].self_attn.{q,k,v}_proj.kernel     [D, N|K, H]   (+ .bias [N|K, H] for qwen2)
-    layers[i].self_attn.{q,k}_norm.scale        [H]           (qwen3)
-    layers[i].self_attn.o_proj.kernel           [N, H, D]
-    layers[i].post_attention_layernorm.scale    [D]
-    layers[i].mlp.{gate,up}_proj.kernel         [D, F]
-    layers[i].mlp.down_proj.kernel              [F, D]
-    norm.scale                                  [D]
-    lm_head.kernel                              [D, V]        (untied only)
+  Param tree (paths as in `nnx.state(model)`); every layer param is stacked over a leading
+  layer axis L (logical axis 'layers', never sharded):
+    embed_tokens.embedding                     [V, D]
+    layers.input_layernorm.scale               [L, D]
+    layers.self_attn.{q,k,v}_proj.kernel       [L, D, N|K, H]   (+ .bias [L, N|K, H] for qwen2)
+    layers.self_attn.{q,k}_norm.scale          [L, H]           (qwen3)
+    layers.self_attn.o_proj.kernel             [L, N, H, D]
+    layers.post_attention_layernorm.scale      [L, D]
+    layers.mlp.{gate,up}_proj.kernel           [L, D, F]
+    layers.mlp.down_proj.kernel                [L, F, D]
+    norm.scale                                 [D]
+    lm_head.kernel                             [D, V]           (untied only)
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     self.embed_tokens = Embedder(cfg, rngs=rngs)
-    self.layers = nnx.List([layers.DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.layers = _stacked_layers(cfg, rngs)
     self.norm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, jnp.dtype(cfg.param_dtype))
     if cfg.tie_embeddings:
       self.lm_head = None
@@ -136,37 +144,83 @@ class Transformer(nnx.Module):
       activation_sharding: a NamedSharding for [B, T, D] activations, e.g. batch rows over
         'fsdp'. Without it the compiler may replicate the micro-batch on every chip.
     """
-    if remat not in REMAT_POLICIES:
-      raise ValueError(f"unknown remat policy {remat!r}; expected one of {sorted(REMAT_POLICIES)}")
     if (cache is None) != (cache_index_B is None):
       raise ValueError("cache and cache_index_B must be given together")
-    x_BTD = self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype))
+    policy = _remat_policy(remat)
+    pin = _pinner(activation_sharding)
     mask_BT = mask_BT.astype(jnp.bool_)
-    _, t = tokens_BT.shape
+    x_BTD = pin(self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype)))
     if cache is None:
-      causal_TS = jnp.arange(t)[:, None] >= jnp.arange(t)[None, :]
-      allowed_BTS = causal_TS[None, :, :] & mask_BT[:, None, :]
-      pin = _pinner(activation_sharding)
-      x_BTD = pin(x_BTD)
-      call = _call_layer
-      if remat != "none":
-        call = nnx.remat(_call_layer, policy=REMAT_POLICIES[remat], prevent_cse=False)
-      for layer in self.layers:
-        x_BTD = pin(call(layer, x_BTD, positions_BT, allowed_BTS))
+      x_BTD, _ = self._scan(x_BTD, positions_BT, mask_BT, policy, activation_sharding)
       return pin(self.norm(x_BTD))
 
+    _, t = tokens_BT.shape
     slot_BT = cache_index_B.astype(jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     b_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[0])[:, None], slot_BT.shape)
     valid_BS = cache.valid_BS.at[b_BT, slot_BT].set(mask_BT, mode="drop")
     slots_S = jnp.arange(cache.max_len, dtype=jnp.int32)
     allowed_BTS = valid_BS[:, None, :] & (slots_S[None, None, :] <= slot_BT[:, :, None])
-    new_k, new_v = [], []
-    for i, layer in enumerate(self.layers):
-      x_BTD, (k_BSKH, v_BSKH) = layer(x_BTD, positions_BT, allowed_BTS,
-                                      (cache.k[i], cache.v[i]), slot_BT)
-      new_k.append(k_BSKH)
-      new_v.append(v_BSKH)
-    return self.norm(x_BTD), KVCache(k=tuple(new_k), v=tuple(new_v), valid_BS=valid_BS)
+    graphdef, state_L = nnx.split(self.layers)
+
+    # The whole stacked cache rides in the carry and each layer scatters its new tokens
+    # into it: scanning per-layer slices in and out instead would hold two copies.
+    def body(carry, xs):
+      x_BTD, k_LBSKH, v_LBSKH = carry
+      layer_state, i = xs
+
+      def attend(q_BTNH, k_BTKH, v_BTKH):
+        return layers.cached_attention(q_BTNH, k_BTKH, v_BTKH, k_LBSKH, v_LBSKH, i, slot_BT,
+                                       allowed_BTS)
+
+      x_BTD, (k_LBSKH, v_LBSKH) = nnx.merge(graphdef, layer_state)(x_BTD, positions_BT, attend)
+      return (pin(x_BTD), k_LBSKH, v_LBSKH), None
+
+    (x_BTD, k_LBSKH, v_LBSKH), _ = jax.lax.scan(
+        body, (x_BTD, cache.k, cache.v), (state_L, jnp.arange(self.cfg.num_layers)))
+    return pin(self.norm(x_BTD)), KVCache(k=k_LBSKH, v=v_LBSKH, valid_BS=valid_BS)
+
+  def prefill(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array, *,
+              activation_sharding: jax.sharding.NamedSharding | None = None,
+              ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The full-sequence pass, also returning what a KV cache holds for these tokens.
+
+    Args:
+      tokens_BT, positions_BT, mask_BT: as for the full-sequence path.
+      activation_sharding: as for `hidden_states`.
+
+    Returns:
+      (h_BTD, k_LBTKH, v_LBTKH): final-norm hidden states and every layer's keys (RoPE
+      applied) and values in cfg.dtype. Entries at tokens with mask False are garbage.
+    """
+    pin = _pinner(activation_sharding)
+    mask_BT = mask_BT.astype(jnp.bool_)
+    x_BTD = pin(self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype)))
+    x_BTD, (k_LBTKH, v_LBTKH) = self._scan(x_BTD, positions_BT, mask_BT, None,
+                                           activation_sharding, keep_kv=True)
+    return pin(self.norm(x_BTD)), k_LBTKH, v_LBTKH
+
+  def _scan(self, x_BTD: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
+            policy: Callable | None, activation_sharding: jax.sharding.NamedSharding | None,
+            keep_kv: bool = False) -> tuple[jax.Array, Any]:
+    """Runs the stacked layers over x_BTD with one scanned (optionally remat'd) layer body."""
+    graphdef, state_L = nnx.split(self.layers)
+    pin = _pinner(activation_sharding)
+    impl = self.cfg.attention_impl
+
+    def attend(q_BTNH, k_BTKH, v_BTKH):
+      out_BTNH = attention.causal_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT, impl=impl,
+                                            sharding=activation_sharding)
+      return out_BTNH, ((k_BTKH, v_BTKH) if keep_kv else None)
+
+    def body(x_BTD, layer_state):
+      x_BTD, kv = nnx.merge(graphdef, layer_state)(x_BTD, positions_BT, attend)
+      return pin(x_BTD), kv
+
+    if policy is not None:
+      # prevent_cse=False: inside a scan the loop already keeps XLA from merging the
+      # recomputation into the forward pass (the JAX docs' advice for remat under scan).
+      body = jax.checkpoint(body, policy=policy, prevent_cse=False)
+    return jax.lax.scan(body, x_BTD, state_L)
 
   def _head(self) -> tuple[jax.Array, str]:
     if self.lm_head is None:
@@ -218,7 +272,7 @@ class Transformer(nnx.Module):
 # What a layer keeps for the backward pass: "none" stores every activation, "full" stores only
 # the layer input (everything else is recomputed), "dots" stores matmul outputs that have no
 # batch dims (the projections) and recomputes the cheap elementwise work and attention.
-REMAT_POLICIES = {
+REMAT_POLICIES: dict[str, Callable | None] = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
@@ -231,9 +285,23 @@ def _pinner(sharding: jax.sharding.NamedSharding | None):
   return lambda x: jax.lax.with_sharding_constraint(x, sharding)
 
 
-def _call_layer(layer: layers.DecoderLayer, x_BTD: jax.Array, positions_BT: jax.Array,
-                allowed_BTS: jax.Array) -> jax.Array:
-  return layer(x_BTD, positions_BT, allowed_BTS)[0]
+def _remat_policy(name: str) -> Callable | None:
+  """The jax.checkpoint policy for `name`; None means no remat at all."""
+  if name not in REMAT_POLICIES:
+    raise ValueError(f"unknown remat policy {name!r}; expected one of {sorted(REMAT_POLICIES)}")
+  return REMAT_POLICIES[name]
+
+
+def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> layers.DecoderLayer:
+  """One DecoderLayer whose params carry a leading [L] axis named 'layers'."""
+
+  @nnx.split_rngs(splits=cfg.num_layers)
+  @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=cfg.num_layers,
+            transform_metadata={nnx.PARTITION_NAME: "layers"})
+  def make(rngs: nnx.Rngs) -> layers.DecoderLayer:
+    return layers.DecoderLayer(cfg, rngs=rngs)
+
+  return make(rngs)
 
 
 def _logits(h_BTD: jax.Array, w: jax.Array, spec: str, cfg: ModelConfig) -> jax.Array:

@@ -99,9 +99,9 @@ def test_sharded_on_generator_mesh_matches_single_device(loaded, prompts):
   mesh = jax.make_mesh((2, 2), mesh_lib.GENERATOR_AXES,
                        axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
   sharded = engine.Sampler(model, SAMPLER, mesh=mesh, eos_ids=())
-  assert sharded._state.cache.k[0].sharding.spec[:3] == ("data", None, "tp")
-  q_kernel = sharded.params["layers"][0]["self_attn"]["q_proj"]["kernel"][...]
-  assert q_kernel.sharding.spec == jax.sharding.PartitionSpec(None, "tp", None)
+  assert sharded._state.cache.k.sharding.spec[:4] == (None, "data", None, "tp")
+  q_kernel = sharded.params["layers"]["self_attn"]["q_proj"]["kernel"][...]
+  assert q_kernel.sharding.spec == jax.sharding.PartitionSpec(None, None, "tp", None)
   outs = sharded.generate(prompts[:4])
   for a, b in zip(single, outs):
     assert a.tokens.tolist() == b.tokens.tolist()

@@ -85,9 +85,9 @@ def test_sharded_load_matches_single_device(family, hf_checkpoints, hf_helpers, 
   path, _ = hf_checkpoints[family]
   single, cfg = hf_io.load_hf_model(path)
   sharded, _ = hf_io.load_hf_model(path, mesh=_mesh((4, 2)))
-  q = sharded.layers[1].self_attn.q_proj.kernel[...]
-  assert q.sharding.spec == P("fsdp", "tp", None)
-  assert q.addressable_shards[0].data.shape == (16, 2, cfg.head_dim)
+  q = sharded.layers.self_attn.q_proj.kernel[...]
+  assert q.sharding.spec == P(None, "fsdp", "tp", None)
+  assert q.addressable_shards[0].data.shape == (cfg.num_layers, 16, 2, cfg.head_dim)
   assert sharded.embed_tokens.embedding[...].sharding.spec == P("tp", "fsdp")
   # Every param equals the single-device one exactly; the forward within float tolerance.
   for (p, a), (_, b) in zip(nnx.to_flat_state(nnx.state(sharded)),
@@ -125,7 +125,7 @@ def test_bfloat16_checkpoint_round_trips_exactly(hf_helpers, tmp_path):
   hf_model.save_pretrained(src)
   model, cfg = hf_io.load_hf_model(src)
   assert cfg.param_dtype == "bfloat16"
-  assert model.layers[0].self_attn.q_proj.kernel[...].dtype == jnp.bfloat16
+  assert model.layers.self_attn.q_proj.kernel[...].dtype == jnp.bfloat16
   hf_io.save_hf_model(model, cfg, out)
   with open(os.path.join(out, "config.json")) as fh:
     assert json.load(fh)["torch_dtype"] == "bfloat16"

@@ -33,11 +33,11 @@ def test_create_sharded_model_places_and_matches_unsharded(tiny_model):
   cfg = config.tiny_qwen3()
   mesh = _mesh((4, 2))
   model = sharding.create_sharded_model(cfg, mesh, seed=0)
-  q = model.layers[0].self_attn.q_proj.kernel[...]
-  assert q.sharding.spec == P("fsdp", "tp", None)
-  assert q.addressable_shards[0].data.shape == (16, 2, 32)  # [64, 4, 32] / (4, 2)
+  q = model.layers.self_attn.q_proj.kernel[...]
+  assert q.sharding.spec == P(None, "fsdp", "tp", None)
+  assert q.addressable_shards[0].data.shape == (2, 16, 2, 32)  # [2, 64, 4, 32] / (1, 4, 2)
   assert model.embed_tokens.embedding[...].sharding.spec == P("tp", "fsdp")
-  assert model.layers[1].mlp.down_proj.kernel[...].sharding.spec == P("tp", "fsdp")
+  assert model.layers.mlp.down_proj.kernel[...].sharding.spec == P(None, "tp", "fsdp")
   assert model.norm.scale[...].sharding.spec == P(None)
 
   # Same seed as the eagerly created single-device model; jit and eager random draws differ
@@ -54,7 +54,8 @@ def test_sharded_cache_path_matches_full_forward(tiny_model):
   mesh = _mesh((2, 2), ("data", "tp"))
   model = sharding.shard_model(tiny_model("tiny_llama"), mesh)
   cache = sharding.init_sharded_cache(cfg, mesh, batch=2, max_len=8)
-  assert cache.k[0].sharding.spec == P("data", None, "tp", None)
+  assert cache.k.shape == (cfg.num_layers, 2, 8, cfg.num_kv_heads, cfg.head_dim)
+  assert cache.k.sharding.spec == P(None, "data", None, "tp", None)
   assert cache.valid_BS.sharding.spec == P("data", None)
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 4)), jnp.int32)
   pos, mask = jnp.broadcast_to(jnp.arange(4), (2, 4)), jnp.ones((2, 4), bool)
@@ -67,10 +68,10 @@ def test_sharded_cache_path_matches_full_forward(tiny_model):
 
 def test_shard_model_moves_params_onto_a_mesh(tiny_model):
   model = sharding.shard_model(tiny_model("tiny_qwen2"), _mesh((2, 4)))
-  bias = model.layers[0].self_attn.q_proj.bias[...]
-  assert bias.sharding.spec == P("tp", None)  # 4 query heads over tp=4
+  bias = model.layers.self_attn.q_proj.bias[...]
+  assert bias.sharding.spec == P(None, "tp", None)  # 4 query heads over tp=4
   # 2 kv heads do not split over tp=4: replicated on that dim.
-  assert model.layers[0].self_attn.k_proj.kernel[...].sharding.spec == P("fsdp", None, None)
+  assert model.layers.self_attn.k_proj.kernel[...].sharding.spec == P(None, "fsdp", None, None)
 
 
 @pytest.mark.parametrize("name", sorted(config.PRESETS))

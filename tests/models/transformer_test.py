@@ -175,7 +175,7 @@ def test_dtype_policy_and_fp32_logits(tiny_model):
                                             nnx.state(model32)))
 
   model = with_weights(bf16)
-  assert model.layers[0].mlp.up_proj.kernel[...].dtype == jnp.bfloat16
+  assert model.layers.mlp.up_proj.kernel[...].dtype == jnp.bfloat16
   h = nnx.eval_shape(lambda m: m.hidden_states(tokens, pos, mask), model)
   assert h.dtype == jnp.bfloat16
   logits = _full(model, tokens, pos, mask)

@@ -36,8 +36,8 @@ def test_reshard_moves_params_onto_generator_shardings(trainer_params):
     assert set(dst.devices()) == gen_devices
     np.testing.assert_array_equal(np.asarray(src), np.asarray(dst))
   # Weights really are split over the generator's 'tp' axis.
-  q = moved["layers"][0]["self_attn"]["q_proj"]["kernel"][...]
-  assert q.sharding.spec == jax.sharding.PartitionSpec(None, "tp", None)
+  q = moved["layers"]["self_attn"]["q_proj"]["kernel"][...]
+  assert q.sharding.spec == jax.sharding.PartitionSpec(None, None, "tp", None)
 
 
 def test_reshard_casts_to_target_dtypes_before_moving(trainer_params):
