@@ -1,0 +1,225 @@
+"""The programs a run executes, built by the run's own code over a topology's devices.
+
+Nothing here is a second model or mesh path: the meshes come from `parallel.mesh.make_slices`
+(as process 0 of a real run builds them), the trainer is `rl.train_step.Trainer` over an
+abstract model (`nnx.Param` leaves are `jax.ShapeDtypeStruct`s with shardings, no memory),
+the sampler's programs are `generation.decode.admit_program` / `decode_program` with the
+shapes `generation.engine.Sampler` would use, and the trainer -> generator cast is
+`parallel.transfer`'s. Each program is returned un-lowered; `plan.run_plan` lowers and
+compiles them one at a time.
+
+Shapes are the worst case a run reaches:
+  train_step   the full RL batch [P, G, S] with S = max prompt + max new tokens
+  sft_step     the SFT warm-start batch (when sft.steps > 0)
+  prefill      every slot of one generator group admitted at once at the largest bucket
+  decode       one decode chunk of every slot at the full cache length
+  weight_cast  float32 master -> param_dtype copy, on the trainer's devices
+Eval runs on the generator's programs (same engine, parameters and cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxrl_scale.config import Config
+from jaxrl_scale.generation import decode, engine
+from jaxrl_scale.models import sharding
+from jaxrl_scale.models.config import ModelConfig
+from jaxrl_scale.parallel import mesh as mesh_lib
+from jaxrl_scale.parallel import transfer
+from jaxrl_scale.rl import batch as batch_lib
+from jaxrl_scale.rl import sft as sft_lib
+from jaxrl_scale.rl import train_step
+
+
+@dataclasses.dataclass
+class Program:
+  """One program to compile.
+
+  Attributes:
+    name: train_step, sft_step, prefill, decode, weight_cast.
+    mesh: the devices it runs on (one generator group for the sampler's programs).
+    lower: builds the `jax.stages.Lowered`.
+    model_flops: useful FLOPs of one call over the whole mesh (6N per trained token, 2N per
+      generated or prefilled token, attention counted).
+    tokens: tokens one call processes over the mesh.
+    groups: how many copies run side by side in the job (generator groups), for job-wide
+      tokens/s.
+    resident: per-chip bytes by kind held by the program's arguments (params, optimizer,
+      kv_cache, batch/other), and `also_resident`: bytes on the same chips that the
+      program does not see but that stay allocated while it runs.
+  """
+
+  name: str
+  mesh: Mesh
+  lower: Callable[[], jax.stages.Lowered]
+  model_flops: float
+  tokens: int
+  groups: int = 1
+  resident: dict[str, float] = dataclasses.field(default_factory=dict)
+  also_resident: float = 0.0
+
+
+def _per_chip(tree: Any) -> float:
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs (or arrays)."""
+  total = 0.0
+  for x in jax.tree.leaves(tree):
+    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape
+    total += float(np.prod(shape, dtype=np.float64)) * jnp.dtype(x.dtype).itemsize
+  return total
+
+
+def abstract_params(mcfg: ModelConfig, mesh: Mesh, dtype: str | None = None
+                    ) -> tuple[nnx.GraphDef, nnx.State]:
+  """The model's (graphdef, params) with ShapeDtypeStruct leaves sharded on `mesh`."""
+  graphdef, state = sharding.abstract_model(mcfg)
+  shardings = sharding.state_shardings(state, mesh)
+
+  def one(var, s):
+    value = var.get_value()
+    dt = jnp.dtype(dtype) if dtype is not None and jnp.issubdtype(value.dtype, jnp.floating) \
+        else value.dtype
+    return var.replace(jax.ShapeDtypeStruct(value.shape, dt, sharding=s))
+
+  is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+  state = jax.tree.map(one, state, shardings, is_leaf=is_var)
+  return graphdef, state
+
+
+def _struct(x: Any, sharding_: Any = None) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype if not hasattr(x, "dtype")
+                              else x.dtype, sharding=sharding_)
+
+
+# ---- model FLOPs ----------------------------------------------------------------------------
+
+
+def matmul_params(mcfg: ModelConfig) -> int:
+  """Parameters that take part in a matmul per token: all but the embedding lookup (with
+  tied embeddings the table is the LM head, so it counts once)."""
+  n = mcfg.num_params()
+  return n if mcfg.tie_embeddings else n - mcfg.vocab_size * mcfg.hidden_size
+
+
+def attention_flops(mcfg: ModelConfig, query_tokens: float, context: float) -> float:
+  """Forward FLOPs of QK^T and PV for `query_tokens` queries over `context` keys each."""
+  return 4.0 * mcfg.num_layers * mcfg.num_heads * mcfg.head_dim * query_tokens * context
+
+
+def train_model_flops(mcfg: ModelConfig, rows: int, seq: int) -> float:
+  """6N per token plus causal attention (mean context seq/2), times 3 for fwd + bwd."""
+  tokens = rows * seq
+  return 6.0 * matmul_params(mcfg) * tokens + 3.0 * attention_flops(mcfg, tokens, seq / 2)
+
+
+# ---- the programs ---------------------------------------------------------------------------
+
+
+def _trainer_program(name: str, cfg: Config, mcfg: ModelConfig, mesh: Mesh, objective: Any,
+                     optim: Any, micro: int, batch: Any, rows: int, seq: int) -> Program:
+  graphdef, params = abstract_params(mcfg, mesh)
+  trainer = train_step.Trainer(nnx.merge(graphdef, params), mesh, optim, objective,
+                               micro_batches=micro)
+  state = trainer.state
+  resident = {"params": _per_chip(state.params), "optimizer": _per_chip(state.opt_state),
+              "batch": _per_chip(jax.tree.map(
+                  lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), batch,
+                  trainer.batch_shardings(batch)))}
+  return Program(name, mesh, lambda: trainer.lower(batch),
+                 train_model_flops(mcfg, rows, seq), rows * seq, resident=resident)
+
+
+def build(cfg: Config, mcfg: ModelConfig, devices: list) -> tuple[mesh_lib.Slices,
+                                                                 list[Program]]:
+  """The slices process 0 of a run on `devices` builds, and every program it compiles."""
+  mode = cfg.pipeline.mode
+  mesh_cfg = dataclasses.replace(cfg.mesh, colocated=True) if mode == "colocated" else cfg.mesh
+  slices = mesh_lib.make_slices(mesh_cfg, devices, process_index=0)
+  programs = []
+
+  p, g = cfg.rl.prompts_per_step, cfg.rl.generations_per_prompt
+  seq = cfg.data.max_prompt_tokens + cfg.sampler.max_new_tokens
+  batch = batch_lib.rl_batch_spec(p, g, seq)
+  objective = train_step.RLObjective(cfg.rl, temperature=cfg.sampler.temperature)
+  programs.append(_trainer_program(
+      "train_step", cfg, mcfg, slices.trainer, objective, cfg.optim,
+      train_step.micro_batches_for(cfg.optim, p), batch, p * g, seq))
+  if cfg.sft.steps > 0:
+    sft_batch = batch_lib.sft_batch_spec(cfg.sft.batch_size, seq)
+    micro = (cfg.sft.batch_size // cfg.sft.micro_batch_size if cfg.sft.micro_batch_size
+             else 1)
+    programs.append(_trainer_program(
+        "sft_step", cfg, mcfg, slices.trainer, sft_lib.SFTObjective(),
+        sft_lib.optim_config(cfg.optim, cfg.sft), micro, sft_batch, cfg.sft.batch_size, seq))
+
+  programs.append(_cast_program(mcfg, slices.trainer, programs[0].resident["optimizer"]))
+  programs.extend(_sampler_programs(cfg, mcfg, slices))
+  return slices, programs
+
+
+def _cast_program(mcfg: ModelConfig, mesh: Mesh, optimizer_bytes: float) -> Program:
+  """The trainer-side float32 -> param_dtype cast of the weights sent to the generator."""
+  _, master = abstract_params(mcfg, mesh, dtype="float32")
+  leaves = jax.tree.leaves(master)
+  dtypes = tuple(jnp.dtype(mcfg.param_dtype) if jnp.issubdtype(x.dtype, jnp.floating)
+                 else x.dtype for x in leaves)
+  fn = transfer.cast_program(dtypes)
+  return Program("weight_cast", mesh, lambda: fn.lower(tuple(leaves)), 0.0, 0,
+                 resident={"params": _per_chip(leaves)}, also_resident=optimizer_bytes)
+
+
+def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -> list[Program]:
+  mesh = slices.generator
+  scfg = cfg.sampler
+  slots = slices.slots_per_group(scfg.num_slots)
+  data = mesh.shape.get("data", 1)
+  if slots % data:
+    from jaxrl_scale.errors import UserError  # pylint: disable=g-import-not-at-top
+    raise UserError(f"config key 'sampler.num_slots': {slots} slots per generator group are "
+                    f"not a multiple of its data axis ({data} devices)")
+  buckets, max_len = engine.cache_geometry(scfg, cfg.data.max_prompt_tokens)
+  graphdef, params = abstract_params(mcfg, mesh, dtype=mcfg.param_dtype)
+  param_leaves, treedef = jax.tree.flatten(params)
+  param_leaves = tuple(param_leaves)
+  shardings = decode.state_shardings(mcfg, mesh, slots)
+  state = jax.eval_shape(lambda: decode.empty_state(mcfg, slots, max_len, None))
+  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       state, shardings)
+  rep = NamedSharding(mesh, PartitionSpec())
+  consts = jax.tree.map(lambda x: _struct(x, rep), decode.constants([0], [0], -1))
+  n, bucket = slots, buckets[-1]
+  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)  # noqa: E731
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=rep)  # noqa: E731
+  adm = decode.Admission(tokens_nT=i32(n, bucket), length_n=i32(n), slot_n=i32(n),
+                         seed_n=i32(n), temperature_n=f32(n), top_k_n=i32(n), top_p_n=f32(n),
+                         limit_n=i32(n), force_at_n=i32(n), answer_budget_n=i32(n))
+  cache_bytes = _per_chip(state.cache)
+  resident = {"params": _per_chip(param_leaves), "kv_cache": cache_bytes,
+              "batch": _per_chip(state) - cache_bytes}
+  admit = decode.admit_program(graphdef, treedef, shardings)
+  truncate = scfg.top_p < 1.0 or scfg.top_k > 0
+  steps = scfg.decode_chunk
+  chunk = decode.decode_program(graphdef, treedef, shardings, steps, truncate,
+                                scfg.temperature == 0, max_len)
+  n_mat = matmul_params(mcfg)
+  prefill_tokens = n * bucket
+  decode_tokens = slots * steps
+  groups = slices.generator_groups
+  return [
+      Program("prefill", mesh, lambda: admit.lower(param_leaves, state, adm),
+              # The prefill computes no logits (XLA drops the unused LM head).
+              2.0 * (n_mat - mcfg.vocab_size * mcfg.hidden_size) * prefill_tokens
+              + attention_flops(mcfg, prefill_tokens, bucket / 2),
+              prefill_tokens, groups, dict(resident)),
+      Program("decode", mesh, lambda: chunk.lower(param_leaves, state, consts),
+              2.0 * n_mat * decode_tokens + attention_flops(mcfg, decode_tokens, max_len),
+              decode_tokens, groups, dict(resident)),
+  ]

@@ -1,0 +1,180 @@
+"""Compile each program for the topology; HBM per chip, FLOPs, roofline; table and JSON.
+
+Per program and per chip:
+  hbm_bytes_per_chip   arguments + outputs - aliased (donated) + temporaries + code, from the
+                       compiler's memory analysis, plus buffers that stay allocated beside it
+                       (the optimizer state during the weight cast)
+  compiled_flops       dots and convolutions of the compiled program, loop bodies times their
+                       trip counts (`hlo_cost`); float32 dots at HIGHEST precision run as six
+                       bf16 passes on a TPU's MXU and are charged so in `bound_seconds`
+  model_flops          6N per trained token, 2N per generated token, attention counted
+  bound_seconds        max(FLOPs / peak, bytes / HBM bandwidth): the roofline time of one call
+  mfu_bound            model FLOPs / (peak x bound_seconds): the best MFU the program allows
+Collectives between chips are not in the roofline (ICI bandwidth is not modelled).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Callable
+
+import jax
+
+from jaxrl_scale.plan import chips as chips_lib
+from jaxrl_scale.plan import hlo_cost
+from jaxrl_scale.plan import programs as programs_lib
+
+GIB = 2**30
+
+
+def _hbm(stats: Any) -> float:
+  return float(stats.argument_size_in_bytes + stats.output_size_in_bytes
+               - stats.alias_size_in_bytes + stats.temp_size_in_bytes
+               + stats.generated_code_size_in_bytes)
+
+
+def _shortfall(message: str) -> tuple[float | None, str]:
+  """(bytes needed if the compiler said, first line) of an out-of-memory compile error."""
+  first = message.strip().splitlines()[0] if message.strip() else message
+  m = re.search(r"([\d.]+)([KMGT])\) exceeds available HBM", message)
+  scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+  need = float(m.group(1)) * scale[m.group(2)] if m else None
+  return need, first[:300]
+
+
+def measure(program: programs_lib.Program, chip: chips_lib.Chip) -> dict[str, Any]:
+  """Lowers and compiles one program; returns its row of the plan."""
+  chips = program.mesh.devices.size
+  row: dict[str, Any] = {
+      "chips": int(chips), "hbm_capacity_bytes": int(chip.hbm_bytes),
+      "mesh": {k: int(v) for k, v in program.mesh.shape.items()},
+      "groups": program.groups, "tokens_per_call": int(program.tokens),
+      "model_flops_per_chip": program.model_flops / chips,
+      "resident_bytes_per_chip": {k: int(v) for k, v in program.resident.items()},
+  }
+  t0 = time.perf_counter()
+  try:
+    with jax.set_mesh(program.mesh):
+      compiled = program.lower().compile()
+  except Exception as e:  # pylint: disable=broad-except
+    need, first = _shortfall(str(e))
+    row.update(compile_seconds=time.perf_counter() - t0, fits=False, error=first,
+               hbm_bytes_per_chip=int(need) if need is not None else None,
+               compiled_flops_per_chip=None, bytes_accessed_per_chip=None,
+               bound_seconds=None, mfu_bound=None)
+    return row
+  row["compile_seconds"] = time.perf_counter() - t0
+  stats = compiled.memory_analysis()
+  hbm = _hbm(stats) + program.also_resident
+  cost = hlo_cost.analyze(compiled.as_text())
+  t_flops = cost.weighted_flops / chip.peak_flops
+  t_bytes = cost.bytes / chip.hbm_bandwidth
+  bound = max(t_flops, t_bytes)
+  row.update(
+      hbm_bytes_per_chip=int(hbm), fits=bool(hbm <= chip.hbm_bytes),
+      temporaries_bytes_per_chip=int(stats.temp_size_in_bytes),
+      arguments_bytes_per_chip=int(stats.argument_size_in_bytes),
+      also_resident_bytes_per_chip=int(program.also_resident),
+      compiled_flops_per_chip=cost.flops, bytes_accessed_per_chip=cost.bytes,
+      flops_ratio=(cost.flops / row["model_flops_per_chip"]
+                   if row["model_flops_per_chip"] else None),
+      bound_seconds=bound, bound_by="compute" if t_flops >= t_bytes else "memory",
+      mfu_bound=(row["model_flops_per_chip"] / (chip.peak_flops * bound)
+                 if bound > 0 and program.model_flops else None),
+      tokens_per_second=(program.tokens * program.groups / bound
+                         if bound > 0 and program.tokens else None),
+      unknown_loops=cost.unknown_loops)
+  return row
+
+
+def run_plan(cfg: Any, mcfg: Any, sl: chips_lib.Slice,
+             progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+  """Builds the run's programs for the slice and compiles each; the plan as a dict."""
+  devices = chips_lib.topology_devices(sl)
+  slices, programs = programs_lib.build(cfg, mcfg, devices)
+  out: dict[str, Any] = {
+      "topology": sl.topology, "name": sl.label, "chip": sl.chip.name, "chips": sl.chips,
+      "devices": len(devices), "hosts": len({d.process_index for d in devices}),
+      "layout": slices.describe(), "model_params": int(mcfg.num_params()),
+      "chip_spec": {"peak_flops": sl.chip.peak_flops, "hbm_bytes": sl.chip.hbm_bytes,
+                    "hbm_bandwidth": sl.chip.hbm_bandwidth},
+      "programs": {},
+  }
+  for program in programs:
+    progress(f"  compiling {program.name} on {program.mesh.devices.size} devices ...")
+    row = measure(program, sl.chip)
+    out["programs"][program.name] = row
+    progress("    " + _line(program.name, row))
+  out["fits"] = all(r["fits"] for r in out["programs"].values())
+  return out
+
+
+def _gib(n: float | None) -> str:
+  return "?" if n is None else f"{n / GIB:.2f} GiB"
+
+
+def _line(name: str, r: dict[str, Any]) -> str:
+  if r.get("error"):
+    return f"{name}: does not compile: {r['error']}"
+  mfu = "-" if r.get("mfu_bound") is None else f"{r['mfu_bound']:.2f}"
+  ratio = "-" if r.get("flops_ratio") is None else f"{r['flops_ratio']:.2f}x"
+  return (f"{name}: {_gib(r['hbm_bytes_per_chip'])} of {_gib(r['hbm_capacity_bytes'])} "
+          f"({'fits' if r['fits'] else 'DOES NOT FIT'}), compiled/model FLOPs {ratio}, "
+          f"bound {r['bound_seconds']:.3g} s ({r['bound_by']}), MFU bound {mfu}, "
+          f"compile {r['compile_seconds']:.0f} s")
+
+
+def table(plan: dict[str, Any]) -> str:
+  """The human-readable report."""
+  lines = [f"plan for {plan['name']} ({plan['topology']}: {plan['chips']} chips, "
+           f"{plan['hosts']} hosts) | {plan['model_params'] / 1e9:.2f}B params",
+           f"  {plan['layout']}"]
+  head = (f"  {'program':<12}{'chips':>6}{'HBM/chip':>12}{'of':>10}{'headroom':>10}"
+          f"{'params':>10}{'optim':>10}{'kv':>10}{'temp':>10}{'FLOPs x':>9}{'bound s':>10}"
+          f"{'MFU<=':>7}{'tok/s':>11}{'compile':>9}")
+  lines.append(head)
+  for name, r in plan["programs"].items():
+    res = r.get("resident_bytes_per_chip", {})
+    if r.get("error"):
+      lines.append(f"  {name:<12}{r['chips']:>6}  does not compile: {r['error']}")
+      continue
+    headroom = 1 - r["hbm_bytes_per_chip"] / r["hbm_capacity_bytes"]
+    g = lambda n: "-" if not n else f"{n / GIB:.2f}"  # noqa: E731
+    lines.append(
+        f"  {name:<12}{r['chips']:>6}{g(r['hbm_bytes_per_chip']):>12}"
+        f"{g(r['hbm_capacity_bytes']):>10}{headroom:>10.0%}{g(res.get('params')):>10}"
+        f"{g(res.get('optimizer', 0) + r.get('also_resident_bytes_per_chip', 0)):>10}"
+        f"{g(res.get('kv_cache')):>10}{g(r.get('temporaries_bytes_per_chip')):>10}"
+        f"{'-' if r.get('flops_ratio') is None else format(r['flops_ratio'], '.2f'):>9}"
+        f"{r['bound_seconds']:>10.3g}"
+        f"{'-' if r.get('mfu_bound') is None else format(r['mfu_bound'], '.2f'):>7}"
+        f"{'-' if not r.get('tokens_per_second') else format(r['tokens_per_second'], '.3g'):>11}"
+        f"{r['compile_seconds']:>8.0f}s")
+  lines.append(f"  (GiB per chip; 'optim' includes buffers resident beside the program; "
+               f"tok/s job-wide at the roofline bound)")
+  lines.append("fits: yes" if plan["fits"] else "fits: NO")
+  return "\n".join(lines)
+
+
+def advice(plan: dict[str, Any]) -> str | None:
+  """One line naming the first program that does not fit, its shortfall and what to change."""
+  for name, r in plan["programs"].items():
+    if r["fits"]:
+      continue
+    need = r.get("hbm_bytes_per_chip")
+    short = (f"needs {_gib(need)} of {_gib(r['hbm_capacity_bytes'])} per chip"
+             if need else r.get("error", "does not compile"))
+    fix = {
+        "train_step": "raise optim.micro_batch_prompts' count (smaller micro-batches), keep "
+                      "optim.remat=full, lower optim.logits_chunk, or give the trainer more "
+                      "devices (mesh.trainer_devices)",
+        "sft_step": "set sft.micro_batch_size, or give the trainer more devices",
+        "weight_cast": "give the trainer more devices (mesh.trainer_devices)",
+        "prefill": "lower sampler.num_slots, the largest sampler.prompt_buckets, or raise "
+                   "mesh.generator_tp",
+        "decode": "lower sampler.num_slots or sampler.max_new_tokens, or raise "
+                  "mesh.generator_tp / mesh.generator_devices",
+    }.get(name, "change the config")
+    return f"{name} does not fit on {plan['name']}: {short}; {fix}"
+  return None
