@@ -13,8 +13,6 @@ visible key (a left-padding query) gets finite garbage, never NaN; callers ignor
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -101,5 +99,95 @@ def einsum_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
 def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
                      mask_BT: jax.Array, *, sharding: jax.sharding.NamedSharding,
                      block_size: int = 512, interpret: bool = False) -> jax.Array:
-  """The Pallas TPU splash-attention path (see module docstring)."""
-  raise NotImplementedError("splash attention is not implemented yet")
+  """The Pallas TPU splash-attention path, run per device under `jax.shard_map`.
+
+  The causal mask is the kernel's static block-sparse CausalMask (blocks above the diagonal
+  are skipped). Padding enters as segment ids: every query is segment 1 and a key is segment
+  1 iff it is a real token, so each query sees exactly the real keys at or before it (the
+  einsum path's rule, for right-padding queries too). T is padded inside to a multiple of
+  the block; the padded keys are segment 0 and the padded queries are sliced off.
+
+  Batch rows are split over the mesh axes of `sharding.spec[0]`; heads over 'tp' when the
+  mesh has it (unused by the batch) and it divides N. When 'tp' divides N but not K, kv
+  heads are repeated so that every tp shard holds whole groups.
+
+  Args:
+    q_BTNH, k_BTKH, v_BTKH, mask_BT: as in `causal_attention`.
+    sharding: the sharding of q_BTNH; its mesh is the shard_map mesh.
+    block_size: the kernel's q and kv tile (all passes), clipped to T rounded up to 128.
+    interpret: run the kernel in Pallas interpret mode (CPU tests).
+  """
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+  b, t, n, h = q_BTNH.shape
+  k = k_BTKH.shape[2]
+  if n % k:
+    raise ValueError(f"query heads {n} are not a multiple of kv heads {k}")
+  if block_size % _LANES:
+    raise ValueError(f"splash block_size {block_size} is not a multiple of {_LANES}")
+  block = min(block_size, _round_up(t, _LANES))
+  t_pad = _round_up(t, block)
+
+  mesh = sharding.mesh
+  batch_axes = _axes(sharding.spec[0] if len(sharding.spec) else None)
+  rows_per = int(np.prod([mesh.shape[a] for a in batch_axes], dtype=np.int64))
+  if b % rows_per:
+    raise ValueError(f"attention batch {b} does not divide over mesh axes {batch_axes} "
+                     f"({rows_per} shards)")
+  head_axis = None
+  tp = mesh.shape.get("tp", 1)
+  if tp > 1 and "tp" not in batch_axes and n % tp == 0:
+    head_axis = "tp"
+    if k % tp:
+      # lcm(K, tp) divides N; repeat each kv head so that the shards hold whole groups.
+      repeat = tp // np.gcd(k, tp)
+      k_BTKH = jnp.repeat(k_BTKH, repeat, axis=2)
+      v_BTKH = jnp.repeat(v_BTKH, repeat, axis=2)
+      k *= repeat
+
+  # The kernel takes no scale: fold head_dim**-0.5 into q (in float32, then q's dtype).
+  q_BTNH = (q_BTNH.astype(jnp.float32) * (h ** -0.5)).astype(q_BTNH.dtype)
+  pad = ((0, 0), (0, t_pad - t), (0, 0), (0, 0))
+  q_BTNH, k_BTKH, v_BTKH = (jnp.pad(x, pad) for x in (q_BTNH, k_BTKH, v_BTKH))
+  kv_segment_BT = jnp.pad(mask_BT.astype(jnp.int32), ((0, 0), (0, t_pad - t)))
+  blocks = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                         block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                         block_q_dq=block, block_kv_dq=block)
+  n_local = n // (tp if head_axis else 1)
+
+  def per_device(q_BTNH, k_BTKH, v_BTKH, kv_segment_BT):
+    causal = sm.MultiHeadMask([sm.CausalMask((t_pad, t_pad))] * n_local)
+    kernel = sk.make_splash_mha(causal, block_sizes=blocks, head_shards=1, q_seq_shards=1,
+                                interpret=interpret)
+
+    def one_row(q_NTH, k_KTH, v_KTH, kv_segment_T):
+      segments = sk.SegmentIds(q=jnp.ones_like(kv_segment_T), kv=kv_segment_T)
+      return kernel(q_NTH, k_KTH, v_KTH, segments)
+
+    out_BNTH = jax.vmap(one_row)(*(jnp.swapaxes(x, 1, 2) for x in (q_BTNH, k_BTKH, v_BTKH)),
+                                 kv_segment_BT)
+    return jnp.swapaxes(out_BNTH, 1, 2)
+
+  batch = tuple(batch_axes) if batch_axes else None
+  spec_BTNH = jax.sharding.PartitionSpec(batch, None, head_axis, None)
+  out_BTNH = jax.shard_map(
+      per_device, mesh=mesh,
+      in_specs=(spec_BTNH, spec_BTNH, spec_BTNH, jax.sharding.PartitionSpec(batch, None)),
+      out_specs=spec_BTNH, check_vma=False)(q_BTNH, k_BTKH, v_BTKH, kv_segment_BT)
+  return out_BTNH[:, :t]
+
+
+# Splash tiles must be multiples of the TPU lane width.
+_LANES = 128
+
+
+def _round_up(x: int, multiple: int) -> int:
+  return -(-x // multiple) * multiple
+
+
+def _axes(entry) -> tuple[str, ...]:
+  """A PartitionSpec entry (None, a name, or a tuple of names) as a tuple of names."""
+  if entry is None:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)
