@@ -140,7 +140,10 @@ class DataConfig:
 class SamplerConfig:
   """Generation on the generator slice."""
 
-  num_slots: int = 64  # concurrent sequences (continuous batching)
+  # Concurrent sequences of the whole job (continuous batching). Each host's generator
+  # (one generator group per JAX process) holds num_slots / hosts of them, which must divide
+  # evenly and then split over its mesh's 'data' axis; eval shares the same slots.
+  num_slots: int = 64
   max_new_tokens: int = 32
   temperature: float = 1.0
   top_p: float = 1.0

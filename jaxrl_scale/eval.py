@@ -16,23 +16,36 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from jaxrl_scale.data import sources
-from jaxrl_scale.generation import engine
 from jaxrl_scale.generation import records
 
 _EVAL_SALT = 0x5EED_E7A1  # keeps eval seeds apart from training seeds
+
+
+class Generator(Protocol):
+  """What the Evaluator samples with (`engine.Sampler`, `pipeline.generator.PipelineSource`)."""
+
+  version: int
+
+  def generate(self, requests: Sequence[records.Request]) -> list[records.Completion]:
+    """Completions of `requests`, in order."""
+
+  def update_params(self, params: Any, version: int) -> None:
+    """Posts weights for the next generations."""
 
 
 class Evaluator:
   """mean@k on a fixed prompt set.
 
   Args:
-    sampler: generates the completions (a separate instance from the training generator's
-      in pipelined mode, since a Sampler is driven by one thread at a time).
+    sampler: generates the completions: has `generate(requests)`, `update_params(params,
+      version)` and `version`. An `engine.Sampler`, or in pipelined mode the
+      `pipeline.generator.PipelineSource` whose thread drives the process's one Sampler
+      (eval requests then run through that Sampler's stream, see its `generate`).
     prompts: the held-out prompts.
     scorer: has `score(prompt, completions) -> (rewards, correct, counts)`, e.g.
       `pipeline.rollouts.GroupScorer`.
@@ -45,7 +58,7 @@ class Evaluator:
       processes and returns all of them (e.g. `parallel.distributed.allgather`).
   """
 
-  def __init__(self, sampler: engine.Sampler, prompts: Sequence[sources.Prompt],
+  def __init__(self, sampler: Generator, prompts: Sequence[sources.Prompt],
                scorer: Any, *, samples_per_prompt: int, temperature: float,
                seed: int = 0, pool: concurrent.futures.Executor | None = None,
                shard: tuple[int, int] = (0, 1),

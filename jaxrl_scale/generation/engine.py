@@ -89,8 +89,11 @@ class Sampler:
 
   Args:
     model: the policy (an nnx Transformer); its params are copied onto `mesh`.
-    cfg: the sampler config section.
+    cfg: the sampler config section. `cfg.num_slots` counts the whole job's concurrent
+      sequences; this Sampler holds `cfg.num_slots / generator_groups` of them.
     mesh: generator mesh with axes ('data', 'tp'); None uses one device.
+    generator_groups: generator meshes of the job, each with its own Sampler (one per
+      host, `parallel.mesh.Slices.generator_groups`).
     tokenizer: needed for stop strings, forced interruption and `Completion.text`.
     eos_ids: ids that end a sequence; default the tokenizer's, else the model config's.
     seed: base seed; a request without its own seed derives one from this, its prompt_id
@@ -107,7 +110,8 @@ class Sampler:
                mesh: Mesh | None = None, tokenizer: Any = None,
                eos_ids: Sequence[int] | None = None, seed: int = 0,
                max_prompt_len: int | None = None, cache_dtype: str | None = None,
-               version: int = 0, think_end_id: int | None = None, pipeline_depth: int = 1):
+               version: int = 0, think_end_id: int | None = None, pipeline_depth: int = 1,
+               generator_groups: int = 1):
     self.cfg = cfg
     self.model_cfg = model.cfg
     self.tokenizer = tokenizer
@@ -116,10 +120,13 @@ class Sampler:
     self.mesh = mesh if mesh is not None else mesh_lib.single_device_mesh(
         axes=mesh_lib.GENERATOR_AXES)
     data = self.mesh.shape.get("data", 1)
-    if cfg.num_slots % data:
-      raise UserError(f"config key 'sampler.num_slots': {cfg.num_slots} is not a multiple of "
-                      f"the generator mesh's data axis ({data} devices)")
-    self.num_slots = cfg.num_slots
+    local = mesh_lib.slots_per_group(cfg.num_slots, generator_groups)
+    if local % data:
+      per = f" ({local} per each of {generator_groups} generator groups)" if (
+          generator_groups > 1) else ""
+      raise UserError(f"config key 'sampler.num_slots': {cfg.num_slots}{per} is not a multiple "
+                      f"of the generator mesh's data axis ({data} devices)")
+    self.num_slots = local
 
     if eos_ids is None:
       eos_ids = tokenizer.eos_ids if tokenizer is not None else model.cfg.eos_token_ids
@@ -180,6 +187,12 @@ class Sampler:
 
   # --------------------------------------------------------------------------------------
   # Weights.
+
+  @property
+  def latest_version(self) -> int:
+    """Version of the newest params posted, applied or still pending. Thread-safe."""
+    with self._lock:
+      return self._pending[1] if self._pending is not None else self.version
 
   @property
   def params(self) -> nnx.State:

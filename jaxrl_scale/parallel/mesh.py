@@ -90,12 +90,7 @@ class Slices:
     Raises:
       UserError: num_slots does not split evenly over the generator groups.
     """
-    groups = self.generator_groups
-    if num_slots % groups:
-      raise UserError(f"config key 'sampler.num_slots': {num_slots} concurrent sequences do not "
-                      f"split evenly over the job's {groups} generator groups (one per host); "
-                      f"use a multiple of {groups}")
-    return num_slots // groups
+    return slots_per_group(num_slots, self.generator_groups)
 
   @property
   def num_devices(self) -> int:
@@ -121,6 +116,19 @@ class Slices:
     if self.colocated:
       return f"colocated: {one(self.trainer)}"
     return f"trainer: {one(self.trainer)}; generator: {one(self.generator)}"
+
+
+def slots_per_group(num_slots: int, groups: int) -> int:
+  """One generator group's share of `sampler.num_slots` (the whole job's sequences).
+
+  Raises:
+    UserError: num_slots does not split evenly over the groups.
+  """
+  if num_slots % groups:
+    raise UserError(f"config key 'sampler.num_slots': {num_slots} concurrent sequences do not "
+                    f"split evenly over the job's {groups} generator groups (one per host); "
+                    f"use a multiple of {groups}")
+  return num_slots // groups
 
 
 def simulate_cpu_devices(count: int) -> None:

@@ -23,16 +23,26 @@ Bounds (k = pipeline.max_staleness, P = prompts per step):
     (`pipeline/dropped_stale`); with the admission bound this is rare.
   * memory: the queue holds at most pipeline.queue_size * P finished or scoring groups; a
     full queue stalls the generator thread (backpressure).
+
+Eval through the same Sampler (`generate`): a process holds one Sampler, so validation does
+not get a second copy of the weights and KV cache. The trainer thread posts an eval job;
+the request stream first waits for the newest posted weights to be swapped in (so every
+eval token comes from the evaluated policy), then admits the eval requests before any new
+training group (training admission pauses until all of them are admitted), while the
+training sequences already in flight keep decoding and reach the queue as usual. Eval
+completions go back to the caller, never into the queue. Before `start()` (the initial
+eval) `generate` runs the Sampler in the caller's thread.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 from jaxrl_scale.generation import engine
 from jaxrl_scale.generation import records
@@ -56,6 +66,26 @@ class _Stopped(Exception):
 
 class GeneratorError(RuntimeError):
   """The generator thread or a scoring task failed; carries the original as __cause__."""
+
+
+class _EvalTag(NamedTuple):
+  """The prompt_id an eval request carries through the stream (training ids are ints)."""
+
+  job: int
+  index: int
+
+
+@dataclasses.dataclass(eq=False)
+class _EvalJob:
+  """Eval requests posted by the trainer thread and the completions gathered for them."""
+
+  number: int
+  requests: list[records.Request]
+  version: int  # the weights the eval must run on (newest posted when it was asked for)
+  results: list[records.Completion | None]
+  admitted: int = 0
+  remaining: int = 0
+  done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
 class PipelineSource:
@@ -93,6 +123,8 @@ class PipelineSource:
     self._error: BaseException | None = None
     self._inflight: dict[int, tuple[Any, int]] = {}  # seq -> (prompt, admitted version)
     self._pending: dict[int, list[records.Completion]] = {}
+    self._eval: _EvalJob | None = None  # guarded by _cond
+    self._eval_count = 0
     self._thread = threading.Thread(target=self._run, name="generator", daemon=True)
     self.dropped_stale = 0
     self.throttle_wait_s = 0.0
@@ -111,22 +143,35 @@ class PipelineSource:
   def _may_admit(self) -> bool:
     return self.admitter.num_outstanding < self.limit
 
+  def _eval_waiting(self) -> bool:
+    job = self._eval
+    return job is not None and job.admitted < len(job.requests)
+
   def _requests(self) -> Iterator[records.Request | None]:
     while not self._stop.is_set():
+      with self._cond:
+        job = self._eval if self._eval_waiting() else None
+      if job is not None:
+        if self.sampler.version < job.version:
+          yield None  # the sampler swaps posted weights in before it asks again
+          continue
+        job.admitted += 1
+        yield job.requests[job.admitted - 1]
+        continue
       if not self._may_admit():
         with self._cond:
-          inflight = bool(self._inflight)
+          inflight = bool(self._inflight) or self._eval is not None
         if inflight:
           # Sequences are decoding: do not block their slots, ask again next chunk.
           yield None
           continue
         t0 = time.perf_counter()
         with self._cond:  # nothing in flight: the generator has nothing to do but wait
-          while not self._stop.is_set() and not self._may_admit():
+          while (not self._stop.is_set() and not self._may_admit()
+                 and not self._eval_waiting()):
             self._cond.wait(_POLL_S)
         self.throttle_wait_s += time.perf_counter() - t0
-      if self._stop.is_set():
-        return
+        continue  # an eval job may have arrived: serve it before admitting training
       version = self.sampler.version
       seq, prompt, requests = self.admitter.admit(version)
       with self._cond:
@@ -141,6 +186,9 @@ class PipelineSource:
   def _run(self) -> None:
     try:
       for completion in self.sampler.stream(self._requests(), on_chunk=self._on_chunk):
+        if isinstance(completion.prompt_id, _EvalTag):
+          self._eval_done(completion)
+          continue
         self.tokens += completion.num_tokens
         seq = completion.prompt_id
         done = self._pending.setdefault(seq, [])
@@ -157,6 +205,18 @@ class PipelineSource:
       pass
     except BaseException as e:  # noqa: BLE001 - handed to the trainer thread
       self._fail(e)
+
+  def _eval_done(self, completion: records.Completion) -> None:
+    tag = completion.prompt_id
+    with self._cond:
+      job = self._eval
+      assert job is not None and job.number == tag.job, "eval completion without its job"
+      job.results[tag.index] = completion
+      job.remaining -= 1
+      if job.remaining == 0:
+        self._eval = None
+        job.done.set()
+        self._cond.notify_all()
 
   def _score(self, seq: int, prompt: Any, completions: list[records.Completion],
              version: int) -> None:
@@ -208,6 +268,51 @@ class PipelineSource:
       self.admitter.consumed(dropped)
       log.warning("dropped %d groups older than %d versions", len(dropped), self.max_staleness)
     return groups
+
+  @property
+  def version(self) -> int:
+    """Policy version of the weights the sampler decodes with now."""
+    return self.sampler.version
+
+  def update_params(self, params: Any, version: int) -> None:
+    """Posts weights to the sampler (a collective across hosts: call from the main thread)."""
+    self.sampler.update_params(params, version)
+
+  def generate(self, requests: Iterable[records.Request]) -> list[records.Completion]:
+    """Completions of `requests` in order, sampled by the generator's own Sampler.
+
+    Called from the trainer thread (e.g. by `eval.Evaluator`); blocks until all are done.
+    Runs with the newest weights posted before the call. See the module docstring.
+    """
+    requests = list(requests)
+    if not requests:
+      return []
+    if self._thread.ident is None:  # not started: nothing else drives the sampler
+      return self.sampler.generate(requests)
+    base_seed = getattr(self.sampler, "seed", 0)
+    with self._cond:
+      if self._eval is not None:
+        raise RuntimeError("PipelineSource.generate: another eval is running")
+      self._eval_count += 1
+      number = self._eval_count
+      # Tagged ids route the completions back here; the seeds stay what the Sampler would
+      # derive from the original ids, so an eval samples the same tokens either way.
+      tagged = [dataclasses.replace(
+          r, prompt_id=_EvalTag(number, i),
+          seed=r.seed if r.seed is not None else records.sequence_seed(
+              base_seed, r.prompt_id, r.sample_index))
+                for i, r in enumerate(requests)]
+      job = _EvalJob(number, tagged, version=self.sampler.latest_version,
+                     results=[None] * len(tagged), remaining=len(tagged))
+      self._eval = job
+      self._cond.notify_all()
+    while not job.done.wait(_POLL_S):
+      self._check()
+      if self._stop.is_set() or not self._thread.is_alive():
+        self._check()
+        raise GeneratorError("generator stopped while an eval was running")
+    return [dataclasses.replace(c, prompt_id=r.prompt_id)
+            for c, r in zip(job.results, requests)]
 
   def after_step(self, groups: Sequence[rollouts.Group], params: Any, version: int) -> None:
     # Post the weights before freeing admission, so new groups mostly start on them.

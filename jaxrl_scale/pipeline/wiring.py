@@ -192,7 +192,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
   from jaxrl_scale.scaling import live  # pylint: disable=g-import-not-at-top
 
   p, g = shape.num_prompts, shape.group_size
-  seq_len, mode = shape.seq_len, cfg.pipeline.mode
+  seq_len = shape.seq_len
   shard = sources.ProcessShard(jax.process_index(), jax.process_count())
   multi = shard.count > 1
   gather = distributed.allgather if multi else None
@@ -206,8 +206,11 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
                                 timeout_s=cfg.pipeline.reward_timeout_s)
   cleanup.callback(scorer.close)
   # Built before the warm start, which samples with it; it gets the trained weights below.
+  # The process's one Sampler (training rollouts, SFT dev checks and eval all use it), with
+  # this host's share of the job's sampler.num_slots.
   sampler = engine.Sampler(model, cfg.sampler, mesh=slices.generator, tokenizer=tok,
-                           seed=cfg.run.seed, max_prompt_len=cfg.data.max_prompt_tokens)
+                           seed=cfg.run.seed, max_prompt_len=cfg.data.max_prompt_tokens,
+                           generator_groups=slices.generator_groups)
   host = loop_lib.HostState(seed=cfg.run.seed)
   if not resume and cfg.sft.steps > 0:
     # Every process runs the same SFT steps; only process 0's sft.jsonl is kept.
@@ -232,10 +235,6 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
     curriculum = (curriculum_lib.NoPositiveResampling.from_state_dict(host.curriculum)
                   if host.curriculum is not None else curriculum_lib.NoPositiveResampling(
                       cfg.rl.npr_threshold, cfg.rl.npr_min_samples))
-  # A Sampler is driven by one thread: the pipelined generator owns its own.
-  eval_sampler = sampler if mode != "pipeline" else engine.Sampler(
-      trainer.model(), cfg.sampler, mesh=slices.generator, tokenizer=tok, seed=cfg.run.seed,
-      max_prompt_len=cfg.data.max_prompt_tokens, version=host.policy_version)
   admitter = sources.Admitter(prompts, g, shard.seed(cfg.run.seed))
   if resume:
     admitter.load_state(host.source)
@@ -243,6 +242,8 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
   cleanup.callback(source.close)
   evaluator = None
   if cfg.eval.every and validation:
+    # Pipelined: the generator thread drives the Sampler, so eval requests go through it.
+    eval_sampler = source if isinstance(source, generator.PipelineSource) else sampler
     evaluator = eval_lib.Evaluator(eval_sampler, validation, scorer,
                                    samples_per_prompt=cfg.eval.samples_per_prompt,
                                    temperature=cfg.eval.temperature, seed=cfg.run.seed,

@@ -35,6 +35,13 @@ class FakeSampler:
     self.none_pulls = 0
     self.posted = []
 
+  seed = 0
+
+  @property
+  def latest_version(self):
+    with self._lock:
+      return self._pending if self._pending is not None else self.version
+
   def update_params(self, params, version):
     with self._lock:
       self._pending = version

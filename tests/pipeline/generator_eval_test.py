@@ -1,0 +1,119 @@
+"""Eval through the pipelined generator's own Sampler (PipelineSource.generate)."""
+
+import threading
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_scale import eval as eval_lib
+from jaxrl_scale.config import SamplerConfig
+from jaxrl_scale.generation import engine
+from jaxrl_scale.generation import records
+from jaxrl_scale.models import config as model_config
+from jaxrl_scale.models import transformer
+from jaxrl_scale.pipeline import generator
+from jaxrl_scale.pipeline import sources
+
+P, G = 4, 2
+
+
+def _source(sampler, prompt_source, scorer, k=2, queue_size=2):
+  admitter = sources.Admitter(prompt_source, G, seed=0)
+  return generator.PipelineSource(sampler, admitter, scorer, num_prompts=P,
+                                  max_staleness=k, queue_size=queue_size, reward_workers=2)
+
+
+def _eval_requests(n, first_token=5):
+  return [records.Request([first_token + i, 3], prompt_id=f"v{i}", sample_index=i % 2,
+                          seed=100 + i) for i in range(n)]
+
+
+def _check_groups(consumed):
+  seqs = [g.seq for groups in consumed for g in groups]
+  assert len(seqs) == len(set(seqs)), "a training group was handed out twice"
+  for groups in consumed:
+    for g in groups:
+      assert isinstance(g.seq, int)
+      assert sorted(c.sample_index for c in g.completions) == list(range(G))
+      assert all(isinstance(c.prompt_id, int) for c in g.completions)
+
+
+def test_eval_runs_between_steps_on_the_posted_weights(prompt_source, fakes):
+  # Long training sequences (40 chunks) are in flight when the eval arrives: the eval waits
+  # for the newest posted weights, shares the slots with them, and no training group is lost.
+  sampler = fakes.Sampler(num_slots=8, length=lambda req: (
+      40 if isinstance(req.prompt_id, int) and req.prompt_id % 3 == 0 else 2), chunk_s=0.0005)
+  src = _source(sampler, prompt_source, fakes.Scorer()).start()
+  consumed = []
+  try:
+    for v in range(6):
+      groups = src.next_groups(v)
+      consumed.append(groups)
+      src.after_step(groups, None, v + 1)
+      if v == 2:
+        requests = _eval_requests(10)
+        out = src.generate(requests)
+        assert [c.prompt_id for c in out] == [r.prompt_id for r in requests]
+        assert [c.sample_index for c in out] == [r.sample_index for r in requests]
+        assert all(set(c.versions.tolist()) == {3} for c in out)  # only the evaluated policy
+  finally:
+    src.close()
+  _check_groups(consumed)
+  assert sum(len(g) for g in consumed) == 6 * P
+
+
+def test_eval_before_start_runs_in_the_callers_thread(prompt_source, fakes):
+  sampler = fakes.Sampler(num_slots=4)
+  src = _source(sampler, prompt_source, fakes.Scorer())
+  try:
+    out = src.generate(_eval_requests(3))
+    assert [c.prompt_id for c in out] == ["v0", "v1", "v2"]
+    assert src.generate([]) == []
+  finally:
+    src.close()
+
+
+def test_eval_completes_while_training_admission_is_closed(prompt_source, fakes):
+  # The trainer never consumes: k * P groups fill the admission bound and the generator
+  # blocks; an eval must still be admitted and finish (no deadlock on the closed bound).
+  sampler = fakes.Sampler(num_slots=8, length=lambda req: 1)
+  src = _source(sampler, prompt_source, fakes.Scorer(), k=1, queue_size=4).start()
+  try:
+    deadline = threading.Event()
+    while src.admitter.num_outstanding < P and not deadline.wait(0.01):
+      pass
+    out = src.generate(_eval_requests(12))
+    assert len(out) == 12 and all(c is not None for c in out)
+    assert src.admitter.num_outstanding == P  # the eval admitted no training group
+  finally:
+    src.close()
+
+
+def test_generator_failure_during_eval_raises(prompt_source, fakes):
+  sampler = fakes.Sampler(num_slots=4, length=lambda req: 50, chunk_s=0.001, fail_after=20)
+  src = _source(sampler, prompt_source, fakes.Scorer()).start()
+  try:
+    with pytest.raises(generator.GeneratorError, match="device lost"):
+      src.generate(_eval_requests(4))
+  finally:
+    src.close()
+
+
+def test_evaluator_accepts_the_pipeline_source(prompt_source, fakes):
+  class Scorer:
+    def score(self, prompt, completions):
+      correct = np.array([c.sample_index == 0 for c in completions])
+      return None, correct, {}
+
+  sampler = fakes.Sampler(num_slots=4, length=lambda req: 3)
+  src = _source(sampler, prompt_source, fakes.Scorer()).start()
+  try:
+    evaluator = eval_lib.Evaluator(src, prompt_source.validation()[:3], Scorer(),
+                                   samples_per_prompt=2, temperature=1.0)
+    out = evaluator.run(params=None, version=None)
+  finally:
+    src.close()
+  assert out["val/pass_rate"] == 0.5 and out["val/pass_at_k"] == 1.0
+  assert out["val/length_mean"] == 3.0 and out["val/num_prompts"] == 3.0
