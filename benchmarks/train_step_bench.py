@@ -44,6 +44,9 @@ def parse_args() -> argparse.Namespace:
   p.add_argument("--matmul-size", type=int, default=2048)
   p.add_argument("--fsdp", type=int, default=1, help="trainer mesh fsdp size")
   p.add_argument("--tp", type=int, default=1, help="trainer mesh tp size")
+  p.add_argument("--remat", default="full", choices=("none", "full", "dots"),
+                 help="optim.remat (recomputation gets no FLOP credit)")
+  p.add_argument("--logits-chunk", type=int, default=512, help="optim.logits_chunk")
   p.add_argument("--quick", action="store_true",
                  help="tiny shapes for a smoke run (preset tiny_llama, S=128, n=1024)")
   args = p.parse_args()
@@ -114,8 +117,10 @@ def main() -> None:
   rows = args.prompts * args.generations
   flops = model_flops(cfg, num_params, rows, args.seq_len)
 
-  trainer = train_step.Trainer(model, mesh, config.OptimConfig(lr=1e-6, warmup_steps=0),
-                               train_step.RLObjective(config.RLConfig()),
+  optim = config.OptimConfig(lr=1e-6, warmup_steps=0, remat=args.remat,
+                             logits_chunk=args.logits_chunk)
+  trainer = train_step.Trainer(model, mesh, optim,
+                               train_step.RLObjective(config.RLConfig(), temperature=1.0),
                                micro_batches=args.micro_batches)
   t = time.perf_counter()
   trainer.compile(batch)
@@ -142,7 +147,8 @@ def main() -> None:
   print(f"device: {devices[0].platform} x{len(devices)} ({devices[0].device_kind}), "
         f"mesh fsdp={args.fsdp} tp={args.tp}")
   print(f"model: {args.preset}, {num_params / 1e6:.1f}M params, batch {rows} x {args.seq_len} "
-        f"tokens, {args.micro_batches} micro-batch(es); compile {compile_s:.1f} s")
+        f"tokens, {args.micro_batches} micro-batch(es), remat {args.remat}, logits chunk "
+        f"{args.logits_chunk}; compile {compile_s:.1f} s")
   if trainer.memory_analysis is not None:
     m = trainer.memory_analysis
     print(f"memory: temporaries {m.temp_size_in_bytes / 2**30:.2f} GiB, arguments "

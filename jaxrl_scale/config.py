@@ -69,7 +69,10 @@ class ModelSpec:
   preset: str = "tiny_llama"
   path: str | None = None  # Hugging Face directory; overrides preset when set
   tokenizer: str = "byte"  # "byte" (built-in) or a directory holding tokenizer.json
-  dtype: Literal["float32", "bfloat16"] = "float32"  # activations
+  dtype: Literal["float32", "bfloat16"] = "float32"  # activations (the forward's compute)
+  # Weights as loaded and as the generator holds them. The trainer always keeps float32
+  # master weights and AdamW moments (a bf16 weight does not move at lr 5e-7) and sends the
+  # generator a copy cast to this dtype; checkpoints hold the float32 masters.
   param_dtype: Literal["float32", "bfloat16"] = "float32"
   # ScaleRL "FP32 logits": LM head matmul and log-softmax in float32 in BOTH sampler and
   # trainer, whatever the activation dtype (paper sec. 3.2: A 0.52 -> 0.61).
@@ -217,8 +220,13 @@ class OptimConfig:
   micro_batch_prompts: int = 0  # 0 = whole batch in one micro-batch
   max_nonfinite_steps: int = 5  # abort after this many NaN/inf updates in a row
   # Train-step LM head over this many positions at a time (rematerialised), so the fp32
-  # [rows, seq, vocab] logits never exist at once; 0 = all positions together.
-  logits_chunk: int = 0
+  # [rows, seq, vocab] logits never exist at once (at 16k x 152k they are 9.3 GiB per row);
+  # 0 = all positions together.
+  logits_chunk: int = 512
+  # Rematerialisation of the decoder layers in the backward pass: "full" stores only each
+  # layer's input (fits a 16k sequence), "dots" also keeps matmul outputs (faster, more
+  # memory), "none" keeps every activation (small models only).
+  remat: Literal["none", "full", "dots"] = "full"
 
   def __post_init__(self):
     _check(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
@@ -327,6 +335,19 @@ class Config:
   eval: EvalConfig = EvalConfig()
   checkpoint: CheckpointConfig = CheckpointConfig()
   forecast: ForecastConfig = ForecastConfig()
+
+  def __post_init__(self):
+    # A Config describes an RL run (`jaxrl-scale generate` takes a SamplerConfig alone).
+    # The trainer's log-probs are log-softmax(logits / temperature) over the whole
+    # vocabulary; with top-k / top-p the sampler draws from a truncated, renormalised
+    # distribution, so the importance ratio pi_train / pi_gen would compare two different
+    # distributions.
+    _check(self.sampler.top_p == 1.0, "sampler.top_p",
+           f"must be 1 in an RL run, got {self.sampler.top_p} (the trainer's log-probs "
+           "cover the whole vocabulary; a truncated sampler makes the importance ratio wrong)")
+    _check(self.sampler.top_k == 0, "sampler.top_k",
+           f"must be 0 in an RL run, got {self.sampler.top_k} (the trainer's log-probs "
+           "cover the whole vocabulary; a truncated sampler makes the importance ratio wrong)")
 
 
 # ----------------------------------------------------------------------------------------

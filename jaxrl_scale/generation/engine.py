@@ -163,7 +163,12 @@ class Sampler:
     graphdef, params = nnx.split(model)
     self._graphdef = graphdef
     self._param_shardings = sharding.state_shardings(params, self.mesh)
-    self._params = transfer.reshard(params, self._param_shardings)
+    # Floating weights are held in the model config's param_dtype, whatever the given
+    # model holds (e.g. the trainer's float32 masters): update_params casts to these too.
+    held = jax.numpy.dtype(model.cfg.param_dtype)
+    param_dtypes = jax.tree.map(
+        lambda x: held if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x.dtype, params)
+    self._params = transfer.reshard(params, self._param_shardings, param_dtypes)
     self._param_leaves, self._param_treedef = jax.tree.flatten(self._params)
     self._param_paths = _paths_and_leaves(self._params)[0]
     self._param_dtypes = jax.tree.map(lambda x: x.dtype, self._params)

@@ -115,6 +115,11 @@ def build_policy(cfg: Config, tok: tokenizer_lib.Tokenizer, mesh
   return sharding.create_sharded_model(mcfg, mesh, seed=cfg.run.seed), mcfg
 
 
+def rl_objective(cfg: Config) -> train_step.RLObjective:
+  """The run's policy loss, at the temperature its sampler draws with."""
+  return train_step.RLObjective(cfg.rl, temperature=cfg.sampler.temperature)
+
+
 def load_tokenizer(cfg: Config) -> tokenizer_lib.Tokenizer:
   spec = cfg.model.tokenizer
   if spec == "byte" and cfg.model.path is not None:
@@ -221,7 +226,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
         cfg, tok, model, slices.trainer, seq_len, sft_dir, progress, sampler=sampler,
         scorer=scorer, pool=pool, shard=(shard.index, shard.count),
         gather=(lambda c: distributed.allgather(c, name="sft_dev")) if multi else None)
-  trainer = train_step.Trainer(model, slices.trainer, cfg.optim, train_step.RLObjective(cfg.rl),
+  trainer = train_step.Trainer(model, slices.trainer, cfg.optim, rl_objective(cfg),
                                micro_batches=train_step.micro_batches_for(cfg.optim, p))
   del model  # its buffers now belong to the trainer (donated to every step)
   if resume:

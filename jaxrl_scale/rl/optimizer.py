@@ -52,8 +52,10 @@ def make_optimizer(cfg: OptimConfig) -> tuple[optax.GradientTransformation, opta
   if cfg.max_grad_norm is not None:
     parts.append(optax.clip_by_global_norm(cfg.max_grad_norm))
   parts.append(
+      # mu_dtype: the first moment is float32 whatever the parameters are (optax would
+      # otherwise create it in the params' dtype and return it float32 after an update).
       optax.adamw(learning_rate=schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                  weight_decay=cfg.weight_decay, mask=decay_mask))
+                  weight_decay=cfg.weight_decay, mask=decay_mask, mu_dtype=jnp.float32))
   return optax.chain(*parts), schedule
 
 

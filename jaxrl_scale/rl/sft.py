@@ -33,6 +33,7 @@ class SFTObjective:
   """Mean negative log-likelihood over all solution tokens of the full batch."""
 
   example_dims = 1
+  temperature = 1.0  # the model's own distribution
 
   def model_inputs(self, batch: batch_lib.SFTBatch):
     return batch.tokens_BS, batch.positions_BS, batch.input_mask_BS

@@ -3,8 +3,8 @@
 One `Trainer` owns the policy's parameters and optimizer state on the trainer mesh and
 runs one compiled step per batch:
 
-    trainer = train_step.Trainer(model, mesh, cfg.optim, train_step.RLObjective(cfg.rl),
-                                 micro_batches=4)
+    objective = train_step.RLObjective(cfg.rl, temperature=cfg.sampler.temperature)
+    trainer = train_step.Trainer(model, mesh, cfg.optim, objective, micro_batches=4)
     metrics = trainer.step(batch)          # device arrays; fetch them one step later
 
 The step is `jax.jit` with explicit in/out shardings (state laid out like the params,
@@ -19,6 +19,27 @@ Micro-batches are slices of the batch's leading axis (prompts), accumulated with
 an average of micro-batch averages. Prompt i goes to micro-batch i % M (strided) so that
 every micro-batch is spread over all data-parallel devices without moving data.
 
+Mixed precision: the Trainer holds float32 master parameters and float32 AdamW moments
+whatever the model's `param_dtype` (a bf16 weight of std 0.02 does not move under an
+update of lr 5e-7: its spacing there is 1.2e-4); the forward pass computes in the model's
+`dtype` (every layer casts its weights) and the log-probs and loss in float32. The sampler
+gets a `param_dtype` copy, cast on the trainer's devices (`parallel.transfer`). Every
+carried array keeps its dtype and sharding, so the step compiles exactly once.
+
+Log-probs are those of the distribution the sampler drew from: log-softmax(logits / T),
+T = the sampler's temperature (`RLObjective(rl, temperature=...)`).
+
+Memory: decoder layers are rematerialised (`optim.remat`), activations stay split by batch
+rows over 'fsdp' (`activation_sharding`), and the LM head runs over `optim.logits_chunk`
+positions at a time so the float32 [rows, S, V] logits never exist.
+
+Ahead-of-time: a Trainer built from an ABSTRACT model (`nnx.Param` leaves that are
+`jax.ShapeDtypeStruct`s with a `sharding`) allocates nothing; `lower(batch_struct)` gives
+the exact program `step` would run, for `jaxrl-scale plan` to compile for a TPU topology:
+
+    trainer = train_step.Trainer(abstract_model, mesh, cfg.optim, objective, micro_batches=M)
+    compiled = trainer.lower(batch_struct).compile()   # memory_analysis(), cost_analysis()
+
 The Trainer owns the parameter buffers it was given: they are donated to the step, so the
 caller's model object must not be used afterwards; `Trainer.model()` gives a live view.
 """
@@ -26,6 +47,7 @@ caller's model object must not be used afterwards; `Trainer.model()` gives a liv
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from typing import Any, Protocol
@@ -68,10 +90,14 @@ class TrainState:
 # Log-probabilities.
 
 
-def _head_logprobs(model: nnx.Module, h_BTD: jax.Array,
-                   targets_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(log p(target), target is the argmax) from hidden states, in float32."""
+def _head_logprobs(model: nnx.Module, h_BTD: jax.Array, targets_BT: jax.Array,
+                   temperature: float) -> tuple[jax.Array, jax.Array]:
+  """(log p_T(target), target is the argmax) from hidden states, in float32."""
   logits_BTV = model.logits(h_BTD).astype(jnp.float32)
+  if temperature != 1.0:
+    # The sampler divides the float32 logits by T before its log-softmax
+    # (generation/sampling.py); the same operation here gives the same numbers.
+    logits_BTV = logits_BTV / jnp.float32(temperature)
   target_BT = jnp.take_along_axis(logits_BTV, targets_BT[:, :, None], axis=-1)[:, :, 0]
   # target - logsumexp equals gathering log_softmax without a second [B, T, V] array.
   logp_BT = target_BT - jax.nn.logsumexp(logits_BTV, axis=-1)
@@ -80,13 +106,17 @@ def _head_logprobs(model: nnx.Module, h_BTD: jax.Array,
 
 
 def token_logprobs(model: nnx.Module, tokens_BS: jax.Array, positions_BS: jax.Array,
-                   mask_BS: jax.Array, chunk: int = 0) -> tuple[jax.Array, jax.Array]:
-  """log pi(tokens[s] | tokens[<s]) at every position s >= 1, and whether it was the argmax.
+                   mask_BS: jax.Array, chunk: int = 0, *, temperature: float = 1.0,
+                   remat: str = "none",
+                   activation_sharding: NamedSharding | None = None,
+                   ) -> tuple[jax.Array, jax.Array]:
+  """log pi_T(tokens[s] | tokens[<s]) at every position s >= 1, and whether it was the argmax.
 
-  The LM head runs in float32 when the model is configured so (`lm_head_fp32`) and the
-  normaliser is taken in float32 whatever the head's dtype: the importance ratio
-  exp(logp_train - logp_gen) amplifies any rounding of either log-prob, and bf16 logits
-  were the instability the ScaleRL paper fixed with its "FP32 logits" (notes section 5).
+  pi_T is the policy at temperature T: softmax(logits / T). The LM head runs in float32
+  when the model is configured so (`lm_head_fp32`) and the normaliser is taken in float32
+  whatever the head's dtype: the importance ratio exp(logp_train - logp_gen) amplifies any
+  rounding of either log-prob, and bf16 logits were the instability the ScaleRL paper fixed
+  with its "FP32 logits" (notes section 5).
 
   Args:
     model: the policy.
@@ -94,22 +124,37 @@ def token_logprobs(model: nnx.Module, tokens_BS: jax.Array, positions_BS: jax.Ar
     chunk: > 0 computes the LM head over `chunk` positions at a time, rematerialised in
       the backward pass, so the float32 [B, S, V] logits never exist at once (at V = 152k
       and S = 16k they would not fit); 0 does all positions in one go.
+    temperature: T > 0; the sampler's temperature for RL, 1 for SFT.
+    remat: the decoder layers' rematerialisation policy (`transformer.REMAT_POLICIES`).
+    activation_sharding: where [B, S, D] activations live (rows over 'fsdp'); None lets
+      the compiler choose.
 
   Returns:
     (logp_BS float32, top1_BS bool); position 0 has no prediction and holds 0 / False.
   """
-  h_BSD = model.hidden_states(tokens_BS, positions_BS, mask_BS)
+  if temperature <= 0:
+    raise ValueError(f"temperature must be > 0, got {temperature}")
+  h_BSD = model.hidden_states(tokens_BS, positions_BS, mask_BS, remat=remat,
+                              activation_sharding=activation_sharding)
   # The last position predicts past the sequence: never a target, so skip its logits.
   h_BTD, targets_BT = h_BSD[:, :-1], tokens_BS[:, 1:]
   b, t = targets_BT.shape
+  head = functools.partial(_head_logprobs, model, temperature=temperature)
   if chunk <= 0 or chunk >= t:
-    logp_BT, top1_BT = _head_logprobs(model, h_BTD, targets_BT)
+    logp_BT, top1_BT = head(h_BTD, targets_BT)
   else:
     n = -(-t // chunk)
     pad = n * chunk - t
     h_CBcD = jnp.pad(h_BTD, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1).swapaxes(0, 1)
     tgt_CBc = jnp.pad(targets_BT, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
-    one = jax.checkpoint(lambda args: _head_logprobs(model, *args))
+    if activation_sharding is not None:
+      # Chunks are taken along the sequence: each one stays split by rows like h_BSD.
+      row_spec = activation_sharding.spec[0] if activation_sharding.spec else None
+      h_CBcD = jax.lax.with_sharding_constraint(h_CBcD, NamedSharding(
+          activation_sharding.mesh, PartitionSpec(None, row_spec, None, None)))
+    # Only the chunk's inputs are kept for the backward pass; its [B, c, V] logits are
+    # recomputed there.
+    one = jax.checkpoint(lambda args: head(*args))
     logp_CBc, top1_CBc = jax.lax.map(one, (h_CBcD, tgt_CBc))
     logp_BT = logp_CBc.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
     top1_BT = top1_CBc.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
@@ -131,10 +176,12 @@ class Objective(Protocol):
   """What a train step minimises.
 
   `example_dims` leading axes of every batch array index examples ((P, G) for RL, (B,)
-  for SFT); micro-batches slice the first of them.
+  for SFT); micro-batches slice the first of them. `temperature` is the T of the
+  log-probs the loss sees, log-softmax(logits / T).
   """
 
   example_dims: int
+  temperature: float
 
   def model_inputs(self, batch: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(tokens, positions, input_mask), each [*example dims, S]."""
@@ -152,11 +199,21 @@ class Objective(Protocol):
 
 
 class RLObjective:
-  """The registered policy loss (`rl.loss`) with its aggregation (`rl.aggregation`)."""
+  """The registered policy loss (`rl.loss`) with its aggregation (`rl.aggregation`).
+
+  Args:
+    rl: the loss settings.
+    temperature: the sampler's temperature (`sampler.temperature`): the importance ratio
+      divides the trainer's probability by the sampler's recorded one, which is of
+      softmax(logits / T). 0 (greedy) records untempered log-probs, so it means T = 1 here.
+  """
 
   example_dims = 2
 
-  def __init__(self, rl: RLConfig):
+  def __init__(self, rl: RLConfig, *, temperature: float):
+    if temperature < 0:
+      raise UserError(f"config key 'sampler.temperature': must be >= 0, got {temperature}")
+    self.temperature = float(temperature) if temperature > 0 else 1.0
     self.aggregation = rl.aggregation
     self.loss_fn = losses.make_policy_loss(rl.loss, losses.params_from_config(rl),
                                            rl.aggregation)
@@ -208,19 +265,52 @@ def _data_spec(example_shape: tuple[int, ...], mesh: Mesh) -> tuple[str | None, 
 
 
 def _array_shardings(tree, mesh: Mesh):
-  """The shardings arrays already have; anything not on `mesh` is an error (the caller
-  must place the model on the trainer mesh first)."""
+  """The shardings arrays (or abstract structs) already have; anything not on `mesh` is an
+  error (the caller must place the model on the trainer mesh first)."""
 
   def one(x):
     sharding = getattr(x, "sharding", None)
     if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
       return sharding
     if isinstance(sharding, NamedSharding) or mesh.devices.size > 1:
-      raise ValueError("model parameters must be placed on the trainer mesh "
-                       "(see models.sharding) before building a Trainer")
+      raise ValueError("model parameters (or abstract ShapeDtypeStructs' `sharding`) must be "
+                       "on the trainer mesh (see models.sharding) before building a Trainer")
     return NamedSharding(mesh, PartitionSpec())
 
   return jax.tree.map(one, tree)
+
+
+def _is_abstract(tree) -> bool:
+  """Whether every leaf is a `jax.ShapeDtypeStruct` (an abstract model: no memory)."""
+  leaves = jax.tree.leaves(tree)
+  abstract = [isinstance(x, jax.ShapeDtypeStruct) for x in leaves]
+  if any(abstract) and not all(abstract):
+    raise ValueError("the model mixes abstract (ShapeDtypeStruct) and concrete parameters")
+  return bool(leaves) and all(abstract)
+
+
+def master_dtype(dtype) -> jnp.dtype:
+  """The trainer's dtype for a parameter: float32 for any float, else unchanged."""
+  dtype = jnp.dtype(dtype)
+  return jnp.dtype(jnp.float32) if jnp.issubdtype(dtype, jnp.floating) else dtype
+
+
+def _structs(tree, shardings):
+  """ShapeDtypeStructs (canonical dtypes) of `tree`'s leaves carrying `shardings`."""
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, jax.dtypes.canonicalize_dtype(x.dtype),
+                                        sharding=s), tree, shardings)
+
+
+def _to_master(params, shardings):
+  """Places `params` on `shardings` as float32 master copies (cast under jit, so each
+  device only converts its own shard)."""
+  params = jax.device_put(params, shardings)
+  if all(x.dtype == master_dtype(x.dtype) for x in jax.tree.leaves(params)):
+    return params
+  cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(master_dtype(x.dtype)), p),
+                 out_shardings=shardings)
+  return cast(params)
 
 
 # --------------------------------------------------------------------------------------
@@ -232,9 +322,12 @@ class Trainer:
 
   Args:
     model: the policy, its parameters already placed on `mesh` (on a 1x1 mesh a model on
-      the default device is accepted as is). Its buffers are donated: use `model()`.
+      the default device is accepted as is), in any float dtype: the trainer keeps float32
+      masters. Its buffers are donated: use `model()`. An abstract model (every leaf a
+      `jax.ShapeDtypeStruct` with a `sharding` on `mesh`) builds an abstract trainer that
+      can `lower` / `compile` but not `step`.
     mesh: the trainer mesh, axes ('fsdp', 'tp').
-    optim: optimizer settings (AdamW, warmup, clipping).
+    optim: optimizer settings (AdamW, warmup, clipping), the remat policy and logits chunk.
     objective: `RLObjective`, `sft.SFTObjective` or a fork's own.
     micro_batches: M; the batch's leading axis must be divisible by it.
     compiler_options: XLA options for the step, e.g. {"xla_backend_optimization_level": 0}
@@ -250,24 +343,37 @@ class Trainer:
     self.micro_batches = micro_batches
     self.compiler_options = compiler_options
     self.logits_chunk = optim.logits_chunk
+    self.remat = optim.remat
     self.tx, self.schedule = optimizer_lib.make_optimizer(optim)
     self.graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
+    self.abstract = _is_abstract((params, self._rest))
     self._replicated = NamedSharding(mesh, PartitionSpec())
     self.param_shardings = _array_shardings(params, mesh)
     self._rest_shardings = _array_shardings(self._rest, mesh)
-    params = jax.device_put(params, self.param_shardings)
-    opt_shardings = optimizer_lib.state_shardings(self.tx, params, self.param_shardings, mesh)
+    master = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, master_dtype(x.dtype)), params)
+    opt_shardings = optimizer_lib.state_shardings(self.tx, master, self.param_shardings, mesh)
     self.state_shardings = TrainState(step=self._replicated, params=self.param_shardings,
                                       opt_state=opt_shardings)
-    # Created straight into its sharded layout, before the first step.
-    opt_state = optimizer_lib.init_sharded(self.tx, params, opt_shardings)
-    self.state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), self._replicated),
-                            params=params, opt_state=opt_state)
+    if self.abstract:
+      # Shapes, dtypes and shardings only (jax.eval_shape): nothing is allocated.
+      self._rest = _structs(self._rest, self._rest_shardings)
+      self.state = _structs(TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=master,
+                                       opt_state=jax.eval_shape(self.tx.init, master)),
+                            self.state_shardings)
+    else:
+      params = _to_master(params, self.param_shardings)
+      # Created straight into its sharded layout, before the first step.
+      opt_state = optimizer_lib.init_sharded(self.tx, params, opt_shardings)
+      self.state = TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), self._replicated),
+                              params=params, opt_state=opt_state)
     self.trace_count = 0  # bumped each time the step function is traced
+    self.compile_count = 0  # step programs compiled (1 in a healthy run)
     self.memory_analysis = None
     self._jitted = None
+    self._compiled = None
     self._loss_and_grads = None
     self._batch_shardings = None
+    self._data_spec = None
     self._compiled_shapes = None
 
   # ---- batch placement -----------------------------------------------------------------
@@ -283,15 +389,19 @@ class Trainer:
     self._data_spec = spec
     return jax.tree.map(lambda _: NamedSharding(self.mesh, PartitionSpec(*spec)), batch)
 
+  def _fixed_batch_shardings(self, batch) -> Any:
+    """The batch shardings of the first batch seen; every later batch must match."""
+    if self._batch_shardings is None:
+      self._batch_shardings = self.batch_shardings(batch)
+    return self._batch_shardings
+
   def shard_batch(self, batch):
     """Places a host (NumPy) batch on the trainer mesh.
 
     With a trainer mesh over several processes, `batch` is the GLOBAL batch, identical in
     every process; each process copies only the rows of its own devices (`put_global`).
     """
-    if self._batch_shardings is None:
-      self._batch_shardings = self.batch_shardings(batch)
-    return put_global(batch, self._batch_shardings)
+    return put_global(batch, self._fixed_batch_shardings(batch))
 
   # ---- the step --------------------------------------------------------------------------
 
@@ -308,15 +418,26 @@ class Trainer:
     x = jnp.swapaxes(x_M, 0, 1)
     return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
 
+  def activation_sharding(self, rows: int) -> NamedSharding | None:
+    """Where a micro-batch's [rows, S, D] activations live: rows over 'fsdp' when they
+    divide. Without the constraint, sharding propagation follows the fsdp-split weights and
+    copies the whole micro-batch to every chip (measured: 74.4 vs 9.4 GiB per chip)."""
+    if rows % self.mesh.shape[DATA_AXIS]:
+      return None
+    return NamedSharding(self.mesh, PartitionSpec(DATA_AXIS, None, None))
+
   def _grads(self, params, rest, micro, totals):
-    """(loss, grads, logp, top1) of one micro-batch."""
+    """(loss, grads, logp, top1) of one micro-batch; grads float32 like the masters."""
     dims = self.objective.example_dims
 
     def loss_of(p):
       model = nnx.merge(self.graphdef, p, rest)
       tokens, positions, mask = self.objective.model_inputs(micro)
-      logp_R, top1_R = token_logprobs(model, _rows(tokens, dims), _rows(positions, dims),
-                                      _rows(mask, dims), chunk=self.logits_chunk)
+      tokens_R = _rows(tokens, dims)
+      logp_R, top1_R = token_logprobs(
+          model, tokens_R, _rows(positions, dims), _rows(mask, dims), chunk=self.logits_chunk,
+          temperature=self.objective.temperature, remat=self.remat,
+          activation_sharding=self.activation_sharding(tokens_R.shape[0]))
       logp = logp_R.reshape(tokens.shape)
       top1 = top1_R.reshape(tokens.shape)
       return self.objective.micro_loss(logp, top1, micro, totals), (logp, top1)
@@ -371,43 +492,66 @@ class Trainer:
     )
     return new_state, metrics
 
-  def compile(self, batch) -> None:
-    """Builds and compiles the step for this batch shape; logs its memory analysis.
+  def lower(self, batch) -> jax.stages.Lowered:
+    """The step program for batches shaped like `batch`, lowered but not compiled.
+
+    Exactly the program `step` runs (same shardings, donation and compiler options); on an
+    abstract trainer it is how `jaxrl-scale plan` compiles the step for a TPU topology.
+
+    Args:
+      batch: a batch (e.g. `batch.TrainBatch`) of NumPy / jax arrays or of
+        `jax.ShapeDtypeStruct`s without shardings; the trainer assigns its own.
+    """
+    batch_shardings = self._fixed_batch_shardings(batch)
+    if self._jitted is None:
+      self._jitted = jax.jit(
+          self._step,
+          in_shardings=(self.state_shardings, self._rest_shardings, batch_shardings),
+          out_shardings=(self.state_shardings, self._replicated),
+          donate_argnums=(0,), compiler_options=self.compiler_options)
+    return self._jitted.lower(_structs(self.state, self.state_shardings),
+                              _structs(self._rest, self._rest_shardings),
+                              _structs(batch, batch_shardings))
+
+  def compile(self, batch) -> jax.stages.Compiled:
+    """Compiles the step for this batch shape (via `lower`); logs its memory analysis.
 
     Called by the first `step`; call it earlier to fail fast on out-of-memory.
     """
-    batch = self.shard_batch(batch)
-    self._jitted = jax.jit(
-        self._step,
-        in_shardings=(self.state_shardings, self._rest_shardings, self._batch_shardings),
-        out_shardings=(self.state_shardings, self._replicated),
-        donate_argnums=(0,), compiler_options=self.compiler_options)
-    self._compiled_shapes = _shapes(batch)
-    compiled = self._jitted.lower(self.state, self._rest, batch).compile()
+    compiled = self.lower(batch).compile()
+    self.compile_count += 1
     self.memory_analysis = compiled.memory_analysis()
     log.info("train step compiled: %s", _describe_memory(self.memory_analysis))
+    if not self.abstract:
+      self._compiled = compiled
+      self._compiled_shapes = _shapes(batch)
+    return compiled
 
   def step(self, batch) -> dict[str, jax.Array]:
     """One optimizer update on `batch` (NumPy or already sharded); returns device scalars.
 
     Fetch the metrics after starting the next step, so logging never stalls the device.
     """
-    if self._jitted is None:
+    self._require_concrete("step")
+    if self._compiled is None:
       self.compile(batch)
-    batch = self.shard_batch(batch)
     shapes = _shapes(batch)
     if shapes != self._compiled_shapes:
-      # A new shape would silently compile a second step (minutes for a large model).
+      # A new shape would need a second compile (minutes for a large model).
       raise ValueError(f"batch shapes {shapes} differ from the compiled "
                        f"{self._compiled_shapes}; pad every batch to one fixed shape "
                        "(batch.pack_rl num_prompts)")
-    self.state, metrics = self._jitted(self.state, self._rest, batch)
+    batch = self.shard_batch(batch)
+    # The compiled executable itself, not the jit wrapper: a state whose dtypes or
+    # shardings drifted is an error here instead of a silent second compile.
+    self.state, metrics = self._compiled(self.state, self._rest, batch)
     return metrics
 
   def loss_and_grads(self, batch) -> tuple[jax.Array, nnx.State]:
     """The full-batch loss and float32 gradients at the current parameters, through the
     same micro-batch accumulation as `step` but without an update (for checks and
     debugging; compiled separately, nothing donated)."""
+    self._require_concrete("loss_and_grads")
     batch = self.shard_batch(batch)
     if self._loss_and_grads is None:
 
@@ -423,19 +567,24 @@ class Trainer:
     return self._loss_and_grads(self.state.params, self._rest, batch)
 
   def cache_size(self) -> int:
-    """Compiled variants of the step (1 when shapes and shardings never change)."""
-    if self._jitted is None:
-      return 0
-    return self._jitted._cache_size()  # pylint: disable=protected-access
+    """Step programs compiled so far (1 when shapes, dtypes and shardings never change)."""
+    return self.compile_count
+
+  def _require_concrete(self, what: str) -> None:
+    if self.abstract:
+      raise RuntimeError(f"Trainer.{what}: this trainer was built from an abstract model "
+                         "(ShapeDtypeStructs, no device memory); it can only lower() and "
+                         "compile() the step")
 
   # ---- views -------------------------------------------------------------------------------
 
   @property
   def params(self) -> nnx.State:
+    """The float32 master parameters."""
     return self.state.params
 
   def model(self) -> nnx.Module:
-    """The policy with the current parameters.
+    """The policy with the current (float32 master) parameters.
 
     It shares the parameter buffers (valid until the next `step` donates them) but not the
     Variable objects, so updating the returned model (e.g. an `nnx.jit` round trip) never
@@ -467,7 +616,8 @@ def put_global(tree, shardings):
 
 
 def _shapes(batch) -> list[tuple[tuple[int, ...], str]]:
-  return [(tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(batch)]
+  return [(tuple(x.shape), str(jax.dtypes.canonicalize_dtype(x.dtype)))
+          for x in jax.tree.leaves(batch)]
 
 
 def _describe_memory(stats) -> str:

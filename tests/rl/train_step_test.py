@@ -20,11 +20,11 @@ P, G, S = 4, 4, 20
 PROMPT_LEN = 4
 
 
-def tiny_cfg() -> model_config.ModelConfig:
+def tiny_cfg(dtype: str = "float32") -> model_config.ModelConfig:
   # tp=2 divides heads, kv heads, mlp and vocab; fsdp=4 divides the model dim.
   return model_config.ModelConfig(family="llama", vocab_size=64, hidden_size=32, num_layers=1,
                                   num_heads=4, num_kv_heads=2, head_dim=8,
-                                  intermediate_size=64)
+                                  intermediate_size=64, param_dtype=dtype, dtype=dtype)
 
 
 def mesh_8() -> jax.sharding.Mesh:
@@ -53,32 +53,33 @@ FAST_COMPILE = {"xla_backend_optimization_level": 0}  # halves CPU compile time
 
 
 @functools.cache
-def _init_params():
+def _init_params(dtype: str = "float32"):
   """Random params built in NumPy (XLA-compiling a random init costs seconds on CPU)."""
-  graphdef, abstract = sharding.abstract_model(tiny_cfg())
+  graphdef, abstract = sharding.abstract_model(tiny_cfg(dtype))
   rng = np.random.default_rng(0)
 
   def one(path, x):
     shape = x.get_value().shape
     if getattr(path[-1], "key", None) == "scale":  # RMSNorm scales start at 1
-      return x.replace(np.ones(shape, np.float32))
-    return x.replace((0.02 * rng.standard_normal(shape)).astype(np.float32))
+      return x.replace(np.ones(shape, jnp.dtype(dtype)))
+    return x.replace((0.02 * rng.standard_normal(shape)).astype(jnp.dtype(dtype)))
 
   state = jax.tree.map_with_path(one, abstract, is_leaf=lambda v: isinstance(v, nnx.Variable))
   return graphdef, state
 
 
-def fresh_model(mesh):
+def fresh_model(mesh, dtype: str = "float32"):
   """The same initial model, in fresh buffers on `mesh` (a Trainer donates them)."""
-  graphdef, state = _init_params()
+  graphdef, state = _init_params(dtype)
   return nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh)))
 
 
 def make_trainer(mesh, loss="cispo", aggregation="prompt_avg", micro_batches=1, lr=1e-3,
-                 **optim):
+                 dtype="float32", temperature=1.0, **optim):
   rl = config.RLConfig(loss=loss, aggregation=aggregation)
   opt = config.OptimConfig(lr=lr, warmup_steps=0, **optim)
-  return train_step.Trainer(fresh_model(mesh), mesh, opt, train_step.RLObjective(rl),
+  return train_step.Trainer(fresh_model(mesh, dtype), mesh, opt,
+                            train_step.RLObjective(rl, temperature=temperature),
                             micro_batches=micro_batches, compiler_options=FAST_COMPILE)
 
 
@@ -116,16 +117,16 @@ def test_first_step_same_loss_sharded_and_single_device(loss):
 def test_params_and_opt_state_stay_sharded_like_params():
   mesh = mesh_8()
   trainer = make_trainer(mesh)
-  kernel = trainer.params["layers"][0]["mlp"]["gate_proj"]["kernel"]
-  assert kernel.get_value().sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp")
+  kernel = trainer.params["layers"]["mlp"]["gate_proj"]["kernel"]
+  assert kernel.get_value().sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tp")
   is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)
   (adam,) = [s for s in jax.tree.leaves(trainer.state.opt_state, is_leaf=is_adam) if is_adam(s)]
   for moment in (adam.mu, adam.nu):
-    kernel = moment["layers"][0]["mlp"]["gate_proj"]["kernel"]
-    assert kernel.get_value().sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp")
+    kernel = moment["layers"]["mlp"]["gate_proj"]["kernel"]
+    assert kernel.get_value().sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tp")
   trainer.step(make_batch(2))
-  kernel = trainer.params["layers"][0]["mlp"]["gate_proj"]["kernel"]
-  assert kernel.get_value().sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp")
+  kernel = trainer.params["layers"]["mlp"]["gate_proj"]["kernel"]
+  assert kernel.get_value().sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tp")
   assert trainer.memory_analysis is not None
 
 
@@ -204,10 +205,10 @@ def test_micro_batches_for_config():
 
 def test_objective_takes_loss_params_from_config():
   rl = config.RLConfig(loss="dapo", clip_low=0.1, clip_high=0.3)
-  objective = train_step.RLObjective(rl)
+  objective = train_step.RLObjective(rl, temperature=1.0)
   assert objective.aggregation == "prompt_avg"
   with pytest.raises(UserError, match="rl.loss"):
-    train_step.RLObjective(config.RLConfig(loss="cispoo"))
+    train_step.RLObjective(config.RLConfig(loss="cispoo"), temperature=1.0)
 
 
 def test_token_logprobs_match_log_softmax():
@@ -244,3 +245,163 @@ def test_chunked_lm_head_gives_same_logprobs_and_grads():
   np.testing.assert_array_equal(top1_chunk, top1_full)
   for a, c in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_chunk)):
     np.testing.assert_allclose(c, a, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------
+# Mixed precision: float32 masters and Adam state whatever the model's param_dtype.
+
+
+def _float_dtypes(tree) -> set[str]:
+  return {str(x.dtype) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)}
+
+
+def test_bf16_model_gets_float32_masters_that_move_at_paper_lr_and_compile_once():
+  mesh = mesh_8()
+  # Paper rate, bf16 compute and bf16 params: one Adam step moves each weight by ~lr, far
+  # below a bf16 weight's spacing (1.2e-4 at 0.02), so only a float32 master can move.
+  trainer = make_trainer(mesh, lr=5e-7, dtype="bfloat16")
+  assert _float_dtypes(trainer.params) == {"float32"}
+  assert _float_dtypes(trainer.state.opt_state) == {"float32"}
+  batch = make_batch(9)
+  _, grads = host(trainer.loss_and_grads(batch))
+  before = host(trainer.params)
+  metrics = host(trainer.step(batch))
+  assert not metrics["nonfinite"]
+  after = host(trainer.params)
+  nonzero = 0
+  for g, a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(before), jax.tree.leaves(after)):
+    assert b.dtype == np.float32
+    moved = a != b
+    np.testing.assert_array_equal(moved[g != 0], True)
+    nonzero += int((g != 0).sum())
+  assert nonzero > 1000  # the check covered most of the model
+  assert _float_dtypes(trainer.state.opt_state) == {"float32"}
+  dtypes = [x.dtype for x in jax.tree.leaves(trainer.state)]
+  for seed in (10, 11):
+    trainer.step(make_batch(seed))
+  # The carried state kept its dtypes, so the one compiled program ran all three steps.
+  assert [x.dtype for x in jax.tree.leaves(trainer.state)] == dtypes
+  assert trainer.trace_count == 1 and trainer.cache_size() == 1
+  assert int(trainer.state.step) == 3
+
+  # The generator gets a param_dtype (bf16) copy of the float32 masters.
+  from jaxrl_scale.generation import engine  # pylint: disable=g-import-not-at-top
+  sampler = engine.Sampler(trainer.model(), config.SamplerConfig(
+      num_slots=4, max_new_tokens=4, prompt_buckets=(16,)), eos_ids=())
+  assert _float_dtypes(sampler.params) == {"bfloat16"}
+  sampler.update_params(trainer.params, 1)
+  assert _float_dtypes(sampler.params) == {"bfloat16"}
+  assert _float_dtypes(trainer.params) == {"float32"}
+
+
+# --------------------------------------------------------------------------------------
+# Temperature: the trainer's log-probs are of the distribution the sampler drew from.
+
+
+def test_trainer_logprobs_equal_the_samplers_at_its_temperature():
+  from jaxrl_scale.generation import engine, records  # pylint: disable=g-import-not-at-top
+  temperature = 0.7
+  sampler = engine.Sampler(
+      fresh_model(mesh_lib.single_device_mesh()),
+      config.SamplerConfig(num_slots=8, max_new_tokens=S - PROMPT_LEN, temperature=temperature,
+                           decode_chunk=4, prompt_buckets=(16,)),
+      eos_ids=(), seed=3, max_prompt_len=PROMPT_LEN)
+  rng = np.random.default_rng(12)
+  prompts = [[int(t) for t in rng.integers(1, 64, size=PROMPT_LEN)] for _ in range(P)]
+  done = sampler.generate([records.Request(prompts[p], prompt_id=p, sample_index=g)
+                           for p in range(P) for g in range(G)])
+  completions = [[done[p * G + g].tokens.tolist() for g in range(G)] for p in range(P)]
+  gen_logp = [[done[p * G + g].logprobs.tolist() for g in range(G)] for p in range(P)]
+  batch = batch_lib.pack_rl(prompts, completions, gen_logp, rng.normal(size=(P, G)),
+                            seq_len=S)
+  mask = batch.loss_mask_PGS > 0
+  assert mask.sum() == P * G * (S - PROMPT_LEN)
+
+  model = fresh_model(mesh_lib.single_device_mesh())
+  rows = lambda x: x.reshape(P * G, S)
+  for t, close in ((temperature, True), (1.0, False)):
+    logp = nnx.jit(functools.partial(train_step.token_logprobs, temperature=t))(
+        model, rows(batch.tokens_PGS), rows(batch.positions_PGS), rows(batch.input_mask_PGS))[0]
+    err = np.abs(np.asarray(logp).reshape(P, G, S) - batch.gen_logp_PGS)[mask].max()
+    # At T = 1 the same tokens have clearly different log-probs: the check can fail.
+    assert (err < 1e-4) if close else (err > 1e-2), (t, err)
+
+  # The same through the RL objective on a sharded trainer (chunked head): ratio = 1.
+  trainer = make_trainer(mesh_8(), temperature=temperature, logits_chunk=6)
+  metrics = host(trainer.step(batch))
+  assert abs(metrics["ratio_min"] - 1) < 1e-4 and abs(metrics["ratio_max"] - 1) < 1e-4
+
+
+def test_rl_objective_temperature():
+  rl = config.RLConfig()
+  assert train_step.RLObjective(rl, temperature=0.7).temperature == 0.7
+  # Greedy rows record the untempered log-softmax (generation/sampling.py).
+  assert train_step.RLObjective(rl, temperature=0.0).temperature == 1.0
+
+
+@pytest.mark.parametrize("key,value", [("top_p", 0.9), ("top_k", 20)])
+def test_rl_run_refuses_a_truncated_sampler(key, value):
+  with pytest.raises(UserError, match=f"config key 'sampler.{key}'"):
+    config.load(None, [f"sampler.{key}={value}"])
+  # The sampler alone (`jaxrl-scale generate`) still accepts it.
+  assert getattr(config.SamplerConfig(**{key: value}), key) == value
+
+
+# --------------------------------------------------------------------------------------
+# Ahead-of-time: an abstract trainer lowers the same program without any memory.
+
+
+def _abstract_model(mesh, dtype="float32"):
+  graphdef, state = sharding.abstract_model(tiny_cfg(dtype))
+  shardings = sharding.state_shardings(state, mesh)
+  is_var = lambda x: isinstance(x, nnx.Variable)
+  state = jax.tree.map(
+      lambda v, s: v.replace(jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype,
+                                                  sharding=s)),
+      state, shardings, is_leaf=is_var)
+  return nnx.merge(graphdef, state)
+
+
+def test_abstract_trainer_compiles_the_concrete_program():
+  mesh = mesh_8()
+  batch = make_batch(13)
+  rl = config.RLConfig()
+  opt = config.OptimConfig(lr=1e-3, warmup_steps=0, logits_chunk=6)
+  objective = train_step.RLObjective(rl, temperature=1.0)
+  abstract = train_step.Trainer(_abstract_model(mesh, "bfloat16"), mesh, opt, objective,
+                                micro_batches=2, compiler_options=FAST_COMPILE)
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(abstract.state))
+  assert _float_dtypes(abstract.state) == {"float32"}  # masters, as in a real run
+  spec = batch_lib.rl_batch_spec(P, G, S)
+  lowered = abstract.lower(spec)
+  assert isinstance(lowered, jax.stages.Lowered)
+  compiled = lowered.compile()
+  assert compiled.cost_analysis() is not None
+  with pytest.raises(RuntimeError, match="abstract"):
+    abstract.step(batch)
+
+  concrete = train_step.Trainer(fresh_model(mesh, "bfloat16"), mesh, opt, objective,
+                                micro_batches=2, compiler_options=FAST_COMPILE)
+  concrete.step(batch)
+  want, got = concrete.memory_analysis, compiled.memory_analysis()
+  assert got.argument_size_in_bytes == want.argument_size_in_bytes > 0
+  assert got.output_size_in_bytes == want.output_size_in_bytes
+  assert got.alias_size_in_bytes == want.alias_size_in_bytes > 0  # the state is donated
+  assert lowered.as_text() == concrete.lower(batch).as_text()
+
+
+@pytest.mark.parametrize("remat", ["full", pytest.param("dots", marks=pytest.mark.slow)])
+def test_remat_chunked_head_and_activation_sharding_keep_loss_and_grads(remat):
+  mesh = mesh_8()
+  batch = make_batch(14)
+  out = []
+  for kw in (dict(remat="none", logits_chunk=0), dict(remat=remat, logits_chunk=6)):
+    trainer = make_trainer(mesh, micro_batches=2, **kw)
+    assert trainer.activation_sharding(P // 2 * G).spec == jax.sharding.PartitionSpec(
+        "fsdp", None, None)
+    out.append(host(trainer.loss_and_grads(batch)))
+  (loss_ref, grads_ref), (loss, grads) = out
+  assert abs(loss - loss_ref) < 1e-5
+  for a, b in zip(jax.tree.leaves(grads_ref), jax.tree.leaves(grads)):
+    np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)
+  assert max(np.abs(g).max() for g in jax.tree.leaves(grads_ref)) > 1e-3
