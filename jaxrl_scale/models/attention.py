@@ -126,8 +126,7 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
     raise ValueError(f"query heads {n} are not a multiple of kv heads {k}")
   if block_size % _LANES:
     raise ValueError(f"splash block_size {block_size} is not a multiple of {_LANES}")
-  block = min(block_size, _round_up(t, _LANES))
-  t_pad = _round_up(t, block)
+  block, t_pad = _tiling(t, block_size)
 
   mesh = sharding.mesh
   batch_axes = _axes(sharding.spec[0] if len(sharding.spec) else None)
@@ -178,8 +177,37 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   return out_BTNH[:, :t]
 
 
+def splash_flops(batch: int, seq_len: int, num_heads: int, head_dim: int, *,
+                 backward: bool = False, block_size: int = 512) -> int:
+  """Matmul FLOPs the splash kernels execute (the compiler's cost analysis counts none).
+
+  A Pallas kernel is an opaque custom call to XLA's cost analysis, so a compiled program's
+  FLOPs miss attention; add these. The kernel computes every block on or below the causal
+  diagonal in full: nb * (nb + 1) / 2 of the nb * nb blocks of the padded sequence.
+  Forward: QK^T and PV (2 matmuls per block). Backward, unfused: the dq kernel recomputes
+  QK^T and does dO V^T, dS K (3); the dkv kernel recomputes QK^T and does dO V^T, P^T dO,
+  dS^T Q (4).
+
+  Args:
+    batch, seq_len, num_heads, head_dim: query shapes (all query heads; GQA does not
+      change the count).
+    backward: also count the backward kernels.
+    block_size: as given to `splash_attention`.
+  """
+  block, t_pad = _tiling(seq_len, block_size)
+  nb = t_pad // block
+  per_matmul = 2 * block * block * head_dim * (nb * (nb + 1) // 2) * num_heads * batch
+  return per_matmul * (2 + (7 if backward else 0))
+
+
 # Splash tiles must be multiples of the TPU lane width.
 _LANES = 128
+
+
+def _tiling(t: int, block_size: int) -> tuple[int, int]:
+  """(block, padded length): the block clipped to T rounded up to the lane width."""
+  block = min(block_size, _round_up(t, _LANES))
+  return block, _round_up(t, block)
 
 
 def _round_up(x: int, multiple: int) -> int:

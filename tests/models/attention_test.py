@@ -178,6 +178,15 @@ def test_splash_rejects_uneven_batch():
                                sharding=NamedSharding(mesh, P("fsdp")))
 
 
+def test_splash_flops_by_hand():
+  # T=1000 pads to two 512 blocks; 3 of the 4 block pairs are on or below the diagonal.
+  block_matmul = 2 * 512 * 512 * 128
+  assert attention.splash_flops(1, 1000, 1, 128) == 3 * 2 * block_matmul
+  assert attention.splash_flops(2, 1000, 4, 128, backward=True) == 2 * 4 * 3 * 9 * block_matmul
+  # T=100 is one 128 block.
+  assert attention.splash_flops(1, 100, 1, 64) == 2 * (2 * 128 * 128 * 64)
+
+
 @pytest.fixture(scope="module")
 def tpu_mesh():
   """A ('fsdp', 'tp') mesh over a simulated v5e:2x2 (libtpu, no TPU attached)."""
