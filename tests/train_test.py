@@ -23,6 +23,7 @@ from jaxrl_scale import config
 from jaxrl_scale import metrics
 from jaxrl_scale import train
 from jaxrl_scale.errors import UserError
+from jaxrl_scale.generation import engine
 from jaxrl_scale.pipeline import loop as loop_lib
 from jaxrl_scale.pipeline import rollouts
 from jaxrl_scale.pipeline import wiring
@@ -101,10 +102,15 @@ def _check_stream(rows, steps, k):
 
 
 @pytest.mark.parametrize("mode", ["sync", "pipeline", "ppo_offpolicy", "colocated"])
-def test_each_mode_runs_end_to_end(task_file, tmp_path, mode):
+def test_each_mode_runs_end_to_end(task_file, tmp_path, mode, monkeypatch):
   cfg = _cfg(task_file, tmp_path / mode, f"pipeline.mode={mode}")
+  built = []  # eval, SFT dev checks and rollouts share the process's one Sampler
+  init = engine.Sampler.__init__
+  monkeypatch.setattr(engine.Sampler, "__init__",
+                      lambda self, *a, **k: (built.append(self), init(self, *a, **k))[1])
   outcome = wiring.train(cfg, cfg.run.output_dir)
   assert outcome.reason == "done" and outcome.step == 4
+  assert len(built) == 1
   rows = _rows(cfg.run.output_dir)
   _check_stream(rows, 4, k=2)
   if mode == "ppo_offpolicy":  # one round of k = 2 mini-batches per policy

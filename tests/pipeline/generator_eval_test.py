@@ -1,5 +1,6 @@
 """Eval through the pipelined generator's own Sampler (PipelineSource.generate)."""
 
+import dataclasses
 import threading
 
 import jax
@@ -117,3 +118,63 @@ def test_evaluator_accepts_the_pipeline_source(prompt_source, fakes):
     src.close()
   assert out["val/pass_rate"] == 0.5 and out["val/pass_at_k"] == 1.0
   assert out["val/length_mean"] == 3.0 and out["val/num_prompts"] == 3.0
+
+
+def test_real_sampler_pipeline_eval_matches_direct_generate(prompt_source, fakes, monkeypatch):
+  """A tiny model in pipeline mode: the eval goes through the training stream's Sampler."""
+  built = []
+  init = engine.Sampler.__init__
+  monkeypatch.setattr(engine.Sampler, "__init__",
+                      lambda self, *a, **k: (built.append(self), init(self, *a, **k))[1])
+  mcfg = dataclasses.replace(model_config.tiny_llama(), num_layers=1)
+  model = transformer.Transformer(mcfg, rngs=nnx.Rngs(0))
+  cfg = SamplerConfig(num_slots=4, max_new_tokens=8, temperature=1.0, decode_chunk=4,
+                      prompt_buckets=(16,))
+  sampler = engine.Sampler(model, cfg, eos_ids=(), seed=0)
+  params = [jax.tree.map(lambda x, s=s: x * (1.0 + 0.05 * s), nnx.state(model, nnx.Param))
+            for s in range(4)]  # a different policy per version, so versions matter
+
+  class Scorer:  # correct = first token even: any policy change shows in the pass rate
+    def __init__(self):
+      self.seen = []
+
+    def score(self, prompt, completions):
+      self.seen.append(completions)
+      return None, np.array([c.tokens[0] % 2 == 0 for c in completions]), {}
+
+  validation = prompt_source.validation()[:4]
+  scorer = Scorer()
+  src = _source(sampler, prompt_source, fakes.Scorer()).start()
+  consumed = []
+  try:
+    evaluator = eval_lib.Evaluator(src, validation, scorer, samples_per_prompt=2,
+                                   temperature=1.0, seed=3)
+    for v in range(3):
+      groups = src.next_groups(v)
+      consumed.append(groups)
+      src.after_step(groups, params[v + 1], v + 1)
+    via_pipeline = evaluator.run(params[3], 3)  # while training sequences are in flight
+    for v in range(3, 5):  # training resumes after the eval
+      groups = src.next_groups(v)
+      consumed.append(groups)
+      src.after_step(groups, params[3], v + 1)
+  finally:
+    src.close()
+  pipeline_completions = [c for group in scorer.seen for c in group]
+  # The reference: the same Sampler driven directly, nothing else in its slots.
+  scorer.seen.clear()
+  direct = eval_lib.Evaluator(sampler, validation, scorer, samples_per_prompt=2,
+                              temperature=1.0, seed=3).run(params[3], 3)
+  direct_completions = [c for group in scorer.seen for c in group]
+
+  assert len(built) == 1, "pipeline eval must not build a second Sampler"
+  for key in ("val/pass_rate", "val/pass_at_k", "val/length_mean", "val/num_prompts"):
+    assert via_pipeline[key] == direct[key], key
+  assert len(pipeline_completions) == len(direct_completions) == 8
+  for a, b in zip(pipeline_completions, direct_completions):
+    assert a.prompt_id == b.prompt_id and a.sample_index == b.sample_index
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+    assert set(a.versions.tolist()) == {3}
+  _check_groups(consumed)
+  assert sum(len(g) for g in consumed) == 5 * P
