@@ -26,8 +26,8 @@ update of lr 5e-7: its spacing there is 1.2e-4); the forward pass computes in th
 gets a `param_dtype` copy, cast on the trainer's devices (`parallel.transfer`). Every
 carried array keeps its dtype and sharding, so the step compiles exactly once.
 
-Log-probs are those of the distribution the sampler drew from: log-softmax(logits / T),
-T = the sampler's temperature (`RLObjective(rl, temperature=...)`).
+Log-probs (`rl.logprobs`) are those of the distribution the sampler drew from:
+log-softmax(logits / T), T = the sampler's temperature (`RLObjective(rl, temperature=...)`).
 
 Memory: decoder layers are rematerialised (`optim.remat`), activations stay split by batch
 rows over 'fsdp' (`activation_sharding`), and the LM head runs over `optim.logits_chunk`
@@ -47,7 +47,6 @@ caller's model object must not be used afterwards; `Trainer.model()` gives a liv
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 from typing import Any, Protocol
@@ -63,6 +62,7 @@ from jaxrl_scale.config import OptimConfig, RLConfig
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.rl import aggregation
 from jaxrl_scale.rl import batch as batch_lib
+from jaxrl_scale.rl import logprobs as logprobs_lib
 from jaxrl_scale.rl import losses
 from jaxrl_scale.rl import optimizer as optimizer_lib
 
@@ -84,83 +84,6 @@ class TrainState:
   step: jax.Array
   params: nnx.State
   opt_state: optax.OptState
-
-
-# --------------------------------------------------------------------------------------
-# Log-probabilities.
-
-
-def _head_logprobs(model: nnx.Module, h_BTD: jax.Array, targets_BT: jax.Array,
-                   temperature: float) -> tuple[jax.Array, jax.Array]:
-  """(log p_T(target), target is the argmax) from hidden states, in float32."""
-  logits_BTV = model.logits(h_BTD).astype(jnp.float32)
-  if temperature != 1.0:
-    # The sampler divides the float32 logits by T before its log-softmax
-    # (generation/sampling.py); the same operation here gives the same numbers.
-    logits_BTV = logits_BTV / jnp.float32(temperature)
-  target_BT = jnp.take_along_axis(logits_BTV, targets_BT[:, :, None], axis=-1)[:, :, 0]
-  # target - logsumexp equals gathering log_softmax without a second [B, T, V] array.
-  logp_BT = target_BT - jax.nn.logsumexp(logits_BTV, axis=-1)
-  top1_BT = target_BT >= jnp.max(logits_BTV, axis=-1)
-  return logp_BT, top1_BT
-
-
-def token_logprobs(model: nnx.Module, tokens_BS: jax.Array, positions_BS: jax.Array,
-                   mask_BS: jax.Array, chunk: int = 0, *, temperature: float = 1.0,
-                   remat: str = "none",
-                   activation_sharding: NamedSharding | None = None,
-                   ) -> tuple[jax.Array, jax.Array]:
-  """log pi_T(tokens[s] | tokens[<s]) at every position s >= 1, and whether it was the argmax.
-
-  pi_T is the policy at temperature T: softmax(logits / T). The LM head runs in float32
-  when the model is configured so (`lm_head_fp32`) and the normaliser is taken in float32
-  whatever the head's dtype: the importance ratio exp(logp_train - logp_gen) amplifies any
-  rounding of either log-prob, and bf16 logits were the instability the ScaleRL paper fixed
-  with its "FP32 logits" (notes section 5).
-
-  Args:
-    model: the policy.
-    tokens_BS, positions_BS, mask_BS: the model inputs (see `batch.TrainBatch`).
-    chunk: > 0 computes the LM head over `chunk` positions at a time, rematerialised in
-      the backward pass, so the float32 [B, S, V] logits never exist at once (at V = 152k
-      and S = 16k they would not fit); 0 does all positions in one go.
-    temperature: T > 0; the sampler's temperature for RL, 1 for SFT.
-    remat: the decoder layers' rematerialisation policy (`transformer.REMAT_POLICIES`).
-    activation_sharding: where [B, S, D] activations live (rows over 'fsdp'); None lets
-      the compiler choose.
-
-  Returns:
-    (logp_BS float32, top1_BS bool); position 0 has no prediction and holds 0 / False.
-  """
-  if temperature <= 0:
-    raise ValueError(f"temperature must be > 0, got {temperature}")
-  h_BSD = model.hidden_states(tokens_BS, positions_BS, mask_BS, remat=remat,
-                              activation_sharding=activation_sharding)
-  # The last position predicts past the sequence: never a target, so skip its logits.
-  h_BTD, targets_BT = h_BSD[:, :-1], tokens_BS[:, 1:]
-  b, t = targets_BT.shape
-  head = functools.partial(_head_logprobs, model, temperature=temperature)
-  if chunk <= 0 or chunk >= t:
-    logp_BT, top1_BT = head(h_BTD, targets_BT)
-  else:
-    n = -(-t // chunk)
-    pad = n * chunk - t
-    h_CBcD = jnp.pad(h_BTD, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, -1).swapaxes(0, 1)
-    tgt_CBc = jnp.pad(targets_BT, ((0, 0), (0, pad))).reshape(b, n, chunk).swapaxes(0, 1)
-    if activation_sharding is not None:
-      # Chunks are taken along the sequence: each one stays split by rows like h_BSD.
-      row_spec = activation_sharding.spec[0] if activation_sharding.spec else None
-      h_CBcD = jax.lax.with_sharding_constraint(h_CBcD, NamedSharding(
-          activation_sharding.mesh, PartitionSpec(None, row_spec, None, None)))
-    # Only the chunk's inputs are kept for the backward pass; its [B, c, V] logits are
-    # recomputed there.
-    one = jax.checkpoint(lambda args: head(*args))
-    logp_CBc, top1_CBc = jax.lax.map(one, (h_CBcD, tgt_CBc))
-    logp_BT = logp_CBc.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
-    top1_BT = top1_CBc.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
-  logp_BS = jnp.pad(logp_BT, ((0, 0), (1, 0)))
-  top1_BS = jnp.pad(top1_BT, ((0, 0), (1, 0)))
-  return logp_BS, top1_BS
 
 
 def _rows(x: jax.Array, example_dims: int) -> jax.Array:
@@ -434,7 +357,7 @@ class Trainer:
       model = nnx.merge(self.graphdef, p, rest)
       tokens, positions, mask = self.objective.model_inputs(micro)
       tokens_R = _rows(tokens, dims)
-      logp_R, top1_R = token_logprobs(
+      logp_R, top1_R = logprobs_lib.token_logprobs(
           model, tokens_R, _rows(positions, dims), _rows(mask, dims), chunk=self.logits_chunk,
           temperature=self.objective.temperature, remat=self.remat,
           activation_sharding=self.activation_sharding(tokens_R.shape[0]))

@@ -14,6 +14,7 @@ from jaxrl_scale.models import config as model_config
 from jaxrl_scale.models import sharding
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.rl import batch as batch_lib
+from jaxrl_scale.rl import logprobs
 from jaxrl_scale.rl import train_step
 
 P, G, S = 4, 4, 20
@@ -149,7 +150,7 @@ def test_micro_batch_accumulation_equals_full_batch(aggregation):
   assert max(np.abs(g).max() for g in jax.tree.leaves(grads_1)) > 1e-3  # not all zero
 
 
-_token_logprobs = nnx.jit(train_step.token_logprobs)
+_token_logprobs = nnx.jit(logprobs.token_logprobs)
 
 
 def _completion_logp(trainer, batch, p, g) -> float:
@@ -235,7 +236,7 @@ def test_chunked_lm_head_gives_same_logprobs_and_grads():
   weight = b.loss_mask_PGS[1]
 
   def objective(p, chunk):
-    logp, top1 = train_step.token_logprobs(nnx.merge(graphdef, p), tokens, pos, mask, chunk)
+    logp, top1 = logprobs.token_logprobs(nnx.merge(graphdef, p), tokens, pos, mask, chunk)
     return jnp.sum(logp * weight), (logp, top1)
 
   results = [jax.jit(jax.grad(objective, has_aux=True), static_argnums=1)(params, c)
@@ -320,7 +321,7 @@ def test_trainer_logprobs_equal_the_samplers_at_its_temperature():
   model = fresh_model(mesh_lib.single_device_mesh())
   rows = lambda x: x.reshape(P * G, S)
   for t, close in ((temperature, True), (1.0, False)):
-    logp = nnx.jit(functools.partial(train_step.token_logprobs, temperature=t))(
+    logp = nnx.jit(functools.partial(logprobs.token_logprobs, temperature=t))(
         model, rows(batch.tokens_PGS), rows(batch.positions_PGS), rows(batch.input_mask_PGS))[0]
     err = np.abs(np.asarray(logp).reshape(P, G, S) - batch.gen_logp_PGS)[mask].max()
     # At T = 1 the same tokens have clearly different log-probs: the check can fail.
