@@ -215,3 +215,23 @@ def test_save_rejects_missing_tokenizer_dir(tiny_model, tmp_path):
   with pytest.raises(UserError, match="tokenizer directory not found"):
     hf_io.save_hf_model(tiny_model("tiny_llama"), config.tiny_llama(), str(tmp_path / "o"),
                         tokenizer_dir=str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_prefill_keys_and_values_match_transformers_cache(hf_checkpoints, hf_helpers, left):
+  import torch
+
+  path, hf_model = hf_checkpoints["llama"]  # llama: RoPE scaling touches the cached keys
+  model, cfg = hf_io.load_hf_model(path)
+  tokens, positions, mask = hf_helpers.padded_batch(cfg.vocab_size, [7, 4], 7, left=left)
+  _, k_LBTKH, v_LBTKH = nnx.jit(lambda m, *a: m.prefill(*a))(
+      model, *(jnp.asarray(x) for x in (tokens, positions, mask)))
+  with torch.no_grad():
+    cache = hf_model(input_ids=torch.tensor(tokens), position_ids=torch.tensor(positions),
+                     attention_mask=torch.tensor(mask.astype(np.int64)),
+                     use_cache=True).past_key_values
+  for i, layer in enumerate(cache.layers):  # HF keeps [B, K, T, H], RoPE applied
+    hf_k = layer.keys.numpy().transpose(0, 2, 1, 3)
+    hf_v = layer.values.numpy().transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(np.asarray(k_LBTKH[i])[mask], hf_k[mask], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(v_LBTKH[i])[mask], hf_v[mask], atol=1e-5, rtol=0)

@@ -1,6 +1,7 @@
 """The KV-cache path reproduces the full-sequence forward; dtype policy; log-probs."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -205,7 +206,8 @@ def test_token_log_probs_match_log_softmax(tiny_model):
   assert logp.dtype == np.float32 and (logp < 0).all()
 
 
-def test_remat_and_chunked_log_probs_give_the_same_loss_and_grads(tiny_model):
+@pytest.mark.parametrize("policy", ["full", "dots"])
+def test_remat_and_chunked_log_probs_give_the_same_loss_and_grads(tiny_model, policy):
   cfg = config.tiny_qwen2()
   model = tiny_model("tiny_qwen2")
   tokens = jnp.asarray(_seqs(cfg, 2, 8))
@@ -214,9 +216,9 @@ def test_remat_and_chunked_log_probs_give_the_same_loss_and_grads(tiny_model):
   @nnx.jit
   def both(m):
     def loss(m, remat, chunk):
-      h = m.hidden_states(tokens, pos, mask, remat="full" if remat else "none")
+      h = m.hidden_states(tokens, pos, mask, remat=remat)
       return m.token_log_probs(h, tokens, chunk_size=chunk).sum()
-    return (nnx.value_and_grad(loss)(m, False, None), nnx.value_and_grad(loss)(m, True, 4))
+    return (nnx.value_and_grad(loss)(m, "none", None), nnx.value_and_grad(loss)(m, policy, 4))
 
   (loss_ref, grads_ref), (loss_new, grads_new) = both(model)
   np.testing.assert_allclose(float(loss_new), float(loss_ref), rtol=1e-6)
@@ -224,6 +226,132 @@ def test_remat_and_chunked_log_probs_give_the_same_loss_and_grads(tiny_model):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
   with pytest.raises(ValueError, match="must divide"):
     model.token_log_probs(jnp.zeros((2, 8, cfg.hidden_size)), tokens, chunk_size=3)
+
+
+def test_remat_policies_change_what_the_backward_pass_keeps(tiny_model):
+  cfg = config.tiny_llama()
+  model = tiny_model("tiny_llama")
+  tokens = jnp.asarray(_seqs(cfg, 2, 8))
+  pos, mask = jnp.broadcast_to(jnp.arange(8), (2, 8)), jnp.ones((2, 8), bool)
+
+  def saved(remat):  # residuals the forward pass keeps for the backward pass
+    graphdef, state = nnx.split(model)
+    f = lambda st: nnx.merge(graphdef, st).hidden_states(tokens, pos, mask,  # noqa: E731
+                                                         remat=remat).sum()
+    # The vjp closure's leaves are exactly what the forward pass keeps.
+    kept = jax.eval_shape(lambda st: jax.tree.leaves(jax.vjp(f, st)[1]), state)
+    return sum(np.prod(x.shape) for x in kept)
+
+  sizes = {name: saved(name) for name in ("none", "dots", "full")}
+  assert sizes["full"] < sizes["dots"] < sizes["none"], sizes
+  with pytest.raises(ValueError, match="'dots', 'full', 'none'"):
+    model.hidden_states(tokens, pos, mask, remat="some")
+
+
+def _count_dots(cfg: config.ModelConfig, remat: str) -> int:
+  """dot_general ops in the lowered forward+backward program of a `cfg` model."""
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: transformer.create_model(cfg)))
+  tokens = jax.ShapeDtypeStruct((2, 8), jnp.int32)
+  mask = jax.ShapeDtypeStruct((2, 8), jnp.bool_)
+
+  def loss(st, t, m):
+    h = nnx.merge(graphdef, st).hidden_states(t, t, m, remat=remat)
+    return h.astype(jnp.float32).sum()
+
+  text = jax.jit(jax.grad(loss)).lower(state, tokens, mask).as_text()
+  return text.count("dot_general")
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_the_layer_scan_compiles_one_layer_body(remat):
+  two = dataclasses.replace(config.tiny_llama(), attention_impl="einsum")
+  six = dataclasses.replace(two, num_layers=6)
+  # An unrolled loop would give three times the matmuls; a scan has one body whatever L is.
+  assert _count_dots(two, remat) == _count_dots(six, remat) > 0
+
+
+def _fsdp_mesh():
+  return jax.make_mesh((4, 2), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def test_activation_sharding_keeps_numbers_and_pins_rows(tiny_model):
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from jaxrl_scale.models import sharding
+
+  cfg = config.tiny_qwen3()
+  mesh = _fsdp_mesh()
+  model = sharding.shard_model(tiny_model("tiny_qwen3"), mesh)
+  act = NamedSharding(mesh, P("fsdp", None, None))
+  tokens = jnp.asarray(_seqs(cfg, 8, L))
+  pos, mask = jnp.broadcast_to(jnp.arange(L), (8, L)), jnp.ones((8, L), bool)
+
+  @functools.partial(nnx.jit, static_argnums=1)
+  def grads(m, pinned):
+    def loss(m):
+      h = m.hidden_states(tokens, pos, mask, remat="full",
+                          activation_sharding=act if pinned else None)
+      return m.token_log_probs(h, tokens).sum(), h
+    return nnx.value_and_grad(loss, has_aux=True)(m)
+
+  (loss_ref, h_ref), g_ref = grads(model, False)
+  (loss_pin, h_pin), g_pin = grads(model, True)
+  assert h_pin.sharding.is_equivalent_to(act, 3)
+  np.testing.assert_allclose(float(loss_pin), float(loss_ref), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(h_pin), np.asarray(h_ref), atol=1e-5, rtol=0)
+  for a, b in zip(jax.tree.leaves(g_pin), jax.tree.leaves(g_ref)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+
+
+def test_activation_sharding_cuts_the_train_programs_memory():
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from jaxrl_scale.models import sharding
+
+  cfg = dataclasses.replace(config.tiny_qwen3(), attention_impl="einsum")
+  mesh = _fsdp_mesh()
+  graphdef, abs_state = sharding.abstract_model(cfg)
+  shardings = sharding.state_shardings(abs_state, mesh)
+  state = jax.tree.map(
+      lambda v, s: v.replace(jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype,
+                                                  sharding=s)),
+      abs_state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable))
+  rows = NamedSharding(mesh, P("fsdp", None))
+  tokens = jax.ShapeDtypeStruct((32, 256), jnp.int32, sharding=rows)
+  mask = jax.ShapeDtypeStruct((32, 256), jnp.bool_, sharding=rows)
+  act = NamedSharding(mesh, P("fsdp", None, None))
+
+  def compiled(pin):
+    def loss(st, t, m):
+      model = nnx.merge(graphdef, st)
+      h = model.hidden_states(t, t, m, remat="full", activation_sharding=pin)
+      return model.token_log_probs(h, t).sum(), h
+    return jax.jit(jax.value_and_grad(loss, has_aux=True)).lower(state, tokens, mask).compile()
+
+  free, pinned = compiled(None), compiled(act)
+  # Left alone, the compiler splits the activations by the fsdp-sharded weights' D axis and
+  # gathers rows around every matmul; pinned, each device keeps only its rows.
+  assert pinned.output_shardings[0][1].is_equivalent_to(act, 3)
+  assert not free.output_shardings[0][1].is_equivalent_to(act, 3)
+  assert (pinned.memory_analysis().temp_size_in_bytes
+          < 0.8 * free.memory_analysis().temp_size_in_bytes)
+
+
+def test_prefill_returns_the_cache_paths_keys_and_values(qwen3_model_cfg):
+  model, cfg = qwen3_model_cfg
+  tokens = jnp.asarray(_seqs(cfg, ROWS, BUCKET, seed=6))
+  mask = jnp.asarray(np.arange(BUCKET)[None, :] < np.array([5, 8, 1])[:, None])
+  pos = jnp.broadcast_to(jnp.arange(BUCKET), (ROWS, BUCKET))
+  h, k_LBTKH, v_LBTKH = nnx.jit(lambda m: m.prefill(tokens, pos, mask))(model)
+  cache = transformer.init_cache(cfg, ROWS, S_MAX)
+  h_ref, cache = _cached(model, tokens, pos, mask, cache, jnp.zeros((ROWS,), jnp.int32))
+  m = np.asarray(mask)
+  assert k_LBTKH.shape == (cfg.num_layers, ROWS, BUCKET, cfg.num_kv_heads, cfg.head_dim)
+  for got, ref in ((k_LBTKH, cache.k), (v_LBTKH, cache.v)):
+    np.testing.assert_allclose(np.asarray(got)[:, m], np.asarray(ref)[:, :, :BUCKET][:, m],
+                               atol=1e-5, rtol=0)
+  logits = np.asarray(nnx.jit(lambda m_, x: m_.logits(x))(model, h))
+  np.testing.assert_allclose(logits[m], np.asarray(h_ref)[m], atol=1e-5, rtol=0)
 
 
 def test_cache_arguments_go_together(tiny_model):
