@@ -68,6 +68,7 @@ def test_from_hf_config_rejects_unsupported(change, match):
     (dict(num_layers=0), "num_layers"),
     (dict(eos_token_ids=(600,)), "eos_token_ids"),
     (dict(rms_norm_eps=0.0), "rms_norm_eps"),
+    (dict(attention_impl="flash3"), "attention_impl"),
 ])
 def test_invalid_fields_name_the_field(change, field):
   with pytest.raises(UserError, match=f"ModelConfig.{field}:"):
@@ -79,3 +80,9 @@ def test_rope_scaling_validation_and_unknown_preset():
     config.RopeScaling(low_freq_factor=4.0, high_freq_factor=1.0)
   with pytest.raises(UserError, match="tiny_llama"):
     config.preset("tiny_lama")
+
+
+def test_attention_impls_are_the_attention_modules():
+  from jaxrl_scale.models import attention
+
+  assert config.ATTENTION_IMPLS == attention.IMPLS
