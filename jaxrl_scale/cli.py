@@ -18,6 +18,7 @@ COMMANDS = {
     "train": ("jaxrl_scale.train", "train a policy from a YAML config (key=value overrides)"),
     "fit": ("jaxrl_scale.scaling.command", "fit the sigmoid scaling curve to metrics and forecast"),
     "generate": ("jaxrl_scale.generation.command", "sample from a Hugging Face-format checkpoint"),
+    "plan": ("jaxrl_scale.plan.command", "compile a run's programs for a Cloud TPU topology (no TPU needed): HBM, FLOPs, roofline"),
     "reward": ("jaxrl_scale.rewards.command", "score one response with a verifier, showing the extracted answer"),
 }
 

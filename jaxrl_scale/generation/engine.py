@@ -84,6 +84,21 @@ def _paths_and_leaves(tree: Any) -> tuple[list[str], list[Any]]:
   return paths, [x for _, x in flat]
 
 
+def cache_geometry(cfg: SamplerConfig, max_prompt_len: int | None) -> tuple[list[int], int]:
+  """(prompt buckets in use, KV cache length per slot) for prompts up to `max_prompt_len`.
+
+  The cache holds the largest bucket the prompts need plus `max_new_tokens`; `jaxrl-scale
+  plan` sizes its programs with this too.
+  """
+  buckets = sorted(set(cfg.prompt_buckets))
+  longest = max_prompt_len if max_prompt_len is not None else buckets[-1]
+  if longest > buckets[-1]:
+    raise UserError(f"config key 'sampler.prompt_buckets': prompts up to {longest} tokens "
+                    f"need a bucket that long (largest is {buckets[-1]})")
+  top = next(b for b in buckets if b >= longest)
+  return [b for b in buckets if b <= top], top + cfg.max_new_tokens
+
+
 class Sampler:
   """Generates completions with a KV cache, continuous batching and in-flight weight swaps.
 
@@ -132,14 +147,7 @@ class Sampler:
       eos_ids = tokenizer.eos_ids if tokenizer is not None else model.cfg.eos_token_ids
     self.eos_ids = tuple(int(i) for i in eos_ids)
 
-    buckets = sorted(set(cfg.prompt_buckets))
-    longest = max_prompt_len if max_prompt_len is not None else buckets[-1]
-    if longest > buckets[-1]:
-      raise UserError(f"config key 'sampler.prompt_buckets': prompts up to {longest} tokens "
-                      f"need a bucket that long (largest is {buckets[-1]})")
-    top = next(b for b in buckets if b >= longest)
-    self.buckets = [b for b in buckets if b <= top]
-    self.max_len = top + cfg.max_new_tokens
+    self.buckets, self.max_len = cache_geometry(cfg, max_prompt_len)
 
     # Completion.text drops special tokens (EOS, padding); stop strings see the raw text.
     self._decode_text = ((lambda ids: tokenizer.decode(ids, skip_special_tokens=True))

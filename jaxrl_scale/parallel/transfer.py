@@ -38,8 +38,14 @@ def _cast(tree: Any, dtypes: Any) -> Any:
   if all(jnp.dtype(w) == x.dtype for w, x in zip(want, leaves)):
     return tree
   targets = tuple(jnp.dtype(w) for w in want)
-  cast = jax.jit(lambda xs: tuple(x.astype(d) for x, d in zip(xs, targets)))
-  return jax.tree.unflatten(treedef, list(cast(tuple(leaves))))
+  return jax.tree.unflatten(treedef, list(cast_program(targets)(tuple(leaves))))
+
+
+@functools.lru_cache(maxsize=16)
+def cast_program(dtypes: tuple) -> Any:
+  """jit(cast each leaf of a tuple to `dtypes`): runs where its inputs are, keeping their
+  sharding (the trainer-side half of a float32 -> bf16 weight transfer)."""
+  return jax.jit(lambda xs: tuple(x.astype(d) for x, d in zip(xs, dtypes)))
 
 
 def _by_process(devices) -> np.ndarray:

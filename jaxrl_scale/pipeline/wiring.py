@@ -63,8 +63,10 @@ _HOST_INIT_MAX_PARAMS = 100_000_000
 # ---- policy ---------------------------------------------------------------------------------
 
 
-def model_config_for(cfg: Config, tok: tokenizer_lib.Tokenizer) -> model_config.ModelConfig:
-  """The preset named by model.preset with the spec's dtype and shape overrides."""
+def model_config_for(cfg: Config, tok: tokenizer_lib.Tokenizer | None
+                     ) -> model_config.ModelConfig:
+  """The preset named by model.preset with the spec's dtype and shape overrides (checked
+  against the tokenizer's vocabulary when one is given)."""
   spec = cfg.model
   changes: dict[str, Any] = dict(dtype=spec.dtype, param_dtype=spec.param_dtype,
                                  lm_head_fp32=spec.lm_head_fp32)
@@ -75,7 +77,7 @@ def model_config_for(cfg: Config, tok: tokenizer_lib.Tokenizer) -> model_config.
     mcfg = dataclasses.replace(model_config.preset(spec.preset), **changes)
   except ValueError as e:
     raise UserError(f"config key 'model': {e}") from None
-  if mcfg.vocab_size < tok.vocab_size:
+  if tok is not None and mcfg.vocab_size < tok.vocab_size:
     raise UserError(f"config key 'model.preset': {spec.preset} has vocab_size "
                     f"{mcfg.vocab_size}, smaller than the tokenizer's {tok.vocab_size}")
   return mcfg

@@ -7,8 +7,9 @@ reads the optimized HLO text (`compiled.as_text()`, one device's program after S
 partitioning), finds each while loop's trip count, and sums:
 
   FLOPs   2 x multiply-adds of every `dot` and `convolution` (inside fusions too), plus the
-          `flops` of custom calls that carry a cost estimate (Pallas kernels); elementwise
-          work is left out (it is a few percent of a transformer's FLOPs).
+          `flops` of custom calls that carry a cost estimate, and for the splash attention
+          kernels (which carry none) their block-sparse matmul count from the query shape;
+          elementwise work is left out (a few percent of a transformer's FLOPs).
   bytes   operands read + results written by every top-level kernel (fusion, copy,
           collective, dot, ...), where a slice of a loop-carried buffer (dynamic-slice, or an
           in-place dynamic-update-slice) counts the slice, not the whole buffer.
@@ -128,25 +129,34 @@ def _dims(shape: str) -> tuple[int, ...]:
 
 
 def parse(text: str) -> tuple[dict[str, list[_Inst]], str]:
-  """HLO module text -> ({computation: instructions}, entry name)."""
-  comps: dict[str, list[_Inst]] = {}
+  """HLO module text -> ({computation: instructions}, entry name).
+
+  An instruction may span several lines (a Pallas kernel's backend_config holds newlines):
+  a line that does not start a new instruction continues the previous one, and only a
+  lone "}" ends a computation.
+  """
+  comps: dict[str, list[str]] = {}
   entry, current = "", None
   for line in text.splitlines():
-    h = _HEADER.match(line)
-    if h and not line.startswith(" "):
-      current = h.group(2)
-      comps[current] = []
-      if h.group(1):
-        entry = current
+    if current is None:
+      h = _HEADER.match(line)
+      if h:
+        current = h.group(2)
+        comps[current] = []
+        if h.group(1):
+          entry = current
       continue
-    if line.startswith("}"):
+    if line.rstrip() == "}":
       current = None
-      continue
-    if current is not None:
-      inst = _parse_inst(line)
-      if inst is not None:
-        comps[current].append(inst)
-  return comps, entry
+    elif line.startswith(" ") and _NAME_EQ.match(line):
+      comps[current].append(line)
+    elif comps[current]:
+      comps[current][-1] += "\n" + line
+  parsed = {}
+  for name, lines in comps.items():
+    insts = [_parse_inst(line) for line in lines]
+    parsed[name] = [i for i in insts if i is not None]
+  return parsed, entry
 
 
 def _attr_list(attrs: str, key: str) -> list[int]:
@@ -187,9 +197,33 @@ def _passes(inst: _Inst, shapes: dict[str, str]) -> int:
   return 6 if "highest" in precision else 3 if "high" in precision else 1
 
 
-def _custom_flops(inst: _Inst) -> float:
+# Matmuls per computed block of the splash attention kernels (models.attention): forward
+# QK^T and PV; dq recomputes QK^T, dP = dO V^T, dQ = dS K; dkv adds dV and dK.
+_SPLASH_MATMULS = (("splash_mha_fwd", 2), ("splash_mha_dq", 3), ("splash_mha_dkv", 4))
+
+
+def _splash_flops(inst: _Inst, shapes: dict[str, str]) -> float:
+  """FLOPs of a splash attention kernel call, from its query operand's shape.
+
+  XLA sees a Pallas kernel as an opaque custom call and counts none of its work. The query
+  is the largest operand of rank >= 3: [..., heads, T, head_dim].
+  """
+  count = next((k for prefix, k in _SPLASH_MATMULS if inst.name.startswith(prefix)), 0)
+  if not count:
+    return 0.0
+  arrays = [dims for o in inst.operands for _, dims in _arrays(shapes.get(o, ""))
+            if len(dims) >= 3]
+  if not arrays:
+    return 0.0
+  q = max(arrays, key=math.prod)
+  from jaxrl_scale.models import attention  # pylint: disable=g-import-not-at-top
+  per_two = attention.splash_flops(math.prod(q[:-3]), q[-2], q[-3], q[-1])
+  return per_two / 2 * count
+
+
+def _custom_flops(inst: _Inst, shapes: dict[str, str]) -> float:
   m = re.search(r'"flops"\s*:\s*"?([0-9.eE+]+)', inst.attrs)
-  return float(m.group(1)) if m else 0.0
+  return float(m.group(1)) if m else _splash_flops(inst, shapes)
 
 
 def _bound_from(body: list[_Inst]) -> int | None:
@@ -260,8 +294,9 @@ class _Analyzer:
         total.flops += f
         total.weighted_flops += f * _passes(inst, shapes)
       elif op == "custom-call":
-        total.flops += _custom_flops(inst)
-        total.weighted_flops += _custom_flops(inst)
+        f = _custom_flops(inst, shapes)
+        total.flops += f
+        total.weighted_flops += f
       if op == "while":
         body = _called(inst.attrs, "body")
         trip = _trip_count_of(inst, self.comps) if self.loops else 1

@@ -85,6 +85,25 @@ class SFTBatch:
   loss_mask_BS: jax.Array
 
 
+def rl_batch_spec(num_prompts: int, group_size: int, seq_len: int) -> TrainBatch:
+  """The shapes and dtypes of a `pack_rl` batch, as `jax.ShapeDtypeStruct`s (no memory);
+  for compiling the train step ahead of time (`jaxrl-scale plan`)."""
+  pgs, pg = (num_prompts, group_size, seq_len), (num_prompts, group_size)
+  s = jax.ShapeDtypeStruct
+  return TrainBatch(tokens_PGS=s(pgs, np.int32), positions_PGS=s(pgs, np.int32),
+                    input_mask_PGS=s(pgs, np.int32), loss_mask_PGS=s(pgs, np.float32),
+                    gen_logp_PGS=s(pgs, np.float32), advantages_PG=s(pg, np.float32),
+                    weight_PG=s(pg, np.float32), prompt_id_PG=s(pg, np.int32))
+
+
+def sft_batch_spec(batch_size: int, seq_len: int) -> SFTBatch:
+  """The shapes and dtypes of a `pack_sft` batch, as `jax.ShapeDtypeStruct`s."""
+  bs = (batch_size, seq_len)
+  s = jax.ShapeDtypeStruct
+  return SFTBatch(tokens_BS=s(bs, np.int32), positions_BS=s(bs, np.int32),
+                  input_mask_BS=s(bs, np.int32), loss_mask_BS=s(bs, np.float32))
+
+
 def _fill_row(seq_len: int, prompt: Sequence[int], completion: Sequence[int],
               pad_id: int) -> tuple[np.ndarray, np.ndarray, int, int]:
   lp, lc = len(prompt), len(completion)

@@ -1,0 +1,62 @@
+"""`jaxrl-scale plan` end to end: a tiny recipe compiled for a simulated TPU slice.
+
+This test must run in CI (libtpu is in the test extra): it is the check that the run's own
+programs still lower and compile for a TPU.
+"""
+
+import json
+
+import pytest
+
+from jaxrl_scale import cli
+
+pytest.importorskip("libtpu", reason="pip install -e '.[test]' brings libtpu (jax[tpu])")
+
+# The embedded demo's recipe, made smaller so the compiles take seconds.
+TINY = ["mesh.trainer_devices=2", "mesh.generator_devices=2", "rl.prompts_per_step=8",
+        "rl.generations_per_prompt=2", "sampler.num_slots=16", "optim.micro_batch_prompts=4",
+        "sft.steps=0"]
+
+KEYS = {"chips", "hbm_bytes_per_chip", "hbm_capacity_bytes", "fits", "compiled_flops_per_chip",
+        "model_flops_per_chip", "bytes_accessed_per_chip", "bound_seconds", "mfu_bound",
+        "compile_seconds"}
+
+
+def test_tiny_recipe_plans_on_v5e(capsys):
+  code = cli.main(["plan", "configs/cpu_tiny.yaml", *TINY, "--topology", "v5e:2x2", "--json"])
+  out = capsys.readouterr().out
+  plan = json.loads(out)
+  assert code == 0, plan
+  assert plan["topology"] == "v5e:2x2" and plan["chips"] == 4 and plan["fits"] is True
+  assert set(plan["programs"]) == {"train_step", "weight_cast", "prefill", "decode"}
+  for name, row in plan["programs"].items():
+    assert KEYS <= set(row), name
+    assert row["chips"] == 2 and row["fits"]
+    assert 0 < row["hbm_bytes_per_chip"] < row["hbm_capacity_bytes"]
+  train = plan["programs"]["train_step"]
+  # fp32 master weights and two fp32 Adam moments: the optimizer holds twice the params
+  # (plus its step counters).
+  res = train["resident_bytes_per_chip"]
+  assert 2 * res["params"] <= res["optimizer"] <= 2 * res["params"] + 64
+  assert train["compiled_flops_per_chip"] > 0 and train["bound_seconds"] > 0
+  # The generator holds the param_dtype copy of the weights and a KV cache.
+  assert plan["programs"]["decode"]["resident_bytes_per_chip"]["kv_cache"] > 0
+
+
+def test_does_not_fit_exits_1_with_one_line(capsys):
+  # 4096 slots of 64k tokens: a KV cache far beyond a v5e chip's 16 GiB.
+  code = cli.main(["plan", "configs/cpu_tiny.yaml", *TINY[:-3], "sft.steps=0",
+                   "sampler.num_slots=4096", "sampler.max_new_tokens=65536",
+                   "optim.micro_batch_prompts=4", "rl.prompts_per_step=4",
+                   "--topology", "v5e:2x2"])
+  captured = capsys.readouterr()
+  assert code == 1
+  err = [line for line in captured.err.splitlines() if line.startswith("jaxrl-scale plan:")]
+  assert len(err) == 1
+  assert "does not fit on v5e:2x2" in err[0] and "sampler.num_slots" in err[0]
+
+
+def test_bad_topology_is_a_one_line_error(capsys):
+  code = cli.main(["plan", "configs/cpu_tiny.yaml", "--topology", "v5p-96"])
+  assert code == 2
+  assert "no v5p slice of that size" in capsys.readouterr().err
