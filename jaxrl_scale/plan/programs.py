@@ -35,6 +35,7 @@ from jaxrl_scale.models import sharding
 from jaxrl_scale.models.config import ModelConfig
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.parallel import transfer
+from jaxrl_scale.pipeline import wiring
 from jaxrl_scale.rl import batch as batch_lib
 from jaxrl_scale.rl import sft as sft_lib
 from jaxrl_scale.rl import train_step
@@ -148,7 +149,7 @@ def build(cfg: Config, mcfg: ModelConfig, devices: list) -> tuple[mesh_lib.Slice
   p, g = cfg.rl.prompts_per_step, cfg.rl.generations_per_prompt
   seq = cfg.data.max_prompt_tokens + cfg.sampler.max_new_tokens
   batch = batch_lib.rl_batch_spec(p, g, seq)
-  objective = train_step.RLObjective(cfg.rl, temperature=cfg.sampler.temperature)
+  objective = wiring.rl_objective(cfg)
   programs.append(_trainer_program(
       "train_step", cfg, mcfg, slices.trainer, objective, cfg.optim,
       train_step.micro_batches_for(cfg.optim, p), batch, p * g, seq))
