@@ -30,6 +30,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_scale.config import Config
+from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import decode, engine
 from jaxrl_scale.models import sharding
 from jaxrl_scale.models.config import ModelConfig
@@ -183,7 +184,6 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
   slots = slices.slots_per_group(scfg.num_slots)
   data = mesh.shape.get("data", 1)
   if slots % data:
-    from jaxrl_scale.errors import UserError  # pylint: disable=g-import-not-at-top
     raise UserError(f"config key 'sampler.num_slots': {slots} slots per generator group are "
                     f"not a multiple of its data axis ({data} devices)")
   buckets, max_len = engine.cache_geometry(scfg, cfg.data.max_prompt_tokens)

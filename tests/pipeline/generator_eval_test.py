@@ -1,7 +1,7 @@
 """Eval through the pipelined generator's own Sampler (PipelineSource.generate)."""
 
 import dataclasses
-import threading
+import time
 
 import jax
 import numpy as np
@@ -82,9 +82,10 @@ def test_eval_completes_while_training_admission_is_closed(prompt_source, fakes)
   sampler = fakes.Sampler(num_slots=8, length=lambda req: 1)
   src = _source(sampler, prompt_source, fakes.Scorer(), k=1, queue_size=4).start()
   try:
-    deadline = threading.Event()
-    while src.admitter.num_outstanding < P and not deadline.wait(0.01):
-      pass
+    give_up = time.monotonic() + 60  # bounded: a broken generator fails, never hangs
+    while src.admitter.num_outstanding < P and time.monotonic() < give_up:
+      time.sleep(0.01)
+    assert src.admitter.num_outstanding == P
     out = src.generate(_eval_requests(12))
     assert len(out) == 12 and all(c is not None for c in out)
     assert src.admitter.num_outstanding == P  # the eval admitted no training group
