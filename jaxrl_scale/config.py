@@ -172,6 +172,20 @@ class SamplerConfig:
     _check(self.decode_chunk >= 1, "sampler.decode_chunk", "must be >= 1")
     _check(self.interrupt_min <= self.interrupt_max, "sampler.interrupt_min",
            "must be <= sampler.interrupt_max")
+    _check(self.answer_budget >= 0, "sampler.answer_budget", "must be >= 0")
+    if self.interrupt:
+      # A budget of 0 would force the phrase at the first token; one at or past
+      # max_new_tokens would never be reached.
+      _check(self.interrupt_min > 0, "sampler.interrupt_min",
+             f"must be > 0 when sampler.interrupt is true, got {self.interrupt_min}")
+      _check(self.interrupt_max < self.max_new_tokens, "sampler.interrupt_max",
+             f"must be < sampler.max_new_tokens ({self.max_new_tokens}) when "
+             f"sampler.interrupt is true, got {self.interrupt_max}")
+      _check(self.interrupt_max + self.answer_budget <= self.max_new_tokens,
+             "sampler.answer_budget",
+             f"{self.answer_budget} does not fit: sampler.interrupt_max + answer_budget = "
+             f"{self.interrupt_max + self.answer_budget} > sampler.max_new_tokens "
+             f"({self.max_new_tokens})")
 
 
 @dataclasses.dataclass(frozen=True)

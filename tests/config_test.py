@@ -35,11 +35,30 @@ def test_yaml_then_overrides(tmp_path):
     (["optim.lr=-1"], r"'optim.lr': must be > 0"),
     (["rl.generations_per_prompt=1"], r"'rl.generations_per_prompt'"),
     (["noequals"], r"not of the form key.sub=value"),
+    # Forced interruption with the defaults (budget 0) would force the phrase at token 0.
+    (["sampler.interrupt=true"], r"'sampler.interrupt_min': must be > 0"),
+    (["sampler.interrupt=true", "sampler.interrupt_min=4", "sampler.interrupt_max=3"],
+     r"'sampler.interrupt_min': must be <= sampler.interrupt_max"),
+    (["sampler.interrupt=true", "sampler.interrupt_min=4", "sampler.interrupt_max=32",
+      "sampler.max_new_tokens=32"], r"'sampler.interrupt_max': must be < sampler.max_new"),
+    (["sampler.interrupt=true", "sampler.interrupt_min=4", "sampler.interrupt_max=20",
+      "sampler.max_new_tokens=32", "sampler.answer_budget=13"],
+     r"'sampler.answer_budget': 13 does not fit"),
+    (["sampler.answer_budget=-1"], r"'sampler.answer_budget': must be >= 0"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_key(overrides, match):
   with pytest.raises(UserError, match=match) as info:
     config.load(None, overrides)
   assert "\n" not in str(info.value)
+
+
+def test_interrupt_settings_that_fit_are_accepted():
+  cfg = config.load(None, ["sampler.interrupt=true", "sampler.interrupt_min=4",
+                           "sampler.interrupt_max=20", "sampler.max_new_tokens=32",
+                           "sampler.answer_budget=12"])
+  assert (cfg.sampler.interrupt_min, cfg.sampler.interrupt_max) == (4, 20)
+  # Off, the budgets are not used and need not fit.
+  assert not config.load(None, ["sampler.interrupt_max=64"]).sampler.interrupt
 
 
 def test_bad_yaml_file(tmp_path):
