@@ -13,6 +13,8 @@ visible key (a left-padding query) gets finite garbage, never NaN; callers ignor
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,7 +100,8 @@ def einsum_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
 
 def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
                      mask_BT: jax.Array, *, sharding: jax.sharding.NamedSharding,
-                     block_size: int = 512, interpret: bool = False) -> jax.Array:
+                     block_size: int = 512, backward_block_size: int = 1024,
+                     interpret: bool = False) -> jax.Array:
   """The Pallas TPU splash-attention path, run per device under `jax.shard_map`.
 
   The causal mask is the kernel's static block-sparse CausalMask (blocks above the diagonal
@@ -114,7 +117,11 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   Args:
     q_BTNH, k_BTKH, v_BTKH, mask_BT: as in `causal_attention`.
     sharding: the sharding of q_BTNH; its mesh is the shard_map mesh.
-    block_size: the kernel's q and kv tile (all passes), clipped to T rounded up to 128.
+    block_size: the forward kernel's q and kv tile, clipped to T rounded up to 128.
+    backward_block_size: the fused backward kernel's q and kv tile (clipped likewise). The
+      fused kernel computes dq, dk and dv in one pass (5 matmuls a block against 7 for the
+      separate dq and dkv kernels) and keeps one bfloat16 dq partial per kv block: at T=16k
+      with 32 heads of 128, 2 GiB per row with 1024-wide blocks (4 GiB with 512).
     interpret: run the kernel in Pallas interpret mode (CPU tests).
   """
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
@@ -124,9 +131,10 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   k = k_BTKH.shape[2]
   if n % k:
     raise ValueError(f"query heads {n} are not a multiple of kv heads {k}")
-  if block_size % _LANES:
-    raise ValueError(f"splash block_size {block_size} is not a multiple of {_LANES}")
-  block, t_pad = _tiling(t, block_size)
+  for size in (block_size, backward_block_size):
+    if size % _LANES:
+      raise ValueError(f"splash block size {size} is not a multiple of {_LANES}")
+  block, bwd_block, t_pad = _tiling(t, block_size, backward_block_size)
 
   mesh = sharding.mesh
   batch_axes = _axes(sharding.spec[0] if len(sharding.spec) else None)
@@ -149,11 +157,9 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   pad = ((0, 0), (0, t_pad - t), (0, 0), (0, 0))
   q_BTNH, k_BTKH, v_BTKH = (jnp.pad(x, pad) for x in (q_BTNH, k_BTKH, v_BTKH))
   kv_segment_BT = jnp.pad(mask_BT.astype(jnp.int32), ((0, 0), (0, t_pad - t)))
-  # Unfused backward (separate dq and dkv kernels): the fused one keeps float32 dq partials
-  # per kv block, 4.2 GiB vs 0.41 GiB of temporaries for one 16k Qwen3-8B row on v5p.
   blocks = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
-                         block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-                         block_q_dq=block, block_kv_dq=block)
+                         block_q_dkv=bwd_block, block_kv_dkv=bwd_block,
+                         block_kv_dkv_compute=bwd_block, use_fused_bwd_kernel=True)
   n_local = n // (tp if head_axis else 1)
 
   def per_device(q_BTNH, k_BTKH, v_BTKH, kv_segment_BT):
@@ -179,36 +185,49 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
 
 
 def splash_flops(batch: int, seq_len: int, num_heads: int, head_dim: int, *,
-                 backward: bool = False, block_size: int = 512) -> int:
+                 backward: bool = False, block_size: int = 512,
+                 backward_block_size: int = 1024) -> int:
   """Matmul FLOPs the splash kernels execute (the compiler's cost analysis counts none).
 
   A Pallas kernel is an opaque custom call to XLA's cost analysis, so a compiled program's
-  FLOPs miss attention; add these. The kernel computes every block on or below the causal
-  diagonal in full: nb * (nb + 1) / 2 of the nb * nb blocks of the padded sequence.
-  Forward: QK^T and PV (2 matmuls per block). Backward, unfused: the dq kernel recomputes
-  QK^T and does dO V^T, dS K (3); the dkv kernel recomputes QK^T and does dO V^T, P^T dO,
-  dS^T Q (4).
+  FLOPs miss attention; add these. The kernel computes every block that holds at least one
+  query-key pair on or below the causal diagonal in full (`splash_block_flops`). Forward:
+  QK^T and PV (2 matmuls per block). Backward (the fused kernel `splash_attention` uses):
+  QK^T, dO V^T, dS K, P^T dO and dS^T Q (5).
 
   Args:
     batch, seq_len, num_heads, head_dim: query shapes (all query heads; GQA does not
       change the count).
-    backward: also count the backward kernels.
-    block_size: as given to `splash_attention`.
+    backward: also count the backward kernel.
+    block_size, backward_block_size: as given to `splash_attention`.
   """
-  block, t_pad = _tiling(seq_len, block_size)
-  nb = t_pad // block
-  per_matmul = 2 * block * block * head_dim * (nb * (nb + 1) // 2) * num_heads * batch
-  return per_matmul * (2 + (7 if backward else 0))
+  block, bwd_block, t_pad = _tiling(seq_len, block_size, backward_block_size)
+  flops = 2 * splash_block_flops(batch, t_pad, num_heads, head_dim, block, block)
+  if backward:
+    flops += 5 * splash_block_flops(batch, t_pad, num_heads, head_dim, bwd_block, bwd_block)
+  return flops
+
+
+def splash_block_flops(batch: int, t_pad: int, num_heads: int, head_dim: int, block_q: int,
+                       block_kv: int) -> int:
+  """FLOPs of one [T, T] x [T, H] matmul over the causal blocks a splash kernel computes:
+  the (q block, kv block) tiles of a padded length `t_pad` that hold a key at or before
+  some query of the tile."""
+  area = sum(min(t_pad // block_kv, ((i + 1) * block_q - 1) // block_kv + 1)
+             for i in range(t_pad // block_q)) * block_q * block_kv
+  return 2 * area * head_dim * num_heads * batch
 
 
 # Splash tiles must be multiples of the TPU lane width.
 _LANES = 128
 
 
-def _tiling(t: int, block_size: int) -> tuple[int, int]:
-  """(block, padded length): the block clipped to T rounded up to the lane width."""
+def _tiling(t: int, block_size: int, backward_block_size: int) -> tuple[int, int, int]:
+  """(block, backward block, padded length): each block clipped to T rounded up to the
+  lane width, T padded to a multiple of both."""
   block = min(block_size, _round_up(t, _LANES))
-  return block, _round_up(t, block)
+  bwd_block = min(backward_block_size, _round_up(t, _LANES))
+  return block, bwd_block, _round_up(t, math.lcm(block, bwd_block))
 
 
 def _round_up(x: int, multiple: int) -> int:

@@ -12,11 +12,16 @@ partitioning), finds each while loop's trip count, and sums:
           elementwise work is left out (a few percent of a transformer's FLOPs).
   bytes   operands read + results written by every top-level kernel (fusion, copy,
           collective, dot, ...), where a slice of a loop-carried buffer (dynamic-slice, or an
-          in-place dynamic-update-slice) counts the slice, not the whole buffer.
+          in-place dynamic-update-slice or scatter) counts the slice, not the whole buffer.
 
 Each computation's totals are multiplied by how often it runs: a while body by its trip
-count (from `known_trip_count`, else the bound of its condition's `i < N` compare, JAX
-loops counting from 0 in steps of 1), everything else once per call.
+count (from `known_trip_count`, else from its condition's `i < N` compare, the counter's
+start value in the loop's initial tuple and its increment in the body: XLA's windowed
+einsum loops count in steps of 2), everything else once per call.
+
+Convolutions are counted by their valid window taps: on TPU, XLA writes many dots as
+convolutions with a window over a whole head dimension padded on both sides, and charging
+every tap of such a window would count the dot tens of times over.
 """
 
 from __future__ import annotations
@@ -173,18 +178,70 @@ def _called(attrs: str, key: str) -> list[str]:
 
 
 def _dot_flops(inst: _Inst, shapes: dict[str, str]) -> float:
-  out = math.prod(_dims(inst.shape))
   if inst.opcode == "dot":
+    out = math.prod(_dims(inst.shape))
     lhs = _dims(shapes.get(inst.operands[0], ""))
     contract = _attr_list(inst.attrs, "lhs_contracting_dims")
     return 2.0 * out * math.prod(lhs[i] for i in contract if i < len(lhs))
-  # convolution: multiply-adds per output element = kernel size over its output features.
-  kernel = _dims(shapes.get(inst.operands[1], "")) if len(inst.operands) > 1 else ()
-  m = re.search(r"dim_labels=[^_]*_([0-9a-z]+)->", inst.attrs)
-  if not kernel or not m or "o" not in m.group(1):
+  return _conv_flops(inst, shapes)
+
+
+def _window_taps(n: int, m: int, size: int, stride: int, lo: int, lhs_dil: int,
+                 rhs_dil: int) -> int:
+  """Valid (output position, window tap) pairs along one spatial dimension: taps that land
+  on the (dilated) input rather than on padding or between dilated elements."""
+  last = (n - 1) * lhs_dil  # the last input element, in dilated coordinates
+  total = 0
+  for k in range(size):
+    off = k * rhs_dil - lo  # x = p * stride + off
+    if lhs_dil == 1:
+      first_p = 0 if off >= 0 else -(off // stride)  # ceil(-off / stride)
+      last_p = min(m - 1, (last - off) // stride) if last >= off else -1
+      total += max(0, last_p - first_p + 1)
+    else:
+      total += sum(1 for p in range(m)
+                   if 0 <= p * stride + off <= last and (p * stride + off) % lhs_dil == 0)
+  return total
+
+
+def _conv_flops(inst: _Inst, shapes: dict[str, str]) -> float:
+  """2 x multiply-adds of a convolution, padding and dilation taken into account.
+
+  On TPU XLA writes many dots as convolutions whose spatial windows only partly overlap the
+  input (a head dimension as a window of its full size with size-1 padding either side):
+  charging every window tap would count those dots 32 times over.
+  """
+  if len(inst.operands) < 2:
     return 0.0
-  o = kernel[m.group(1).index("o")]
-  return 2.0 * out * math.prod(kernel) / max(o, 1)
+  labels = re.search(r"dim_labels=([0-9a-z]+)_([0-9a-z]+)->([0-9a-z]+)", inst.attrs)
+  lhs = _dims(shapes.get(inst.operands[0], ""))
+  rhs = _dims(shapes.get(inst.operands[1], ""))
+  out = _dims(inst.shape)
+  if not labels or not lhs or not rhs or not out:
+    return 0.0
+  l_lab, r_lab, o_lab = labels.groups()
+  if len(l_lab) != len(lhs) or len(r_lab) != len(rhs) or len(o_lab) != len(out):
+    return 0.0
+  spatial = sorted(c for c in o_lab if c.isdigit())
+  win = re.search(r"window=\{([^}]*)\}", inst.attrs)
+  fields = dict(re.findall(r"(\w+)=(\S+)", win.group(1))) if win else {}
+
+  def per_dim(key: str, default: int) -> list[int]:
+    if key not in fields:
+      return [default] * len(spatial)
+    return [int(v) for v in fields[key].split("x")]
+
+  size = per_dim("size", 1)
+  stride = per_dim("stride", 1)
+  lhs_dil = per_dim("lhs_dilate", 1)
+  rhs_dil = per_dim("rhs_dilate", 1)
+  pads = ([tuple(int(v) for v in p.split("_")) for p in fields["pad"].split("x")]
+          if "pad" in fields else [(0, 0)] * len(spatial))
+  macs = float(out[o_lab.index("b")] * out[o_lab.index("f")] * rhs[r_lab.index("i")])
+  for d, c in enumerate(spatial):
+    macs *= _window_taps(lhs[l_lab.index(c)], out[o_lab.index(c)], size[d], stride[d],
+                         pads[d][0], lhs_dil[d], rhs_dil[d])
+  return 2.0 * macs
 
 
 def _passes(inst: _Inst, shapes: dict[str, str]) -> int:
@@ -198,27 +255,36 @@ def _passes(inst: _Inst, shapes: dict[str, str]) -> int:
 
 
 # Matmuls per computed block of the splash attention kernels (models.attention): forward
-# QK^T and PV; dq recomputes QK^T, dP = dO V^T, dQ = dS K; dkv adds dV and dK.
+# QK^T and PV; dq recomputes QK^T, dP = dO V^T, dQ = dS K; dkv adds dV and dK; the fused
+# backward (a dkv kernel that also returns dq partials) does all five in one pass.
 _SPLASH_MATMULS = (("splash_mha_fwd", 2), ("splash_mha_dq", 3), ("splash_mha_dkv", 4))
 
 
 def _splash_flops(inst: _Inst, shapes: dict[str, str]) -> float:
-  """FLOPs of a splash attention kernel call, from its query operand's shape.
+  """FLOPs of a splash attention kernel call, from its operand shapes.
 
   XLA sees a Pallas kernel as an opaque custom call and counts none of its work. The query
-  is the largest operand of rank >= 3: [..., heads, T, head_dim].
+  is the largest operand of rank >= 3: [..., heads, T, head_dim]. The kernel's tiles come
+  from its block-mask operand, an int8 [heads, q blocks, kv blocks] array (square 512
+  tiles when it is not found).
   """
   count = next((k for prefix, k in _SPLASH_MATMULS if inst.name.startswith(prefix)), 0)
   if not count:
     return 0.0
-  arrays = [dims for o in inst.operands for _, dims in _arrays(shapes.get(o, ""))
-            if len(dims) >= 3]
+  operands = [a for o in inst.operands for a in _arrays(shapes.get(o, ""))]
+  arrays = [dims for _, dims in operands if len(dims) >= 3]
   if not arrays:
     return 0.0
   q = max(arrays, key=math.prod)
+  if count == 4 and any(len(dims) == len(q) + 1 for _, dims in _arrays(inst.shape)):
+    count = 5  # fused backward: dq partials per kv block among the results
+  t = q[-2]
+  grid = next((dims for d, dims in operands if d == "s8" and len(dims) == 3
+               and dims[1] and dims[2] and t % dims[1] == 0 and t % dims[2] == 0), None)
+  block_q, block_kv = (t // grid[1], t // grid[2]) if grid else (min(t, 512), min(t, 512))
   from jaxrl_scale.models import attention  # pylint: disable=g-import-not-at-top
-  per_two = attention.splash_flops(math.prod(q[:-3]), q[-2], q[-3], q[-1])
-  return per_two / 2 * count
+  return count * attention.splash_block_flops(math.prod(q[:-3]), t, q[-3], q[-1], block_q,
+                                              block_kv)
 
 
 def _custom_flops(inst: _Inst, shapes: dict[str, str]) -> float:
@@ -226,50 +292,123 @@ def _custom_flops(inst: _Inst, shapes: dict[str, str]) -> float:
   return float(m.group(1)) if m else _splash_flops(inst, shapes)
 
 
-def _bound_from(body: list[_Inst]) -> int | None:
-  values: dict[str, int] = {}
-  for i in body:
-    if i.constant is not None and re.fullmatch(r"[su](8|16|32|64)\[\]", _strip_layout(i.shape)):
-      values[i.name] = i.constant
-  for i in body:
-    if i.opcode == "compare" and "direction=LT" in i.attrs and len(i.operands) == 2:
-      if i.operands[1] in values:
-        return values[i.operands[1]]
-    if i.opcode == "compare" and "direction=GT" in i.attrs and len(i.operands) == 2:
-      if i.operands[0] in values:
-        return values[i.operands[0]]
+def _counter(cond: list[_Inst]) -> tuple[int, int] | None:
+  """(tuple index of the loop counter, bound N) of a condition `counter < N`."""
+  by_name = {i.name: i for i in cond}
+  for i in cond:
+    if i.opcode != "compare" or len(i.operands) != 2:
+      continue
+    if "direction=LT" in i.attrs:
+      var, bound = i.operands
+    elif "direction=GT" in i.attrs:
+      bound, var = i.operands
+    else:
+      continue
+    b, v = by_name.get(bound), by_name.get(var)
+    if (b is None or b.constant is None
+        or not re.fullmatch(r"[su](8|16|32|64)\[\]", _strip_layout(b.shape))):
+      continue
+    m = re.search(r"index=(\d+)", v.attrs) if v is not None and v.opcode == "get-tuple-element" else None
+    if m:
+      return int(m.group(1)), b.constant
   return None
+
+
+def _step(body: list[_Inst], index: int) -> int:
+  """How much the body adds to tuple element `index` per iteration (1 when not found)."""
+  by_name = {i.name: i for i in body}
+  root = next((i for i in body if i.root), None)
+  if root is None or root.opcode != "tuple" or index >= len(root.operands):
+    return 1
+  nxt = by_name.get(root.operands[index])
+  if nxt is None or nxt.opcode != "add":
+    return 1
+  for x, c in (nxt.operands, nxt.operands[::-1]):
+    xi, ci = by_name.get(x), by_name.get(c)
+    if (xi is not None and xi.opcode == "get-tuple-element"
+        and re.search(rf"index={index}\b", xi.attrs) and ci is not None
+        and ci.constant is not None and ci.constant > 0):
+      return ci.constant
+  return 1
+
+
+def _init(parent: list[_Inst], inst: _Inst, index: int) -> int:
+  """The loop counter's start value, from the while's operand tuple (0 when not a constant)."""
+  by_name = {i.name: i for i in parent}
+  t = by_name.get(inst.operands[0]) if inst.operands else None
+  if t is None or t.opcode != "tuple" or index >= len(t.operands):
+    return 0
+  c = by_name.get(t.operands[index])
+  return c.constant if c is not None and c.constant is not None else 0
 
 
 def _strip_layout(shape: str) -> str:
   return re.sub(r"\{[^}]*\}", "", shape)
 
 
-def _slice_bytes(comp: list[_Inst]) -> dict[int, float]:
+def _slice_bytes(comp: list[_Inst], comps: dict[str, list[_Inst]],
+                 depth: int = 0) -> dict[int, float]:
   """For a fused computation: parameter index -> bytes actually read, when every use of the
-  parameter is a dynamic-slice (the rest of the buffer is never touched)."""
+  parameter is a dynamic-slice (the rest of the buffer is never touched), an in-place
+  update's target, or an operand of a nested fusion that reads it so."""
   params = {i.name: int(re.match(r"\s*(\d+)", i.operand_text).group(1))
             for i in comp if i.opcode == "parameter" and i.operand_text}
   users: dict[str, list[_Inst]] = {}
   for i in comp:
     for op in i.operands:
       users.setdefault(op, []).append(i)
+  nested: dict[str, dict[int, float]] = {}
+
+  def read(u: _Inst, name: str) -> float | None:
+    if u.opcode in ("dynamic-slice", "gather") and u.operands[0] == name:
+      return _nbytes(u.shape)  # the rows read (a gather: embedding lookups)
+    if u.opcode in _IN_PLACE and u.operands[0] == name and u.operands.count(name) == 1:
+      return 0.0  # updated in place: only the written slice moves
+    if u.opcode == "fusion" and depth < 4:
+      called = _called(u.attrs, "calls")
+      if not called or called[0] not in comps:
+        return None
+      if called[0] not in nested:
+        nested[called[0]] = _slice_bytes(comps[called[0]], comps, depth + 1)
+      got = [nested[called[0]].get(k) for k, o in enumerate(u.operands) if o == name]
+      return None if any(g is None for g in got) else sum(got)
+    return None
+
   out = {}
   for name, index in params.items():
     us = users.get(name, [])
-    if us and all(u.opcode == "dynamic-slice" and u.operands[0] == name for u in us):
-      out[index] = sum(_nbytes(u.shape) for u in us)
-    elif us and all(u.opcode == "dynamic-update-slice" and u.operands[0] == name for u in us):
-      out[index] = 0.0  # updated in place: only the written slice moves
+    reads = [read(u, name) for u in us]
+    if us and all(r is not None for r in reads):
+      out[index] = sum(reads)
   return out
 
 
+# Ops that update operand 0 in place (XLA aliases a loop-carried buffer with the result);
+# the value is the operand index of the update written.
+_IN_PLACE = {"dynamic-update-slice": 1, "scatter": 2}
+
+
 def _dus_root_bytes(comp: list[_Inst], shapes: dict[str, str]) -> float | None:
-  """Bytes written by a fusion whose root updates a buffer in place (the update only)."""
+  """Bytes written by a fusion whose root updates a buffer in place (the update only): a
+  dynamic-update-slice, or a scatter (a KV-cache write of one token per row), alone or as
+  elements of a multi-output fusion's root tuple."""
+  by_name = {i.name: i for i in comp}
   root = next((i for i in comp if i.root), None)
-  if root is None or root.opcode != "dynamic-update-slice" or len(root.operands) < 2:
+  if root is None:
     return None
-  return _nbytes(shapes.get(root.operands[1], ""))
+  outs = [by_name.get(o) for o in root.operands] if root.opcode == "tuple" else [root]
+  if not any(o is not None and o.opcode in _IN_PLACE for o in outs):
+    return None
+  total = 0.0
+  for o in outs:
+    if o is None:
+      return None
+    k = _IN_PLACE.get(o.opcode)
+    if k is not None and len(o.operands) > k:
+      total += _nbytes(shapes.get(o.operands[k], ""))
+    else:
+      total += _nbytes(o.shape)
+  return total
 
 
 class _Analyzer:
@@ -299,7 +438,7 @@ class _Analyzer:
         total.weighted_flops += f
       if op == "while":
         body = _called(inst.attrs, "body")
-        trip = _trip_count_of(inst, self.comps) if self.loops else 1
+        trip = _trip_count_of(inst, self.comps, insts) if self.loops else 1
         if trip is None:
           total.unknown_loops += 1
           trip = 1
@@ -334,8 +473,8 @@ class _Analyzer:
           if size in written:
             written.remove(size)
       return sum(reads) + sum(written)
-    if inst.opcode == "dynamic-slice":
-      return 2 * out
+    if inst.opcode in ("dynamic-slice", "gather"):
+      return 2 * out + sum(reads[1:])
     if inst.opcode == "dynamic-update-slice":
       upd = reads[1] if len(reads) > 1 else 0.0
       return 2 * upd
@@ -343,7 +482,7 @@ class _Analyzer:
       called = _called(inst.attrs, "calls")
       if called and called[0] in self.comps:
         comp = self.comps[called[0]]
-        sliced = _slice_bytes(comp)
+        sliced = _slice_bytes(comp, self.comps)
         reads = [sliced.get(k, r) for k, r in enumerate(reads)]
         dus = _dus_root_bytes(comp, self.shapes[called[0]])
         if dus is not None:
@@ -351,14 +490,22 @@ class _Analyzer:
     return out + sum(reads)
 
 
-def _trip_count_of(inst: _Inst, comps: dict[str, list[_Inst]]) -> int | None:
+def _trip_count_of(inst: _Inst, comps: dict[str, list[_Inst]],
+                  parent: list[_Inst] | None = None) -> int | None:
   m = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)', inst.attrs)
   if m:
     return int(m.group(1))
   cond = _called(inst.attrs, "condition")
   if not cond or cond[0] not in comps:
     return None
-  return _bound_from(comps[cond[0]])
+  found = _counter(comps[cond[0]])
+  if found is None:
+    return None
+  index, bound = found
+  body = _called(inst.attrs, "body")
+  step = _step(comps[body[0]], index) if body and body[0] in comps else 1
+  start = _init(parent or [], inst, index)
+  return max(0, -((start - bound) // step))  # ceil((bound - start) / step)
 
 
 def analyze(hlo_text: str, loops: bool = True) -> Cost:

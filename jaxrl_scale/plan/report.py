@@ -166,7 +166,7 @@ def advice(plan: dict[str, Any]) -> str | None:
     short = (f"needs {_gib(need)} of {_gib(r['hbm_capacity_bytes'])} per chip"
              if need else r.get("error", "does not compile"))
     fix = {
-        "train_step": "raise optim.micro_batch_prompts' count (smaller micro-batches), keep "
+        "train_step": "lower optim.micro_batch_prompts (fewer rows per micro-batch), keep "
                       "optim.remat=full, lower optim.logits_chunk, or give the trainer more "
                       "devices (mesh.trainer_devices)",
         "sft_step": "set sft.micro_batch_size, or give the trainer more devices",

@@ -179,12 +179,20 @@ def test_splash_rejects_uneven_batch():
 
 
 def test_splash_flops_by_hand():
-  # T=1000 pads to two 512 blocks; 3 of the 4 block pairs are on or below the diagonal.
+  # T=1000 pads to 1024: two 512 forward tiles, 3 of the 4 pairs on or below the diagonal;
+  # the fused backward's one 1024 tile is 4 of those.
   block_matmul = 2 * 512 * 512 * 128
   assert attention.splash_flops(1, 1000, 1, 128) == 3 * 2 * block_matmul
-  assert attention.splash_flops(2, 1000, 4, 128, backward=True) == 2 * 4 * 3 * 9 * block_matmul
+  assert (attention.splash_flops(2, 1000, 4, 128, backward=True)
+          == 2 * 4 * (3 * 2 + 4 * 5) * block_matmul)
+  # T=2048, 512-wide tiles: 10 of 16 pairs; 1024-wide: 3 of 4.
+  assert attention.splash_flops(1, 2048, 1, 128, backward=True) == (10 * 2 + 12 * 5) * block_matmul
   # T=100 is one 128 block.
   assert attention.splash_flops(1, 100, 1, 64) == 2 * (2 * 128 * 128 * 64)
+  # Rectangular tiles: 512 queries x 1024 keys over T=2048: q tiles 0-1 see kv tile 0,
+  # q tiles 2-3 see kv tiles 0-1 -> 6 tiles of 512 x 1024.
+  assert (attention.splash_block_flops(1, 2048, 1, 128, 512, 1024)
+          == 6 * 2 * 512 * 1024 * 128)
 
 
 @pytest.fixture(scope="module")
@@ -224,5 +232,7 @@ def test_splash_backward_compiles_for_tpu(tpu_mesh):
 
   compiled = _compile_for_tpu(tpu_mesh, grads)
   assert compiled.memory_analysis() is not None
-  # Forward, dq and dkv kernels.
-  assert compiled.as_text().count("tpu_custom_call") >= 3
+  # The forward kernel and the fused backward kernel (dq, dk and dv in one pass).
+  text = compiled.as_text()
+  assert text.count("tpu_custom_call") == 2
+  assert "splash_mha_dkv" in text and "splash_mha_dq" not in text

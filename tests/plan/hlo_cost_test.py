@@ -68,8 +68,7 @@ def test_highest_precision_float32_dot_is_charged_six_passes(tpu_mesh):
   assert c_hi.weighted_flops == 6 * c_lo.weighted_flops
 
 
-def test_parse_reads_trip_count_from_condition():
-  text = """HloModule m
+LOOP_HLO = """HloModule m
 
 %body (p: (s32[], f32[4,4])) -> (s32[], f32[4,4]) {
   %p = (s32[], f32[4,4]) parameter(0)
@@ -96,6 +95,10 @@ ENTRY %main (a: f32[4,4]) -> f32[4,4] {
   ROOT %r = f32[4,4] get-tuple-element(%w), index=1
 }
 """
+
+
+def test_parse_reads_trip_count_from_condition():
+  text = LOOP_HLO
   cost = hlo_cost.analyze(text)
   assert cost.flops == 7 * 2 * 4 * 4 * 4
   assert cost.unknown_loops == 0
@@ -118,8 +121,59 @@ def test_splash_kernels_are_counted(tpu_mesh):
   with jax.set_mesh(tpu_mesh):
     compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
   cost = hlo_cost.analyze(compiled.as_text())
-  # One row per chip; forward (2 matmuls a block) + backward (7): by hand, 2 blocks of 512
-  # on the causal diagonal -> 3 computed blocks per head.
-  per_matmul = 2 * 512 * 512 * h * 3 * n
-  assert cost.flops >= 9 * per_matmul
-  assert cost.flops < 9 * per_matmul * 1.05  # the rest: a few small elementwise dots at most
+  # One row per chip, by hand. Forward: 512-wide tiles, 3 of the 4 on or below the causal
+  # diagonal, 2 matmuls each. Fused backward: one 1024-wide tile, 5 matmuls.
+  fwd = 2 * 3 * (2 * 512 * 512 * h * n)
+  bwd = 5 * (2 * 1024 * 1024 * h * n)
+  assert cost.flops >= fwd + bwd
+  assert cost.flops < (fwd + bwd) * 1.05  # the rest: a few small elementwise dots at most
+
+
+@pytest.mark.parametrize("heads", [8, 32])
+def test_head_projection_written_as_convolution_counted_once(tpu_mesh, heads):
+  """On TPU XLA writes 'btd,dnh->btnh' as a convolution whose window spans the padded head
+  dimension; counting every window tap overcounted such dots by the number of heads."""
+  b, t, d, h = 8, 256, 1024, 128
+  x = jax.ShapeDtypeStruct((b, t, d), jnp.bfloat16, sharding=NamedSharding(tpu_mesh, P("fsdp")))
+  w = jax.ShapeDtypeStruct((d, heads, h), jnp.bfloat16,
+                           sharding=NamedSharding(tpu_mesh, P("fsdp")))
+
+  def loss(x, w):
+    return jnp.sum(jnp.einsum("btd,dnh->btnh", x, w).astype(jnp.float32) ** 2)
+
+  compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(x, w).compile()
+  cost = hlo_cost.analyze(compiled.as_text())
+  # Per chip (b/4 rows): forward, d(x) and d(w), each 2 * rows * t * d * heads * h.
+  one = 2 * (b // 4) * t * d * heads * h
+  assert cost.flops == pytest.approx(3 * one, rel=0.02)
+
+
+def test_trip_count_follows_the_counter_step():
+  """XLA's windowed-einsum loops count in steps of 2: `i < 8` from 0 runs 4 times."""
+  text = LOOP_HLO.replace("constant(1)", "constant(2)").replace("constant(7)", "constant(8)")
+  assert hlo_cost.analyze(text).flops == 4 * 2 * 4 * 4 * 4
+  # Started at 3 in steps of 2 below 8: 3, 5, 7.
+  text = text.replace("%z = s32[] constant(0)", "%z = s32[] constant(3)")
+  assert hlo_cost.analyze(text).flops == 3 * 2 * 4 * 4 * 4
+
+
+def test_in_place_cache_writes_count_the_update(tpu_mesh):
+  """A decode loop writes one token per row into a loop-carried cache: the bytes moved are
+  the tokens written, not the whole cache every step."""
+  layers, rows, slots, width, steps = 4, 8, 2048, 256, 16
+  s = NamedSharding(tpu_mesh, P())
+  cache = jax.ShapeDtypeStruct((layers, rows, slots, width), jnp.bfloat16, sharding=s)
+  idx = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=s)
+
+  def decode(cache, idx):
+    def step(i, c):
+      new = jnp.full((layers, rows, width), i, jnp.bfloat16)
+      return c.at[:, jnp.arange(rows), idx + i].set(new)
+    return jax.lax.fori_loop(0, steps, step, cache)
+
+  compiled = jax.jit(decode, donate_argnums=0).lower(cache, idx).compile()
+  cost = hlo_cost.analyze(compiled.as_text())
+  cache_bytes = layers * rows * slots * width * 2
+  # The compiler may copy the cache in and out once (a layout change: 4 x cache_bytes);
+  # counting every step's scatter as a rewrite of the whole cache would add 2 x 16 x it.
+  assert cost.bytes < 6 * cache_bytes
