@@ -26,6 +26,9 @@ from jaxrl_scale.plan import hlo_cost
 from jaxrl_scale.plan import programs as programs_lib
 
 GIB = 2**30
+# Free HBM below which a program that fits is flagged tight: XLA's own estimate leaves out
+# allocator fragmentation and the runtime's buffers.
+HEADROOM = 0.10
 
 
 def _hbm(stats: Any) -> float:
@@ -73,6 +76,7 @@ def measure(program: programs_lib.Program, chip: chips_lib.Chip) -> dict[str, An
   bound = max(t_flops, t_bytes)
   row.update(
       hbm_bytes_per_chip=int(hbm), fits=bool(hbm <= chip.hbm_bytes),
+      headroom=1.0 - hbm / chip.hbm_bytes,
       temporaries_bytes_per_chip=int(stats.temp_size_in_bytes),
       arguments_bytes_per_chip=int(stats.argument_size_in_bytes),
       also_resident_bytes_per_chip=int(program.also_resident),
@@ -153,6 +157,11 @@ def table(plan: dict[str, Any]) -> str:
         f"{r['compile_seconds']:>8.0f}s")
   lines.append(f"  (GiB per chip; 'optim' includes buffers resident beside the program; "
                f"tok/s job-wide at the roofline bound)")
+  tight = [n for n, r in plan["programs"].items()
+           if r.get("fits") and r.get("headroom", 1.0) < HEADROOM]
+  if tight:
+    lines.append(f"  tight: {', '.join(tight)} leave less than {HEADROOM:.0%} of HBM free; "
+                 "allocator fragmentation and runtime buffers may not fit in that")
   lines.append("fits: yes" if plan["fits"] else "fits: NO")
   return "\n".join(lines)
 
