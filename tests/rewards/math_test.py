@@ -39,6 +39,9 @@ EQUIVALENT = [
     (r"3 \times 4", "12"),
     (r"2\cdot 3", "6"),
     ("1+2*3", "7"),
+    ("1e3", "1000"),
+    (r"1.5 \times 10^{3}", "1500"),
+    ("2.5E-2", "0.025"),
     ("50%", "50"),
     ("50%", "0.5"),
     (r"50\%", "50%"),
@@ -81,7 +84,6 @@ NOT_EQUIVALENT = [
     ("[1, 2]", "(1, 2)"),
     ("1, 2, 3", "1, 2"),
     ("12", "1, 2"),
-    ("1e3", "1000"),
     ("1 000", "1000"),
     ("B", "C"),
     ("", "5"),
@@ -107,7 +109,8 @@ def test_tables_are_large_enough():
 
 def test_compare_distinguishes_unparseable_from_wrong():
   assert math_answers.compare("41", "42") == math_answers.WRONG
-  assert math_answers.compare("x^2", "4") == math_answers.UNPARSEABLE
+  assert math_answers.compare("x^2", "4") == math_answers.WRONG  # an expression, not 4
+  assert math_answers.compare("1 000", "1000") == math_answers.UNPARSEABLE
   assert math_answers.compare(r"\frac{1}{0}", "4") == math_answers.UNPARSEABLE
 
 
@@ -119,7 +122,7 @@ def test_compare_distinguishes_unparseable_from_wrong():
     (r"\fbox{7}", "7", "boxed"),
     (r"$\boxed 5$", "5", "boxed"),
     (r"\boxed{1} and an unclosed \boxed{2", "1", "boxed"),
-    (r"an unclosed \boxed{ around \boxed{4} and \boxed{5}", "5", "boxed"),
+    (r"an unclosed \boxed{ around \boxed{4} then \boxed{5}", "5", "boxed"),
     ("The answer is $\\frac{1}{2}$.", r"\frac{1}{2}", "answer_is"),
     ("Final answer: 42.", "42", "answer_is"),
     ("the answer is 3.5.\nMore text 7", "3.5", "answer_is"),

@@ -11,7 +11,7 @@ from jaxrl_scale.rewards import scorer as scorer_lib
 
 def test_scores_in_order_with_counts():
   pairs = [(r"\boxed{2}", "2"), ("The answer is 3.", "4"), ("nothing", "1"),
-           (r"\boxed{x^2}", "4"), ("1/2", "0.5")]
+           (r"\boxed{\frac{1}{0}}", "4"), ("1/2", "0.5")]
   with scorer_lib.Scorer("math", num_threads=3) as scorer:
     result = scorer.score(pairs)
   assert result.rewards == [1.0, -1.0, -1.0, -1.0, 1.0]
