@@ -400,6 +400,8 @@ def _target_of(node: tuple) -> tuple:
 
 
 def _set_like(node: tuple) -> bool:
+  if node[0] == "tuple" and len(node[1]) == 2:  # (0, \infty) is an interval
+    return any(_has(x, "c") and ("c", "inf") in _walk(x) for x in node[1])
   return node[0] in ("ival", "union") or _is_inequality(node)
 
 
@@ -431,12 +433,16 @@ def equivalent(gold: tuple, pred: tuple) -> bool:
   if "pct" in (gk, pk):
     return _percent_equal(gold, pred)
   g_rel, p_rel = _is_relation(gold), _is_relation(pred)
-  if g_rel != p_rel:
-    # An assignment compares its value; any other relation never equals a bare value.
-    if (g_rel and set(gold[2]) == {"="}) or (p_rel and set(pred[2]) == {"="}):
-      g_val = assignment(gold) if g_rel else gold
-      p_val = assignment(pred) if p_rel else pred
-      return g_val is not None and p_val is not None and equivalent(g_val, p_val)
+  equation = (g_rel and set(gold[2]) == {"="}) or (p_rel and set(pred[2]) == {"="})
+  if g_rel != p_rel and equation:
+    # An assignment compares its value ("x = 5" == "5"; a predicted "y = 2x + 3" answers a
+    # gold "2x + 3"), but a gold equation whose value has variables ("y = 2x + 3") asks
+    # for the equation; any other relation never equals a bare value.
+    g_val = assignment(gold) if g_rel else gold
+    p_val = assignment(pred) if p_rel else pred
+    if g_val is None or p_val is None or (g_rel and free_symbols(g_val)):
+      return False
+    return equivalent(g_val, p_val)
   if _set_like(gold) or _set_like(pred):
     gs, ps = real_set(gold), real_set(pred)
     if gs is not None and ps is not None:

@@ -15,7 +15,8 @@ Nodes (tuples, first item the kind):
                ("ival", lo, hi, lo_closed, hi_closed) "[a, b)", "[a, b]"
                ("set", items) "\{a, b\}"; ("list", items) bare "a, b" (unordered)
                ("seq", items) "[a, b, c]"; ("mat", rows); ("union", parts); ("text", words)
-Relations ops are "=", "<", "<=", ">", ">=", "!=", "in".
+Relation ops are "=", "<", "<=", ">", ">=", "!=", "in"; "\approx" reads as "=" unless an
+"=" precedes it ("x = 1/3 \approx 0.33" is "x = 1/3").
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def tokenize(text: str) -> list[tuple[str, str]]:
       if value.lower() in ("and", "or", ","):
         tokens.append(("sep", value.lower()))
         continue
-      if command != "text" and len(words) == 1:  # \mathbf{v}, \operatorname{sec}
+      if command != "text" and len(words) == 1 and words[0].isalpha():  # \mathbf{v}
         _word(tokens, words[0], allow_units=False)
         continue
       tokens.append(("text", value))
@@ -158,7 +159,7 @@ def tokenize(text: str) -> list[tuple[str, str]]:
 _REL_NAMES = {"<=": "<=", "=<": "<=", ">=": ">=", "=>": ">=", "!=": "!=", r"\le": "<=",
               r"\leq": "<=", r"\leqslant": "<=", r"\ge": ">=", r"\geq": ">=",
               r"\geqslant": ">=", r"\ne": "!=", r"\neq": "!=", r"\lt": "<", r"\gt": ">",
-              r"\approx": "=", r"\simeq": "=", r"\equiv": "=", r"\in": "in"}
+              r"\approx": "~", r"\simeq": "~", r"\equiv": "=", r"\in": "in"}
 _CMD_TOKENS = {"cdot": ("op", "*"), "times": ("op", "*"), "ast": ("op", "*"),
                "div": ("op", "/"), "pm": ("op", "±"), "mp": ("op", "±"), "cup": ("op", "U"),
                "pi": ("const", "pi"), "infty": ("const", "inf"), "infin": ("const", "inf"),
@@ -297,7 +298,13 @@ class _Parser:
     while self.peek() == ("op", "U"):
       self.next()
       parts.append(self.relation(closers))
-    node = parts[0] if len(parts) == 1 else self.node("union", tuple(parts))
+    if len(parts) > 1 and parts[0][0] == "rel" and parts[0][2][-1] == "in":
+      # "x \in A \cup B": the membership takes the whole union
+      exprs, ops = parts[0][1], parts[0][2]
+      union = self.node("union", (exprs[-1], *parts[1:]))
+      node = self.node("rel", (*exprs[:-1], union), ops)
+    else:
+      node = parts[0] if len(parts) == 1 else self.node("union", tuple(parts))
     trailing = self.skip_text()
     if trailing and not (self.at_item_end(closers) or self.at_separator()):
       raise ParseError(f"unexpected text {' '.join(trailing)!r}")
@@ -317,6 +324,12 @@ class _Parser:
         raise ParseError("relation chain too long")
     if not ops:
       return exprs[0]
+    if "~" in ops:  # "x = 1/3 \approx 0.33" keeps what is before the approximation
+      cut = ops.index("~")
+      if "=" in ops[:cut]:
+        exprs, ops = exprs[:cut + 1], ops[:cut]
+      else:
+        ops = ["=" if op == "~" else op for op in ops]
     return self.node("rel", tuple(exprs), tuple(ops))
 
   def value(self, closers: tuple) -> tuple:

@@ -85,29 +85,9 @@ def normalize(answer: str) -> str:
   return s.strip().rstrip(".").strip()
 
 
-
-
-def normalize(answer: str) -> str:
-  """Canonical text of an answer: delimiters, spacing, text macros, units, separators."""
-  s = answer.strip()
-  for _ in range(3):  # \text{\textbf{5}}: a few levels of nesting
-    s = _TEXT_MACRO_RE.sub(r" \1 ", s)
-  s = _SIZING_RE.sub("", s.replace(r"\%", "%").replace("{,}", ","))
-  for token in _DELETE:
-    s = s.replace(token, " " if token.startswith("\\") and token[1:2].isalpha() else "")
-  s = re.sub(r"\bpercent\b", "%", s)
-  if "=" in s:
-    rhs = s.rsplit("=", 1)[1]
-    if rhs.strip():
-      s = rhs
-  s = _strip_words(s)
-  s = _THOUSANDS_RE.sub(lambda m: m.group().replace(",", ""), s)
-  return s.strip().rstrip(".").strip()
-
-
 def _loose(s: str) -> str:
   s = re.sub(r"\s+", "", s).replace(r"\dfrac", r"\frac").replace(r"\tfrac", r"\frac")
-  s = s.replace(r"\left", "").replace(r"\right", "").replace("$", "")
+  s = s.replace(r"\left", "").replace(r"\right", "").replace("$", "").rstrip(".")
   if len(s) == 3 and s[0] == "(" and s[2] == ")" and s[1].isalpha():  # "(B)" is "B"
     s = s[1]
   return s.lower()
@@ -147,6 +127,8 @@ def compare(predicted: str, gold: str) -> str:
   p = _parse_prediction(predicted, g)
   if p is None:
     return UNPARSEABLE
+  if g[0] == "text" or p[0] == "text":  # words: "\text{Yes}" == "yes", "\textbf{(A)}" == "A"
+    return CORRECT if _loose(normalize(predicted)) == _loose(normalize(gold)) else WRONG
   if not answer_compare.has_value(p):
     return UNPARSEABLE
   try:
