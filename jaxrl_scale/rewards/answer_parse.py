@@ -375,6 +375,9 @@ class _Parser:
 
   def term(self) -> tuple:
     factors = [self.unary()]
+    mixed = self.mixed_number(factors[0])
+    if mixed is not None:
+      return mixed
     while True:
       kind, value = self.peek()
       if (kind, value) == ("op", "*"):
@@ -388,6 +391,23 @@ class _Parser:
       else:
         break
     return factors[0] if len(factors) == 1 else self.node("mul", tuple(factors))
+
+  def mixed_number(self, whole: tuple) -> tuple | None:
+    """3\frac{1}{2} is 7/2 (a whole number then a proper fraction of literals), not 3/2."""
+    negative = whole[0] == "neg"
+    if negative:
+      whole = whole[1]
+    if not (whole[0] == "n" and whole[1].denominator == 1 and self.peek() == ("cmd", "frac")):
+      return None
+    start = self.pos
+    self.next()
+    num, den = self.group(), self.group()
+    if (num[0] == den[0] == "n" and num[1].denominator == den[1].denominator == 1
+        and 0 < num[1] < den[1] and not self.starts_implicit()):
+      value = whole[1] + num[1] / den[1]
+      return self.node("n", -value if negative else value)
+    self.pos = start
+    return None
 
   def starts_implicit(self) -> bool:
     kind, value = self.peek()

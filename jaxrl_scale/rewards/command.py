@@ -3,6 +3,8 @@
   jaxrl-scale reward --task math --answer '\\frac{3}{4}' --response-file out.txt [--json]
 
 For debugging reward functions: the same Scorer (deadline, error handling) as training.
+For the math task it also prints how each side was parsed: its answer type ("interval",
+"equation", "set", ...) and normalised form ("x > 2, i.e. (2, oo)" for an inequality).
 """
 
 from __future__ import annotations
@@ -81,12 +83,21 @@ def run(args: argparse.Namespace) -> int:
       "detail": detail,
       "reward": reward,
   }
+  if args.task == "math":  # what each side was read as: the usual question when debugging
+    from jaxrl_scale.rewards import math as math_answers
+    sides = {"predicted": out["extracted"], "gold": args.answer}
+    out["parsed"] = {}
+    for side, text in sides.items():
+      kind, form = math_answers.describe(text) if text is not None else ("none", "")
+      out["parsed"][side] = {"type": kind, "normalized": form}
   if args.json:
     print(json.dumps(out))
   else:
     print(f"task:      {out['task']}")
     print(f"answer:    {out['answer']}")
     print(f"extracted: {out['extracted'] if out['extracted'] is not None else '(none)'}")
+    for side, parsed in out.get("parsed", {}).items():
+      print(f"{side + ':':<10} {parsed['type']}: {parsed['normalized']}")
     print(f"verdict:   {'correct' if out['correct'] else 'incorrect'} ({status})")
     if out["detail"]:
       print(f"detail:    {out['detail']}")

@@ -158,6 +158,10 @@ def render(node: tuple) -> str:
   """Plain-text form of an answer tree; constants get their value appended."""
   text = _render(node)
   kind = node[0]
+  if kind == "rel" and set(node[2]) - {"=", "in"}:
+    pieces = answer_compare.real_set(node)
+    if pieces is not None:
+      return f"{text}, i.e. {_render_real_set(pieces)}"
   if kind not in ("n", "text", "rel", "list", "set", "tuple", "ival", "seq", "mat", "union",
                   "pct") and not answer_compare.free_symbols(node):
     try:
@@ -166,6 +170,14 @@ def render(node: tuple) -> str:
     except answer_eval.EvalError:
       text += " (no value)"
   return text
+
+
+def _render_real_set(pieces: list[tuple]) -> str:
+  if not pieces:
+    return "{}"
+  return " U ".join(
+      f"{'[' if lc else '('}{answer_eval.describe(lo)}, {answer_eval.describe(hi)}"
+      f"{']' if rc else ')'}" for lo, hi, lc, rc in pieces)
 
 
 def _render(node: tuple) -> str:
