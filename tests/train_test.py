@@ -124,6 +124,18 @@ def test_each_mode_runs_end_to_end(task_file, tmp_path, mode, monkeypatch):
     assert ckpt.all_steps() == [0, 2, 4]
 
 
+@pytest.mark.parametrize("mode", ["pipeline", "sync", "ppo_offpolicy"])
+def test_colocated_roles_never_decode_with_donated_buffers(task_file, tmp_path, mode):
+  # One device set for both roles: the sampler's weights must be its own copy, not the
+  # buffers the next train step donates (that was a segfault in pipeline mode).
+  cfg = _cfg(task_file, tmp_path / mode, f"pipeline.mode={mode}", "mesh.colocated=true",
+             "rl.zero_variance_filter=false", "eval.every=0", "checkpoint.every=0")
+  outcome = wiring.train(cfg, cfg.run.output_dir)
+  assert outcome.reason == "done" and outcome.step == 4
+  rows = _rows(cfg.run.output_dir)
+  assert all("train/loss" in r for r in rows[1:])  # every step trained (and donated)
+
+
 def test_forecast_lines_follow_their_step_line(task_file, tmp_path):
   import io
   cfg = _cfg(task_file, tmp_path / "run", "run.progress=true", "forecast.enabled=true",

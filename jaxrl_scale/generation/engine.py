@@ -6,9 +6,13 @@
     sampler.update_params(new_params, version=7)   # from any thread, at any time
 
 Host loop, one iteration per decode chunk:
-  1. swap in params posted by `update_params` (only here, between chunks, so every chunk
-     runs with one policy version; slots keep their KV cache across the swap);
-  2. admit waiting requests into free slots (one prefill per prompt-length bucket);
+  1. swap in params posted by `update_params` once they are computed (only here, between
+     chunks, so every chunk runs with one policy version; slots keep their KV cache across
+     the swap). Until then the live slots decode on with the weights they have (double
+     buffer: the trainer's next step and the generator overlap); with nothing live the
+     loop waits for them;
+  2. admit waiting requests into free slots (one prefill per prompt-length bucket), never
+     while a posted update is still pending, so a new sequence starts on the newest weights;
   3. dispatch the next jitted chunk of N decode steps;
   4. read back the chunk dispatched before it and hand out finished sequences.
 Step 4 lags step 3 by one chunk, so the device always has queued work while the host reads
@@ -176,7 +180,8 @@ class Sampler:
     held = jax.numpy.dtype(model.cfg.param_dtype)
     param_dtypes = jax.tree.map(
         lambda x: held if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x.dtype, params)
-    self._params = transfer.reshard(params, self._param_shardings, param_dtypes)
+    # A copy, never the model's own buffers: a trainer on the same devices donates those.
+    self._params = transfer.reshard(params, self._param_shardings, param_dtypes, copy=True)
     self._param_leaves, self._param_treedef = jax.tree.flatten(self._params)
     self._param_paths = _paths_and_leaves(self._params)[0]
     self._param_dtypes = jax.tree.map(lambda x: x.dtype, self._params)
@@ -230,14 +235,34 @@ class Sampler:
       raise ValueError("update_params: param tree structure differs from the sampler's model "
                        f"({len(paths)} arrays vs {len(self._param_paths)})")
     params = jax.tree.unflatten(self._param_treedef, leaves)
-    placed = transfer.reshard(params, self._param_shardings, self._param_dtypes)
+    # Dispatched, not waited for: `placed` may still be computing (the trainer's step that
+    # produces `params` included). copy=True: colocated, the trainer donates `params` to
+    # its next step, so the sampler must hold buffers of its own.
+    placed = transfer.reshard(params, self._param_shardings, self._param_dtypes, copy=True)
     with self._lock:
       self._pending = (placed, int(version))
 
-  def _apply_pending(self) -> None:
+  @property
+  def update_pending(self) -> bool:
+    """Whether posted weights wait to be swapped in. Thread-safe."""
     with self._lock:
-      if self._pending is not None:
-        self._params, self.version = self._pending
+      return self._pending is not None
+
+  def _apply_pending(self, wait: bool) -> None:
+    """Swaps posted weights in once they are computed, or at once when `wait` is set.
+
+    The double buffer: until the posted copy exists (the trainer's step and the transfer
+    still run), decoding continues on the current weights instead of queueing behind them.
+    """
+    with self._lock:
+      pending = self._pending
+    if pending is None:
+      return
+    if not wait and not all(x.is_ready() for x in jax.tree.leaves(pending[0])):
+      return
+    with self._lock:
+      if self._pending is pending:
+        self._params, self.version = pending
         self._param_leaves = jax.tree.leaves(self._params)
         self._pending = None
 
@@ -387,10 +412,14 @@ class Sampler:
     start = time.perf_counter()
     try:
       while True:
-        self._apply_pending()
+        running = any(o is not None and not o.surely_done for o in owners)
+        self._apply_pending(wait=not running)
+        # A request admitted now starts on the newest posted weights: while they are still
+        # being computed the live slots decode on, and free slots wait for them.
+        admit = not exhausted and not self.update_pending
         placed = []
         for slot in range(self.num_slots):
-          if exhausted:
+          if not admit:
             break
           # A slot whose sequence has surely hit its token budget on the device is
           # refilled now, before its last chunk is read back: admission runs after that

@@ -134,7 +134,8 @@ def to_local(tree: Any, dtypes: Any | None = None) -> Any:
   return jax.tree.unflatten(treedef, out)
 
 
-def reshard(tree: Any, shardings: Any, dtypes: Any | None = None) -> Any:
+def reshard(tree: Any, shardings: Any, dtypes: Any | None = None, *, copy: bool = False
+            ) -> Any:
   """Places `tree` on `shardings` (a matching tree, or a prefix of it), casting first.
 
   Args:
@@ -143,6 +144,10 @@ def reshard(tree: Any, shardings: Any, dtypes: Any | None = None) -> Any:
       generator mesh.
     dtypes: optional tree with the target dtype of every leaf (arrays, ShapeDtypeStructs or
       dtypes), e.g. the sampler's current params. None keeps the incoming dtypes.
+    copy: never return a buffer of `tree` itself. Without it, a leaf already on its target
+      sharding in its target dtype comes back as the same buffer (`jax.device_put` is then
+      a no-op); with colocated roles that buffer is the trainer's, which its next step
+      donates, and the sampler would decode with a deleted buffer.
 
   Returns:
     The same tree structure, on the target shardings. Source arrays are left untouched.
@@ -151,15 +156,22 @@ def reshard(tree: Any, shardings: Any, dtypes: Any | None = None) -> Any:
   """
   if dtypes is not None:
     dtypes = jax.tree.map(lambda x: getattr(x, "dtype", x), dtypes)
+  may_alias = None
+  if copy:
+    # Only leaves the cast leaves in their dtype can come back as the caller's buffers.
+    leaves = jax.tree.leaves(tree)
+    want = jax.tree.leaves(dtypes) if dtypes is not None else [x.dtype for x in leaves]
+    may_alias = jax.tree.unflatten(jax.tree.structure(tree), [
+        False if jnp.dtype(w) == x.dtype else None for w, x in zip(want, leaves)])
   targets = jax.tree.leaves(shardings)
   if jax.process_count() > 1 and targets and all(
       getattr(s, "is_fully_addressable", False) for s in targets) and any(
           isinstance(x, jax.Array) and not x.is_fully_addressable
           for x in jax.tree.leaves(tree)):
-    return jax.device_put(to_local(tree, dtypes), shardings)
+    return jax.device_put(to_local(tree, dtypes), shardings, may_alias=may_alias)
   if dtypes is not None:
     tree = _cast(tree, dtypes)
-  return jax.device_put(tree, shardings)
+  return jax.device_put(tree, shardings, may_alias=may_alias)
 
 
 def same_placement(tree: Any, shardings: Any) -> bool:

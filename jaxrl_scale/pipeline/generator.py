@@ -11,18 +11,28 @@ in flight continue with the new policy on their old KV cache (in-flight updates,
 sec. 3.1 / A.11); every token records the version that produced it.
 
 Bounds (k = pipeline.max_staleness, P = prompts per step):
-  * admission: the generator admits a new group only while fewer than k * P groups are
-    admitted and not yet trained on (PipelineRL's "max lag"), so queued data cannot run
-    far ahead of the trainer. While admission is closed the request stream answers None
-    ("nothing to admit now") as long as sequences are in flight, so the live slots keep
-    decoding (and finishing the groups the trainer waits for); it blocks only when nothing
-    is in flight, i.e. when every admitted group is finished and the trainer has at least
-    P of them.
-  * consumption: the trainer at version v takes the groups with the oldest data first and
-    never trains on a token older than v - k: such a group is dropped and counted
-    (`pipeline/dropped_stale`); with the admission bound this is rare.
-  * memory: the queue holds at most pipeline.queue_size * P finished or scoring groups; a
-    full queue stalls the generator thread (backpressure).
+  * order: the trainer trains the groups in admission order, P per step, so group number
+    s (counted from the first group of this process's run or resume) is trained by the
+    trainer at version v0 + s // P; it waits for that group however long it takes, and
+    nothing is ever dropped. Every group is trained exactly once and a checkpoint's
+    "oldest group not trained on" is exact (no group of a resumed run is trained twice).
+  * staleness (PipelineRL-k, paper sec. 3.1): a group is admitted only while the sampler's
+    version a satisfies v0 + s // P <= a + k. Its tokens all come from versions >= a (the
+    sampler admits only after swapping in any posted weights), so when it is trained no
+    token is more than k versions old; admission pauses until the weights catch up. At
+    most (k + 1) * P groups are admitted and not yet trained.
+  * memory: admission also pauses while pipeline.queue_size * P finished or scoring groups
+    wait for the trainer. Only admission pauses: sequences in flight always finish and
+    enter the queue (it holds (k + 1) * P, which the bound above never exceeds), so the
+    group the trainer waits for can never be stuck behind later ones.
+  While admission is paused the request stream answers None ("nothing to admit now") as
+  long as sequences are in flight, so the live slots keep decoding (and finish the groups
+  the trainer waits for); it blocks only when nothing is in flight.
+
+Overlap: `after_step` posts the new weights as soon as the trainer's step is dispatched;
+the Sampler keeps them as a second buffer and swaps them in at the first decode-chunk
+boundary after they are computed, so generation continues with the old weights while the
+trainer computes (and the trainer never waits for the generator to take its weights).
 
 Eval through the same Sampler (`generate`): a process holds one Sampler, so validation does
 not get a second copy of the weights and KV cache. The trainer thread posts an eval job;
@@ -112,9 +122,9 @@ class PipelineSource:
     self.num_prompts = num_prompts
     self.max_staleness = max_staleness
     self.group_size = admitter.group_size
-    self.limit = max_staleness * num_prompts
+    self.queue_limit = queue_size * num_prompts
     self.queue: queue_lib.RolloutQueue[rollouts.Group] = queue_lib.RolloutQueue(
-        queue_size * num_prompts, order_key=lambda g: (g.min_version, g.seq))
+        (max_staleness + 1) * num_prompts)
     self._pool = concurrent.futures.ThreadPoolExecutor(reward_workers,
                                                        thread_name_prefix="score")
     self._cond = threading.Condition()
@@ -126,7 +136,11 @@ class PipelineSource:
     self._eval: _EvalJob | None = None  # guarded by _cond
     self._eval_count = 0
     self._thread = threading.Thread(target=self._run, name="generator", daemon=True)
-    self.dropped_stale = 0
+    # Group `base_seq + i` is trained by the trainer at version `base_version + i // P`.
+    self._base_seq = admitter.next_seq
+    self._base_version = sampler.latest_version
+    self._next_train_seq = self._base_seq
+    self.dropped_stale = 0  # PipelineRL-k never drops a group; logged as proof
     self.throttle_wait_s = 0.0
     self.tokens = 0
     self._start = time.perf_counter()
@@ -135,13 +149,23 @@ class PipelineSource:
   # ---- generator thread ------------------------------------------------------------------
 
   def start(self) -> PipelineSource:
+    """Starts the generator thread; the sampler holds the trainer's current weights."""
+    self._base_seq = self.admitter.next_seq
+    self._base_version = self.sampler.latest_version
+    self._next_train_seq = self._base_seq
     self._start = time.perf_counter()
     self._last = (0.0, 0.0, 0, self._start)
     self._thread.start()
     return self
 
+  def trained_at(self, seq: int) -> int:
+    """The trainer version that trains group `seq` (see the module docstring)."""
+    return self._base_version + (seq - self._base_seq) // self.num_prompts
+
   def _may_admit(self) -> bool:
-    return self.admitter.num_outstanding < self.limit
+    """Whether the next group may start now, on the sampler's current weights."""
+    return (self.trained_at(self.admitter.next_seq) <= self.sampler.version + self.max_staleness
+            and len(self.queue) + self.queue.pending < self.queue_limit)
 
   def _eval_waiting(self) -> bool:
     job = self._eval
@@ -161,14 +185,15 @@ class PipelineSource:
       if not self._may_admit():
         with self._cond:
           inflight = bool(self._inflight) or self._eval is not None
-        if inflight:
-          # Sequences are decoding: do not block their slots, ask again next chunk.
+        if inflight or self.sampler.update_pending:
+          # Sequences are decoding, or newer weights wait to be swapped in (which may open
+          # admission): do not block the sampler's loop, ask again next chunk.
           yield None
           continue
         t0 = time.perf_counter()
         with self._cond:  # nothing in flight: the generator has nothing to do but wait
           while (not self._stop.is_set() and not self._may_admit()
-                 and not self._eval_waiting()):
+                 and not self._eval_waiting() and not self.sampler.update_pending):
             self._cond.wait(_POLL_S)
         self.throttle_wait_s += time.perf_counter() - t0
         continue  # an eval job may have arrived: serve it before admitting training
@@ -198,8 +223,11 @@ class PipelineSource:
         del self._pending[seq]
         with self._cond:
           prompt, version = self._inflight.pop(seq)
-        if not self.queue.reserve():
-          continue  # closed: drain the sequences still in flight, keep nothing
+        if not self.queue.reserve(timeout=0):
+          if self.queue.closed:
+            continue  # closed: drain the sequences still in flight, keep nothing
+          raise RuntimeError(f"rollout queue full ({self.queue.capacity} groups): the "
+                             "admission bound was exceeded")
         self._pool.submit(self._score, seq, prompt, done, version)
     except _Stopped:
       pass
@@ -222,6 +250,7 @@ class PipelineSource:
              version: int) -> None:
     try:
       group = self.scorer.group(seq, prompt, completions, version)
+      group.min_version  # pylint: disable=pointless-statement  # cached off the queue lock
     except BaseException as e:  # noqa: BLE001
       self.queue.release()
       self._fail(e)
@@ -247,26 +276,32 @@ class PipelineSource:
     self._interrupt.set()
 
   def next_groups(self, version: int) -> list[rollouts.Group]:
-    groups: list[rollouts.Group] = []
-    dropped: list[int] = []
-    while len(groups) < self.num_prompts:
+    """The next P groups in admission order, for the trainer at `version`; waits for them.
+
+    Raises:
+      Interrupted: `interrupt()` was called.
+      GeneratorError: the generator thread or a scoring task failed.
+    """
+    first = self._next_train_seq
+    if version != self.trained_at(first):
+      raise RuntimeError(f"next_groups(version={version}): groups {first}.. belong to version "
+                         f"{self.trained_at(first)} (one call per trainer step, in order)")
+    wanted = list(range(first, first + self.num_prompts))
+    while True:
       self._check()
       if self._interrupt.is_set():
         raise Interrupted()
       try:
-        got = self.queue.get(self.num_prompts - len(groups), timeout=_POLL_S)
+        groups = self.queue.take(wanted, key=lambda g: g.seq, timeout=_POLL_S)
       except queue_lib.Closed:
         self._check()
         raise
-      for group in got or ():
-        if version - group.min_version > self.max_staleness:
-          dropped.append(group.seq)
-        else:
-          groups.append(group)
-    if dropped:
-      self.dropped_stale += len(dropped)
-      self.admitter.consumed(dropped)
-      log.warning("dropped %d groups older than %d versions", len(dropped), self.max_staleness)
+      if groups is not None:
+        break
+    self._next_train_seq += self.num_prompts
+    worst = max(version - g.min_version for g in groups)
+    if worst > self.max_staleness:  # the admission bound makes this impossible
+      raise RuntimeError(f"group staleness {worst} exceeds k = {self.max_staleness}")
     return groups
 
   @property

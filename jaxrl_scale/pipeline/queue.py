@@ -5,8 +5,9 @@ rewards are computed on the scoring pool, and *fills* it when the rewards are in
 bound covers groups being scored as well as groups waiting, and a full queue stalls the
 generator thread (backpressure) instead of piling work up in the scoring pool.
 
-The trainer takes groups oldest data first (lowest oldest-token version, then admission
-order), which keeps the staleness of what it consumes as low as the buffer allows.
+The trainer either takes named items (`take`: PipelineRL-k trains the groups in admission
+order, each exactly when its turn comes) or the `n` first by a sort key (`get`). Sort keys
+and item keys must be cheap: they are read under the lock.
 
 Both sides record how long they waited, for the idle fractions the progress display and
 the pipeline benchmark report. `close()` wakes every waiter; waits return None / False
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -122,6 +123,40 @@ class RolloutQueue(Generic[T]):
           self._items.sort(key=self._order_key)
         out, self._items = self._items[:n], self._items[n:]
         self.total_got += n
+        self._cond.notify_all()
+        return out
+      finally:
+        self.get_wait_s += time.perf_counter() - start
+
+  def take(self, keys: Sequence[Hashable], key: Callable[[T], Hashable],
+           timeout: float | None = None) -> list[T] | None:
+    """Removes and returns the items whose `key(item)` are `keys`, in that order.
+
+    Blocks until all of them are in. Returns None on timeout (nothing is removed).
+
+    Raises:
+      Closed: the queue was closed while waiting.
+    """
+    if len(keys) > self.capacity:
+      raise ValueError(f"asked for {len(keys)} items from a queue of capacity {self.capacity}")
+    start = time.perf_counter()
+    deadline = None if timeout is None else start + timeout
+    with self._cond:
+      try:
+        while True:
+          found = {key(item): i for i, item in enumerate(self._items)}
+          if all(k in found for k in keys):
+            break
+          if self._closed:
+            raise Closed("rollout queue closed")
+          remaining = None if deadline is None else deadline - time.perf_counter()
+          if remaining is not None and remaining <= 0:
+            return None
+          self._cond.wait(remaining)
+        out = [self._items[found[k]] for k in keys]
+        taken = {found[k] for k in keys}
+        self._items = [item for i, item in enumerate(self._items) if i not in taken]
+        self.total_got += len(out)
         self._cond.notify_all()
         return out
       finally:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -59,9 +60,12 @@ class Group:
     parts = [c.versions for c in self.completions if c.num_tokens]
     return np.concatenate(parts) if parts else np.zeros((0,), np.int32)
 
-  @property
+  @functools.cached_property
   def min_version(self) -> int:
-    """Version of the group's oldest token (the admission version if it has none)."""
+    """Version of the group's oldest token (the admission version if it has none).
+
+    Computed once (on the scoring thread, see `GroupScorer.group`), never under a lock.
+    """
     v = self.versions
     return int(v.min()) if v.size else self.admitted_version
 
@@ -109,8 +113,10 @@ class GroupScorer:
     """Scores one prompt's completions into a Group (completions sorted by sample index)."""
     completions = sorted(completions, key=lambda c: c.sample_index)
     rewards_G, correct_G, counts = self.score(prompt, completions)
-    return Group(seq=seq, prompt=prompt, completions=list(completions), rewards_G=rewards_G,
-                 correct_G=correct_G, counts=counts, admitted_version=admitted_version)
+    group = Group(seq=seq, prompt=prompt, completions=list(completions), rewards_G=rewards_G,
+                  correct_G=correct_G, counts=counts, admitted_version=admitted_version)
+    group.min_version  # pylint: disable=pointless-statement  # cached here, off the queue lock
+    return group
 
   def groups(self, items: Sequence[tuple[int, sources.Prompt, Sequence[records.Completion], int]],
              pool: concurrent.futures.Executor | None = None) -> list[Group]:

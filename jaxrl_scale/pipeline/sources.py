@@ -13,9 +13,11 @@ version `version`, and `after_step(groups, params, version)` once it has trained
 
 Admission (`Admitter`): each group gets a sequence number that seeds its G samples, and the
 data position from just before its prompt was drawn is remembered until the trainer has
-used the group. A checkpoint stores the position of the oldest group not yet trained on,
-so a resumed run regenerates exactly the groups that were lost (and in sync mode, with the
-same seeds, exactly the same samples).
+used the group. Every mode trains the groups in admission order, so the groups trained on
+are always a prefix of the sequence numbers; a checkpoint stores the position of the
+oldest group not yet trained on, and a resumed run regenerates exactly the groups that
+were not trained on, none twice (in sync mode, with the same seeds, exactly the same
+samples).
 
 Several processes (`ProcessShard`): each process runs its own source on its own generator
 devices and produces P / num_processes groups per step from a disjoint part of the prompt
@@ -116,6 +118,7 @@ class Admitter:
     self.seed = seed
     self._next_seq = next_seq
     self._outstanding: dict[int, tuple[dict[str, int], int]] = {}
+    self._consumed_max = -1  # highest sequence number trained on
     self._lock = threading.Lock()
 
   def admit(self, version: int) -> tuple[int, data_sources.Prompt, list[records.Request]]:
@@ -136,11 +139,18 @@ class Admitter:
     with self._lock:
       for seq in seqs:
         self._outstanding.pop(seq, None)
+        self._consumed_max = max(self._consumed_max, seq)
 
   @property
   def num_outstanding(self) -> int:
     with self._lock:
       return len(self._outstanding)
+
+  @property
+  def next_seq(self) -> int:
+    """The sequence number the next admitted group gets."""
+    with self._lock:
+      return self._next_seq
 
   def outstanding_versions(self) -> list[int]:
     with self._lock:
@@ -151,6 +161,10 @@ class Admitter:
     with self._lock:
       if self._outstanding:
         seq = min(self._outstanding)
+        if self._consumed_max > seq:
+          # A resume from here would train groups seq+1.. twice.
+          raise RuntimeError(f"group {self._consumed_max} was trained on before group {seq}: "
+                             "the checkpoint cannot resume exactly")
         return {"data": dict(self._outstanding[seq][0]), "next_seq": seq}
       return {"data": self.prompts.state_dict(), "next_seq": self._next_seq}
 
@@ -160,6 +174,7 @@ class Admitter:
       self.prompts.load_state_dict(state["data"])
       self._next_seq = int(state["next_seq"])
       self._outstanding.clear()
+      self._consumed_max = self._next_seq - 1
 
 
 class RoundSource:

@@ -5,8 +5,8 @@ updates change it mid-sequence). When the trainer at version v consumes a token 
 u, that token's staleness is v - u. PipelineRL-k bounds it by k (paper sec. 3.1 / A.11).
 
 `summarize` gives the logged numbers: mean, max and a histogram with one bin per value
-0..k and a last bin for anything above k (which the pipeline never lets through: such a
-group is dropped and counted instead).
+0..k and a last bin for anything above k (always empty: PipelineRL-k pauses admission so
+that no group can get that old, see pipeline/generator.py).
 """
 
 from __future__ import annotations

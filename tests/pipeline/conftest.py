@@ -42,6 +42,11 @@ class FakeSampler:
     with self._lock:
       return self._pending if self._pending is not None else self.version
 
+  @property
+  def update_pending(self):
+    with self._lock:
+      return self._pending is not None
+
   def update_params(self, params, version):
     with self._lock:
       self._pending = version

@@ -77,18 +77,18 @@ def test_eval_before_start_runs_in_the_callers_thread(prompt_source, fakes):
 
 
 def test_eval_completes_while_training_admission_is_closed(prompt_source, fakes):
-  # The trainer never consumes: k * P groups fill the admission bound and the generator
-  # blocks; an eval must still be admitted and finish (no deadlock on the closed bound).
+  # The trainer never consumes: (k + 1) * P groups fill the admission bound and the
+  # generator blocks; an eval must still be admitted and finish (no deadlock on the bound).
   sampler = fakes.Sampler(num_slots=8, length=lambda req: 1)
   src = _source(sampler, prompt_source, fakes.Scorer(), k=1, queue_size=4).start()
   try:
     give_up = time.monotonic() + 60  # bounded: a broken generator fails, never hangs
-    while src.admitter.num_outstanding < P and time.monotonic() < give_up:
+    while src.admitter.num_outstanding < 2 * P and time.monotonic() < give_up:
       time.sleep(0.01)
-    assert src.admitter.num_outstanding == P
+    assert src.admitter.num_outstanding == 2 * P
     out = src.generate(_eval_requests(12))
     assert len(out) == 12 and all(c is not None for c in out)
-    assert src.admitter.num_outstanding == P  # the eval admitted no training group
+    assert src.admitter.num_outstanding == 2 * P  # the eval admitted no training group
   finally:
     src.close()
 

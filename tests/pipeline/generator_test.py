@@ -51,6 +51,34 @@ def test_staleness_never_exceeds_k_and_weights_update_in_flight(prompt_source, f
   assert len(seqs) == len(set(seqs))
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_long_completions_are_waited_for_never_dropped(prompt_source, fakes, k):
+  # Every third group's completions are 10x longer than the rest: those groups are the ones
+  # that grow old. PipelineRL-k must wait for them (none dropped, none trained twice) and
+  # still never train a token more than k versions old.
+  def length(req):
+    return 30 if req.prompt_id % 3 == 0 else 3
+
+  sampler = fakes.Sampler(num_slots=8, length=length, chunk_s=0.0005)
+  src = _source(sampler, prompt_source, fakes, k=k).start()
+  steps = 12
+  try:
+    consumed = _train(src, steps)
+    state = src.state()
+  finally:
+    src.close()
+  seqs = [g.seq for _, groups in consumed for g in groups]
+  assert seqs == list(range(steps * P))  # every admitted group, once, in admission order
+  assert state["next_seq"] == steps * P  # a resume continues right after them
+  assert src.dropped_stale == 0
+  staleness = [v - g.min_version for v, groups in consumed for g in groups]
+  assert max(staleness) <= k
+  long_ones = [v - g.min_version for v, groups in consumed for g in groups if g.seq % 3 == 0]
+  assert max(long_ones) >= 1  # the long groups did span weight updates
+  assert all(len(c.tokens) == 30 for _, groups in consumed for g in groups if g.seq % 3 == 0
+             for c in g.completions)
+
+
 def test_admission_bound_limits_outstanding_groups(prompt_source, fakes):
   slots = 8
   sampler = fakes.Sampler(num_slots=slots, length=lambda req: 1)
@@ -63,7 +91,8 @@ def test_admission_bound_limits_outstanding_groups(prompt_source, fakes):
     assert sampler.chunks == chunks  # stalled, not spinning
   finally:
     src.close()
-  assert outstanding == 2 * P  # exactly k * P groups admitted and not trained on
+  # Admitted at version 0, group s is trained at version s // P <= 0 + k: (k + 1) * P groups.
+  assert outstanding == 3 * P
 
 
 def test_throttled_admission_keeps_live_sequences_decoding(prompt_source, fakes):
@@ -81,15 +110,17 @@ def test_throttled_admission_keeps_live_sequences_decoding(prompt_source, fakes)
   assert sampler.none_pulls > 0  # admission was closed while sequences were live
 
 
-def test_queue_backpressure_stalls_the_generator(prompt_source, fakes):
-  sampler = fakes.Sampler(num_slots=64, length=lambda req: 1)
+def test_full_queue_pauses_admission(prompt_source, fakes):
+  sampler = fakes.Sampler(num_slots=P * G, length=lambda req: 1)
   src = _source(sampler, prompt_source, fakes, k=8, queue_size=1).start()
   try:
     time.sleep(0.3)
     held = len(src.queue) + src.queue.pending
+    outstanding = src.admitter.num_outstanding
   finally:
     src.close()
   assert held == P  # queue_size batches of P groups, nothing more
+  assert outstanding == P  # admission paused (k alone would allow 9 * P)
 
 
 def test_interrupt_wakes_a_waiting_trainer(prompt_source, fakes):

@@ -1,3 +1,5 @@
+import pytest
+
 from jaxrl_scale.pipeline import sources
 
 P, G = 3, 2
@@ -33,7 +35,7 @@ def test_ppo_offpolicy_keeps_one_policy_for_k_minibatches(prompt_source, fakes):
 def test_admitter_state_restarts_at_oldest_unconsumed(prompt_source):
   adm = sources.Admitter(prompt_source, G, seed=5)
   first = [adm.admit(0) for _ in range(4)]
-  adm.consumed([first[0][0], first[2][0]])  # out of order: group 1 is still outstanding
+  adm.consumed([first[0][0]])
   state = adm.state()
   assert state["next_seq"] == 1
   again = sources.Admitter(prompt_source, G, seed=5)
@@ -42,6 +44,14 @@ def test_admitter_state_restarts_at_oldest_unconsumed(prompt_source):
   assert seq == 1 and prompt.id == first[1][1].id
   assert [r.seed for r in requests] == [r.seed for r in first[1][2]]  # same samples
   assert [r.sample_index for r in requests] == list(range(G))
+
+
+def test_admitter_refuses_a_state_that_would_train_a_group_twice(prompt_source):
+  adm = sources.Admitter(prompt_source, G, seed=5)
+  seqs = [adm.admit(0)[0] for _ in range(3)]
+  adm.consumed([seqs[0], seqs[2]])  # group 1 skipped: a resume at 1 would retrain group 2
+  with pytest.raises(RuntimeError, match="trained on before group 1"):
+    adm.state()
 
 
 def test_admitter_with_nothing_outstanding_returns_the_current_position(prompt_source):
