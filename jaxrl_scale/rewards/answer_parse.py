@@ -42,6 +42,7 @@ _UNICODE = str.maketrans({
 
 _TEXT_CMDS = ("text", "textbf", "textit", "textrm", "textnormal", "textsf", "mbox", "mathrm",
               "mathbf", "mathit", "mathsf", "operatorname", "emph", "boldsymbol", "mathbb")
+_MATH_FONTS = {"mathrm", "mathbf", "mathit", "mathsf", "operatorname", "boldsymbol", "mathbb"}
 _TOKEN_RE = re.compile(
     r"(?P<ws>\s+|\\[,;:! >]|\$|\\\$|~|\\(?:left|right)\s*\.|\\q?quad(?![A-Za-z])"
     r"|\\(?:left|right|bigl|bigr|Bigl|Bigr|big|Big|biggl|biggr|displaystyle|textstyle"
@@ -130,8 +131,8 @@ def tokenize(text: str) -> list[tuple[str, str]]:
       if value.lower() in ("and", "or", ","):
         tokens.append(("sep", value.lower()))
         continue
-      if command != "text" and len(words) == 1 and words[0].isalpha():  # \mathbf{v}
-        _word(tokens, words[0], allow_units=False)
+      if command in _MATH_FONTS and len(words) == 1 and words[0].isalpha():  # \mathbf{v}
+        _word(tokens, words[0], allow_units=True)
         continue
       tokens.append(("text", value))
       continue

@@ -60,3 +60,21 @@ def test_user_errors_are_one_line(tmp_path, capsys):
     assert cli.main(["reward", *argv]) == 2
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_math_shows_parsed_type_and_normal_form_of_both_sides(tmp_path, capsys):
+  path = _write(tmp_path, r"So the solution set is $\boxed{x > 2}$.")
+  assert cli.main(["reward", "--task", "math", "--answer", r"(2, \infty)", "--response-file",
+                   path, "--json"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out["correct"] is True
+  assert out["parsed"] == {
+      "predicted": {"type": "inequality", "normalized": "x > 2, i.e. (2, oo)"},
+      "gold": {"type": "tuple", "normalized": "(2, oo)"}}
+  path = _write(tmp_path, r"\boxed{11a+c}")
+  assert cli.main(["reward", "--task", "math", "--answer", "7 = 11a+c", "--response-file",
+                   path]) == 0
+  text = capsys.readouterr().out
+  assert "predicted: expression: (11*a + c)" in text
+  assert "gold:      equation: 7 = (11*a + c)" in text
+  assert "verdict:   incorrect (wrong)" in text

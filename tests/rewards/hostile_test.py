@@ -68,6 +68,21 @@ CASES = {
     "mega_boxed_tokens": lambda c: "\\boxed 9 " * (_MEGA // 9),
     "mega_last_line": lambda c: "(" + "1+" * (_MEGA // 2) + "1)",
     "unicode_digits": lambda c: "\\boxed{٤٢} ４２",
+    # Symbolic answers: evaluated at points, so every size bound must hold there too.
+    "variable_tower": lambda c: r"\boxed{x^{x^{x^{x^{x}}}}}",
+    "variable_huge_power": lambda c: r"\boxed{(x+1)^{10^{10}}}",
+    "sin_huge_argument": lambda c: r"\boxed{\sin(10^{100})}",
+    "factorial_huge": lambda c: r"\boxed{(10^{100})!}",
+    "binomial_huge": lambda c: r"\boxed{\binom{10^{9}}{5}}",
+    "many_symbols": lambda c: "\\boxed{" + "+".join(f"x_{{{i}}}" for i in range(150)) + "}",
+    "pm_explosion": lambda c: "\\boxed{" + "\\pm 1" * 40 + "}",
+    "equation_tower": lambda c: r"\boxed{x^{9^{9^{9}}} = 7}",
+    "interval_tower": lambda c: r"\boxed{(9^{9^{9}}, \infty)}",
+    "inequality_tower": lambda c: r"\boxed{x > 9^{9^{9^{9}}}}",
+    "scientific_exponent": lambda c: r"\boxed{1e999999}",
+    "deep_abs": lambda c: "\\boxed{" + "|" * 400 + "}",
+    "log_zero_base": lambda c: r"\boxed{\log_1 42}",
+    "many_boxes": lambda c: " and ".join(f"\\boxed{{{i}}}" for i in range(100_000)),
     "lone_surrogate_and_nul": lambda c: "\\boxed{\ud800\x00}",
 }
 

@@ -1,0 +1,44 @@
+r"""Final-answer extraction: several boxes, a later "final answer is", math in prose."""
+
+import pytest
+
+from jaxrl_scale.rewards import extract
+
+
+@pytest.mark.parametrize("response,expected,method", [
+    # Several boxes of one final answer form a list; only connectors may separate them.
+    (r"The roots are $\boxed{-2}$ and $\boxed{1}$.", "-2, 1", "boxed"),
+    (r"So $x = \boxed{2}$ or $x = \boxed{3}$.", "2, 3", "boxed"),
+    (r"$a=\boxed{2}$, $b=\boxed{7}$", "2, 7", "boxed"),
+    (r"The solutions are $\boxed{1}$, $\boxed{2}$ and $\boxed{3}$.", "1, 2, 3", "boxed"),
+    (r"So $\boxed{3}$ fails; trying again gives $x = \boxed{4}$.", "4", "boxed"),
+    ("\\boxed{6} and\n\n\\boxed{6}", "6", "boxed"),  # a repeated box counts once
+    (r"\boxed{1} then \boxed{2}", "2", "boxed"),
+    # A final answer stated after the last box wins (the model corrected itself).
+    ("First $\\boxed{255}$. Wait, recomputing. The final answer is $10,455$.", "10,455",
+     "answer_is"),
+    ("The percentage is \\boxed{50}. The answer is: 50", "50", "answer_is"),
+    (r"The final answer is $\boxed{5}$.", "5", "boxed"),
+    (r"\boxed{5}. The answer is above.", "5", "boxed"),  # no math after it: the box stays
+    # Unboxed prose: the last math, never reduced to its last number.
+    ("So the ordered pair $(x, y)$ that solves the system is $(7, 6)$.", "(7, 6)", "last_math"),
+    (r"Therefore the set is \(\{1, 2\}\).", r"\{1, 2\}", "last_math"),
+    ("We have $x = 3$ and so there are 12 apples.", "12", "last_number"),
+    ("We get $$\\frac{1}{2}$$", r"\frac{1}{2}", "last_math"),
+])
+def test_extract(response, expected, method):
+  found = extract.extract_answer(response)
+  assert (found.text, found.method) == (expected, method)
+
+
+def test_find_boxes_skips_nested_and_keeps_complete_ones_in_an_unclosed_box():
+  text = r"\boxed{\boxed{3}+1} x \boxed{ open \boxed{4} \boxed{5}"
+  contents = [text[s:e] for _, s, e in extract.find_boxes(text)]
+  assert contents == [r"\boxed{3}+1", "4", "5"]
+
+
+def test_many_boxes_are_bounded():
+  found = extract.extract_answer("\\boxed 9 " * 100_000)
+  assert found.text == "9"  # identical boxes count once; at most MAX_BOXES are joined
+  found = extract.extract_answer(" ".join(f"\\boxed{{{i}}}" for i in range(100)))
+  assert found.text.count(",") == extract.MAX_BOXES - 1
