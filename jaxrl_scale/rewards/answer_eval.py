@@ -82,10 +82,6 @@ def to_complex(x: Value):
   return _mp(x)
 
 
-def _simplify(z) -> Value:
-  return z
-
-
 def _add(a: Value, b: Value) -> Value:
   if isinstance(a, Fraction) and isinstance(b, Fraction):
     return _exact(a + b)
@@ -109,11 +105,10 @@ def _inv(a: Value) -> Value:
 
 
 def _int_root(x: int, n: int) -> int | None:
-  if x < 0:
+  """The exact integer n-th root of x >= 0, or None (numbers near 1000 bits go numeric)."""
+  if x < 0 or x.bit_length() >= 1000:
     return None
-  r = round(x ** (1.0 / n)) if x.bit_length() < 1000 else None
-  if r is None:
-    return None
+  r = math.isqrt(x) if n == 2 else round(x ** (1.0 / n))
   for c in (r - 1, r, r + 1):
     if c >= 0 and c ** n == x:
       return c
