@@ -45,10 +45,6 @@ _INEQUALITIES = {"<", "<=", ">", ">=", "!="}
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "!=": "!=", "=": "="}
 
 
-class NoValue(ValueError):
-  """The predicted answer is well formed but has no value (e.g. 1/0)."""
-
-
 def _walk(node: tuple):
   """Every node of a tree (children may be nodes, tuples of nodes, or matrix rows)."""
   stack = [node]

@@ -74,7 +74,6 @@ _UNITS = {"cm", "mm", "km", "m", "kg", "mg", "g", "ml", "l", "s", "ms", "sec", "
           "radian", "rad", "point", "people", "person", "student", "apple", "way", "time",
           "integer", "number", "page", "box", "ball", "coin", "book", "step", "triangle",
           "marble", "child", "children", "men", "women", "games", "game", "candy", "candies"}
-_SEPARATORS = {"and", "or", ","}
 _PERCENT_WORDS = {"percent", "pct", "percentage"}
 _FILLER = {"approximately", "about", "exactly", "only", "just", "is", "are", "the", "a", "an",
            "of", "total", "answer", "final", "value", "equals", "so", "thus", "therefore"}
