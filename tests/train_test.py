@@ -331,3 +331,31 @@ def test_sigkill_then_resume_ends_with_the_uninterrupted_params(task_file, tmp_p
   assert [r["step"] for r in run_rows] == list(range(steps + 1))
   for a, b in zip(ref_rows, run_rows):  # the same losses, step by step
     assert a.get("train/loss") == b.get("train/loss")
+    assert a.get("rollout/group_ids") == b.get("rollout/group_ids")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, kill_at", [("pipeline", 5), ("pipeline", 3),
+                                           ("ppo_offpolicy", 5)])
+def test_sigkill_then_resume_trains_every_group_exactly_once(task_file, tmp_path,
+                                                             compile_cache, mode, kill_at):
+  # The uninterrupted run trains groups 0 .. steps * P - 1, P per step in admission order
+  # (checked by the kill-free check below on the resumed run's rows); a kill loses the steps
+  # after the last checkpoint (every 2 steps), and the restart trains exactly those groups.
+  steps, p = 8, 4
+  killed = _launch(task_file, tmp_path / "run", compile_cache, f"pipeline.mode={mode}",
+                   steps=steps)
+  _wait_for_step(tmp_path / "run", kill_at, killed)
+  killed.send_signal(signal.SIGKILL)
+  killed.wait()
+  resumed = _launch(task_file, tmp_path / "run", compile_cache, f"pipeline.mode={mode}",
+                    steps=steps)
+  code, out = _finish(resumed)
+  assert code == 0, out
+  assert f"resumed from checkpoint step {kill_at - kill_at % 2}" in out
+  rows = _rows(tmp_path / "run")
+  assert [r["step"] for r in rows] == list(range(steps + 1))
+  trained = [i for r in rows[1:] for i in r["rollout/group_ids"]]
+  assert sorted(trained) == list(range(steps * p))  # none twice, none lost
+  assert all(r.get("pipeline/dropped_stale", 0.0) == 0.0 for r in rows[1:])
+  assert all(r["staleness/max"] <= 2 for r in rows[1:])

@@ -11,6 +11,10 @@ One iteration (step s, trainer at policy version s - 1):
   6. write one metrics row (step, compute_hours, FLOPs, ...) and the progress line;
   7. checkpoint every `checkpoint.every` steps, at the end, and on SIGTERM / SIGINT.
 
+compute_hours (`clock.RLClock`) counts the accelerator time of generation and training
+only: the loop's wall time less evaluation, checkpointing and compiles, which each row
+logs separately (time/eval_s, time/checkpoint_s, time/compile_s, per step).
+
 The metrics stream has exactly one row per step 0..N: row 0 is the evaluation of the
 starting policy (R0 of the forecast), row s is step s with its eval merged in.
 
@@ -42,6 +46,7 @@ from jaxrl_scale import checkpoint as checkpoint_lib
 from jaxrl_scale import metrics as metrics_lib
 from jaxrl_scale.config import Config
 from jaxrl_scale.errors import UserError
+from jaxrl_scale.pipeline import clock as clock_lib
 from jaxrl_scale.pipeline import generator
 from jaxrl_scale.pipeline import progress as progress_lib
 from jaxrl_scale.pipeline import rollouts
@@ -146,7 +151,7 @@ class Loop:
     curriculum: No-Positive-Resampling, or None.
     shape: the fixed batch shape.
     state: host state to continue from.
-    clock: compute clock (its hours continue `state.compute_hours`).
+    clock: compute clock (its hours continue `state.compute_hours`); the loop starts it.
     flops_per_token: forward FLOPs per token (2 x parameters).
     progress: the console display.
     gather: multi-process runs: `parallel.distributed.allgather` (None: one process).
@@ -156,7 +161,7 @@ class Loop:
                evaluator: Any, writer: metrics_lib.MetricsWriter,
                checkpointer: checkpoint_lib.Checkpointer | None, forecaster: Any,
                curriculum: curriculum_lib.NoPositiveResampling | None,
-               shape: rollouts.BatchShape, state: HostState, clock: metrics_lib.ComputeClock,
+               shape: rollouts.BatchShape, state: HostState, clock: clock_lib.RLClock,
                flops_per_token: float, progress: progress_lib.Progress,
                gather: Callable[..., list[Any]] | None = None):
     self.cfg = cfg
@@ -180,6 +185,7 @@ class Loop:
     self._t_start = time.perf_counter()
     self._train_s = 0.0
     self._wait_s = 0.0
+    self._part_sizes: list[int] = []
     self.on_step: Callable[[int, dict[str, Any]], None] | None = None  # tests, benchmarks
 
   # ---- signals -----------------------------------------------------------------------------
@@ -212,6 +218,10 @@ class Loop:
     """Validation at `step` plus the refit forecast, as metrics."""
     if self.evaluator is None:
       return {}
+    with self.clock.excluded("eval"):
+      return self._evaluate(step)
+
+  def _evaluate(self, step: int) -> dict[str, float]:
     out = self.evaluator.run(self.trainer.params, step)
     self.last_eval = out
     self.state.flops += self.flops_per_token * self._eval_tokens(out)
@@ -247,7 +257,8 @@ class Loop:
     if self.curriculum is not None:
       with self.curriculum_lock:
         self.state.curriculum = self.curriculum.state_dict()
-    self.checkpointer.save(step, self.trainer.state, self.state.to_json())
+    with self.clock.excluded("checkpoint"):
+      self.checkpointer.save(step, self.trainer.state, self.state.to_json())
 
   def initial_eval(self) -> None:
     """Row 0: the starting policy's pass rate (the forecast's R0), at compute 0.
@@ -260,7 +271,7 @@ class Loop:
     self.state.flops = 0.0
     row.update(compute_hours=0.0, flops=0.0)
     self.state.compute_hours = 0.0
-    self.clock = metrics_lib.ComputeClock(self.clock.num_devices, start_hours=0.0)
+    self.clock = clock_lib.RLClock(self.clock.num_devices, start_hours=0.0)
     self.writer.write(0, row)
     self.progress.step(0, row)
     self._print_forecast()
@@ -276,6 +287,7 @@ class Loop:
     try:
       return self._run()
     finally:
+      self.clock.stop()
       for sig, handler in previous.items():
         signal.signal(sig, handler)
 
@@ -292,6 +304,9 @@ class Loop:
     step = self.state.step
     self.progress.restart(step)
     self._t_start = time.perf_counter()
+    self.clock.start()
+    excluded = dict(self.clock.excluded_s)
+    t_row = time.perf_counter()
     while step < total:
       t0 = time.perf_counter()
       got = self._next_groups(step)
@@ -304,6 +319,9 @@ class Loop:
       step += 1
       self.state.step = step
       row["time/wait_s"], row["time/train_s"] = t1 - t0, t2 - t1
+      # Which groups this step trained on (admission numbers): an audit trail that shows
+      # every group trained once, across resumes too.
+      row["rollout/group_ids"] = self._group_ids(groups)
       self._wait_s += t1 - t0
       self._train_s += t2 - t1
       elapsed = time.perf_counter() - self._t_start
@@ -315,6 +333,11 @@ class Loop:
       if cfg.eval.every and (step % cfg.eval.every == 0 or step == total):
         row.update(self.evaluate(step))
       row["compute_hours"] = self.clock.hours
+      for kind, total_s in self.clock.excluded_s.items():
+        row[f"time/{kind}_s"] = total_s - excluded.get(kind, 0.0)
+      excluded = dict(self.clock.excluded_s)
+      now = time.perf_counter()
+      row["time/step_s"], t_row = now - t_row, now  # wall time since the previous row
       row["flops"] = self.state.flops
       self.state.compute_hours = row["compute_hours"]
       self.writer.write(step, row)
@@ -363,7 +386,16 @@ class Loop:
         self.progress.print(f"another process received {signal.Signals(self._signal).name}: "
                             "saving a checkpoint, then exiting")
       return None
+    self._part_sizes = [len(part["groups"]) for part in parts]
     return local, [g for part in parts for g in part["groups"]]
+
+  def _group_ids(self, groups: list[rollouts.Group]) -> list[int]:
+    """The step's groups' admission numbers; with several processes (each numbers its own
+    groups) seq * processes + process, unique across the job."""
+    if self.gather is None:
+      return [g.seq for g in groups]
+    owners = [p for p, n in enumerate(self._part_sizes) for _ in range(n)]
+    return [g.seq * len(self._part_sizes) + p for g, p in zip(groups, owners)]
 
   def _train_step(self, step: int, groups: list[rollouts.Group],
                   local: list[rollouts.Group] | None = None) -> dict[str, Any]:

@@ -1,7 +1,10 @@
 """The console view of a run: one line per logged step, forecast lines, the final summary.
 
-    step  12/40 | val 0.62 | train 0.55 | gen 1.2k tok/s | train 3.4k tok/s | stale 0.8/2 |
+    step  12/40 | val 0.62 | rollouts 0.55 | gen 1.2k tok/s | train 3.4k tok/s | stale 0.8/2 |
       trunc 0.02 | 3.1 s/step | ETA 1m10s
+
+val: validation pass rate (last eval); rollouts: pass rate of the step's training samples;
+gen / train: generated and trained tokens per second; stale: mean / max token staleness.
     forecast: A=0.871 [0.84, 0.90] B=1.90 C_mid=0.0021; at 0.0061: 0.852 [0.83, 0.87]
 """
 
@@ -65,7 +68,7 @@ class Progress:
       parts.append(f"val {self.last_val:.3f}")
     get = row.get
     if get("rollout/pass_rate") is not None:
-      parts.append(f"train {row['rollout/pass_rate']:.2f}")
+      parts.append(f"rollouts {row['rollout/pass_rate']:.2f}")
     if get("gen/tokens_per_s") is not None:
       parts.append(f"gen {_si(row['gen/tokens_per_s'])} tok/s")
     if get("train/tokens_per_s") is not None:

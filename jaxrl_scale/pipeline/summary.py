@@ -52,6 +52,26 @@ def _plot(cfg: Config, run_dir: pathlib.Path) -> str | None:
     return None
 
 
+def _timing(rows: list[dict[str, Any]]) -> dict[str, float]:
+  """Wall time of the RL steps, what compute_hours leaves out, and each role's idle share.
+
+  trainer idle: time waiting for rollouts / wall time; generator idle: the per-step
+  gen/idle_frac weighted by each step's wall time (the pipelined generator: stalled with
+  nothing to decode; sync rounds: not sampling).
+  """
+  steps = [r for r in rows[1:] if r.get("time/step_s") is not None]
+  wall = sum(r["time/step_s"] for r in steps)
+  out = {"rl_wall_s": wall}
+  for kind in ("eval", "checkpoint", "compile"):
+    out[f"{kind}_s"] = sum(r.get(f"time/{kind}_s", 0.0) for r in steps)
+  if wall > 0:
+    out["trainer_idle_frac"] = sum(r.get("time/wait_s", 0.0) for r in steps) / wall
+    if any("gen/idle_frac" in r for r in steps):
+      out["generator_idle_frac"] = sum(r.get("gen/idle_frac", 0.0) * r["time/step_s"]
+                                       for r in steps) / wall
+  return out
+
+
 def finish(cfg: Config, run_dir: pathlib.Path, outcome: Any, forecaster: Any, host: Any,
            progress: progress_lib.Progress) -> dict[str, Any] | None:
   """Writes summary.json (and forecast.png) and prints the summary; returns the summary."""
@@ -65,6 +85,7 @@ def finish(cfg: Config, run_dir: pathlib.Path, outcome: Any, forecaster: Any, ho
       "target_steps": cfg.run.steps, "compute_hours": host.compute_hours,
       "sft_compute_hours": host.sft_compute_hours, "flops": host.flops,
   }
+  summary.update(_timing(rows))
   if evals:
     summary["start_pass_rate"] = evals[0][2] if evals[0][0] == 0 else None
     summary["final_pass_rate"] = evals[-1][2]
@@ -93,6 +114,14 @@ def render(summary: dict[str, Any]) -> str:
     lines.append(f"finished {summary['steps']} RL steps")
   lines.append(f"compute: {summary['compute_hours']:.4g} accelerator-hours RL (+ "
                f"{summary['sft_compute_hours']:.3g} SFT), {summary['flops']:.3g} FLOPs")
+  if summary.get("rl_wall_s"):
+    idle = [f"{role} {summary[f'{role}_idle_frac']:.0%}" for role in ("trainer", "generator")
+            if summary.get(f"{role}_idle_frac") is not None]
+    lines.append(
+        f"time: {progress_lib.duration(summary['rl_wall_s'])} of RL steps, of which eval "
+        f"{summary['eval_s']:.0f}s, checkpoints {summary['checkpoint_s']:.0f}s, compiles "
+        f"{summary['compile_s']:.0f}s (not in compute)"
+        + (f" | idle: {', '.join(idle)}" if idle else ""))
   if "final_pass_rate" in summary:
     start = summary.get("start_pass_rate")
     after = " (after SFT)" if summary.get("sft_compute_hours") else ""

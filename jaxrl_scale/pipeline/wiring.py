@@ -43,6 +43,7 @@ from jaxrl_scale.models import sharding
 from jaxrl_scale.models import tokenizer as tokenizer_lib
 from jaxrl_scale.parallel import distributed
 from jaxrl_scale.parallel import mesh as mesh_lib
+from jaxrl_scale.pipeline import clock as clock_lib
 from jaxrl_scale.pipeline import generator
 from jaxrl_scale.pipeline import loop as loop_lib
 from jaxrl_scale.pipeline import progress as progress_lib
@@ -270,7 +271,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
                                      n_boot=cfg.forecast.n_boot, seed=cfg.run.seed)
     if resume:
       _replay_forecast(forecaster, writer.path, host.metrics_rows)
-  clock = metrics_lib.ComputeClock(slices.num_devices, start_hours=host.compute_hours)
+  clock = clock_lib.RLClock(slices.num_devices, start_hours=host.compute_hours)
   loop = loop_lib.Loop(cfg, trainer=trainer, source=source, evaluator=evaluator, writer=writer,
                        checkpointer=ckpt, forecaster=forecaster, curriculum=curriculum,
                        shape=shape, state=host, clock=clock,

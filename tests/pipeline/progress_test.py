@@ -20,8 +20,10 @@ def test_step_lines_show_the_roles_and_the_last_eval():
   lines = out.getvalue().splitlines()
   assert len(lines) == 2
   assert lines[0].startswith("step  0/20 | val 0.250")
-  assert "val 0.250 | train 0.50 | gen 12.3k tok/s | train 2.0k tok/s | stale 0.8/2 | " \
+  assert "val 0.250 | rollouts 0.50 | gen 12.3k tok/s | train 2.0k tok/s | stale 0.8/2 | " \
          "trunc 0.12" in lines[1]
+  labels = [part.split()[0] for part in lines[1].split(" | ")]
+  assert len(labels) == len(set(labels)), f"a label shows twice: {labels}"
   assert "ETA" in lines[1]
 
 

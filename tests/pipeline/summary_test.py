@@ -34,3 +34,20 @@ def test_render_after_a_signal_says_how_to_continue():
   text = summary.render({"outcome": "signal", "signal": "SIGTERM", "steps": 7,
                          "compute_hours": 0.1, "sft_compute_hours": 0.0, "flops": 1.0})
   assert "stopped by SIGTERM after step 7" in text and "--resume" in text
+
+
+def test_summary_reports_idle_fractions_and_what_compute_leaves_out(tmp_path):
+  rows = [{"step": 0, "compute_hours": 0.0},
+          {"step": 1, "compute_hours": 0.1, "time/step_s": 10.0, "time/wait_s": 1.0,
+           "gen/idle_frac": 0.5, "time/eval_s": 3.0, "time/checkpoint_s": 0.0,
+           "time/compile_s": 2.0},
+          {"step": 2, "compute_hours": 0.2, "time/step_s": 30.0, "time/wait_s": 3.0,
+           "gen/idle_frac": 0.1, "time/eval_s": 0.0, "time/checkpoint_s": 1.0,
+           "time/compile_s": 0.0}]
+  timing = summary._timing(rows)  # pylint: disable=protected-access
+  assert timing == {"rl_wall_s": 40.0, "eval_s": 3.0, "checkpoint_s": 1.0, "compile_s": 2.0,
+                    "trainer_idle_frac": 0.1, "generator_idle_frac": (5.0 + 3.0) / 40.0}
+  text = summary.render({"outcome": "done", "signal": None, "steps": 2, "compute_hours": 0.2,
+                         "sft_compute_hours": 0.0, "flops": 1.0, **timing})
+  assert "eval 3s, checkpoints 1s, compiles 2s (not in compute)" in text
+  assert "idle: trainer 10%, generator 20%" in text
