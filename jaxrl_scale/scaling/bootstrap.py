@@ -1,8 +1,12 @@
-"""Bootstrap uncertainty for a sigmoid fit: K vmapped refits on resampled residuals.
+"""Bootstrap uncertainty for a sigmoid fit: K vmapped refits on simulated replicates.
 
-Residual bootstrap: y*_i = yhat_i + e_j with e_j drawn with replacement from the fit's
-residuals (scaled by sqrt(n / (n - p)) so their spread is not biased low by the p fitted
-parameters). Keeping the compute design fixed matters for a scaling curve: resampling
+Replicates are the fitted curve plus noise from the eval noise model (`noise.py`): per-eval
+sd (binomial se from the eval size, or homoscedastic), scaled by the residuals with their
+degrees of freedom, and AR(1) correlated in eval order with the residuals' bias-corrected
+lag-1 autocorrelation. The innovations are the fit's own whitened residuals, resampled with
+replacement (an AR-sieve bootstrap), so a heavy-tailed eval keeps its shape. When R0 is the
+step-0 eval it is redrawn in every replicate with that eval's noise, so its error widens the
+intervals too. Keeping the compute design fixed matters for a scaling curve: resampling
 points instead would often drop the few high-compute points that pin down A.
 
 Each refit is a Levenberg-Marquardt run started from the full-data optimum (all K at once
@@ -21,6 +25,7 @@ import numpy as np
 
 from jaxrl_scale.scaling import curves
 from jaxrl_scale.scaling import fit as fit_lib
+from jaxrl_scale.scaling import noise
 
 # App. A.5: A varied by at most +-0.015 over three identical runs; the paper treats
 # |delta A| <= 0.02 as noise.
@@ -63,16 +68,109 @@ def percentile_interval(values_K, level: float = 0.95) -> tuple[float, float]:
   return float(lo), float(hi)
 
 
-def bootstrap_sigmoid(compute, pass_rate, fit: fit_lib.SigmoidFit, *, weights=None,
-                      n_boot: int = 1000, seed: int = 0, lm_steps: int = 40
-                      ) -> SigmoidSamples:
-  """Residual-bootstrap replicates of a sigmoid fit.
+@dataclasses.dataclass(frozen=True)
+class Replicates:
+  """Simulated data sets of a bootstrap, kept for refits under other constraints (shared A).
+
+  Attributes:
+    y_KN: replicate pass rates on the fitter's padded layout.
+    r0_K: replicate R0 (the fitted R0 when it is not drawn).
+    w_N: fit weights (padded). t_N: normalised log-compute of the fit (padded).
+  """
+  y_KN: np.ndarray
+  r0_K: np.ndarray
+  w_N: np.ndarray
+  t_N: np.ndarray
+
+
+def simulate(compute, fit: fit_lib.SigmoidFit, noise_model: noise.NoiseModel, *,
+             weights=None, series=None, r0_sd: float | None = None, n_boot: int = 1000,
+             seed: int = 0, resid=None) -> Replicates:
+  """Replicate data sets: the fitted curve plus AR(1) noise drawn from the noise model.
 
   Args:
-    compute: the compute values the fit was made on (same length as pass_rate).
+    compute: compute of every eval of the curve (fitted or not), in eval order.
+    fit: the fitted curve (the replicates' truth).
+    noise_model: per-eval sd and autocorrelation (`noise.estimate`).
+    weights: the fit weights (0: not fitted).
+    series: run id per eval when seeds are pooled (eval order within each run).
+    r0_sd: sd of the step-0 eval when R0 came from it (drawn with the first eval of each
+      run, so it shares that eval's correlation); None or 0 keeps R0 fixed.
+    n_boot: number of replicates K.
+    seed: PRNG seed.
+    resid: residuals y - fit for every eval, resampled as standardised innovations
+      (None: Gaussian innovations).
+
+  Returns:
+    The replicates.
+  """
+  x_N, _, w_N, _ = fit_lib.prepare_arrays(compute, np.zeros(np.size(compute)), weights)
+  e = np.size(compute)
+  mask = w_N[:e] > 0
+  series = np.zeros(e, np.int64) if series is None else np.asarray(series)
+  rng = np.random.default_rng(seed)
+  if resid is None:
+    u = rng.standard_normal(4096)
+    u = (u - u.mean()) / u.std()
+  else:
+    z = np.where(mask, np.asarray(resid, np.float64) / noise_model.rel_sd, 0.0)
+    u = noise.innovations(z, mask, series, noise_model.rho)
+  ids = np.unique(series)
+  rho_K = noise_model.rho_draws(rng, n_boot)
+  draws = noise.ar1_draws(rng, u, [int(np.sum(series == s)) for s in ids], rho_K, n_boot)
+  e_KE = np.empty((n_boot, e))
+  for s, d in zip(ids, draws):
+    e_KE[:, series == s] = d
+  if noise_model.n_fitted:
+    # Each replicate's noise scale follows its own rho (see NoiseModel.variance).
+    e_KE *= np.sqrt(noise_model.variance(rho_K))[:, None] / noise_model.scale
+  valid = x_N[:e] > 0
+  pred_E = np.where(valid, fit.predict(np.where(valid, x_N[:e], 1.0)), fit.r0)
+  y_KN = np.zeros((n_boot, x_N.size))
+  y_KN[:, :e] = pred_E[None] + e_KE * noise_model.sd()[None]
+  r0_K = np.full(n_boot, fit.r0)
+  if r0_sd and not fit.fit_r0:
+    first = [int(np.flatnonzero(series == s)[0]) for s in ids]
+    r0_K = fit.r0 + r0_sd * e_KE[:, first].mean(axis=1)
+  t_N = np.where(w_N > 0, np.log(np.where(w_N > 0, x_N, 1.0)) - fit.log_scale, 0.0)
+  return Replicates(y_KN=y_KN, r0_K=r0_K, w_N=w_N, t_N=t_N)
+
+
+def refit(fit: fit_lib.SigmoidFit, reps: Replicates, *, a_K=None, lm_steps: int = 40
+          ) -> SigmoidSamples:
+  """Refits every replicate from the full-data optimum (A held at a_K when given)."""
+  theta_KP = np.array(np.broadcast_to(fit.theta, (reps.y_KN.shape[0], fit.theta.size)))
+  theta_KP[:, 3] = reps.r0_K
+  fix_a = fit.fix_a or a_K is not None
+  if a_K is not None:
+    theta_KP[:, 0] = a_K
+  with fit_lib.fitting_context():
+    theta_KP, _ = fit_lib.refine_sigmoid_batch(theta_KP, reps.t_N, reps.y_KN, reps.w_N,
+                                               steps=lm_steps, fit_r0=fit.fit_r0,
+                                               fix_a=fix_a)
+    theta_KP = np.asarray(theta_KP)
+  a, b, c_mid, r0 = fit_lib.theta_to_params(theta_KP, fit.log_scale)
+  return SigmoidSamples(a_K=a, b_K=b, c_mid_K=c_mid, r0_K=np.asarray(r0))
+
+
+def bootstrap_sigmoid(compute, pass_rate, fit: fit_lib.SigmoidFit, *, weights=None,
+                      noise_model: noise.NoiseModel | None = None, series=None,
+                      r0_sd: float | None = None, r0_from_eval: bool = False,
+                      n_boot: int = 1000, seed: int = 0, lm_steps: int = 40
+                      ) -> SigmoidSamples:
+  """AR(1) residual-bootstrap replicates of a sigmoid fit.
+
+  Args:
+    compute: the compute values the fit was made on (every eval, in eval order).
     pass_rate: the pass rates the fit was made on.
     fit: the full-data fit (its free parameters are refitted; fixed ones stay fixed).
     weights: the weights the fit used (0 drops a point).
+    noise_model: the eval noise; None estimates it from the residuals (homoscedastic
+      unless the weights differ, then rel sd = 1 / sqrt(weight)).
+    series: run id per eval when several seeds are pooled.
+    r0_sd: sd of the step-0 eval R0 came from (None: R0 fixed, e.g. given by --r0).
+    r0_from_eval: R0 is an eval not among `compute` (the live forecaster's step-0 point):
+      its sd is the noise model's homoscedastic sd (ignored when r0_sd is given).
     n_boot: number of refits K.
     seed: PRNG seed.
     lm_steps: Levenberg-Marquardt steps per refit.
@@ -80,20 +178,23 @@ def bootstrap_sigmoid(compute, pass_rate, fit: fit_lib.SigmoidFit, *, weights=No
   Returns:
     The K replicates.
   """
-  x_N, y_N, w_N, n = fit_lib.prepare_arrays(compute, pass_rate, weights)
-  p = 2 + (0 if fit.fix_a else 1) + (1 if fit.fit_r0 else 0)
-  valid_N = w_N > 0
-  pred_N = np.where(valid_N, fit.predict(np.where(valid_N, x_N, 1.0)), 0.0)
-  resid_V = (y_N - pred_N)[valid_N] * np.sqrt(n / max(n - p, 1))
-  # Host-side NumPy draws: a (K, N) index draw is instant, while jax.random would add
-  # seconds of compilation to every CLI call.
-  rng = np.random.default_rng(seed)
-  y_KN = pred_N[None, :] + resid_V[rng.integers(0, resid_V.size, size=(n_boot, x_N.size))]
-  with fit_lib.fitting_context():
-    t_N = np.where(w_N > 0, np.log(np.where(w_N > 0, x_N, 1.0)) - fit.log_scale, 0.0)
-    theta_KP = np.broadcast_to(fit.theta, (n_boot, fit.theta.shape[0]))
-    theta_KP, _ = fit_lib.refine_sigmoid_batch(theta_KP, t_N, y_KN, w_N, steps=lm_steps,
-                                               fit_r0=fit.fit_r0, fix_a=fit.fix_a)
-    theta_KP = np.asarray(theta_KP)
-  a, b, c_mid, r0 = fit_lib.theta_to_params(theta_KP, fit.log_scale)
-  return SigmoidSamples(a_K=a, b_K=b, c_mid_K=c_mid, r0_K=np.asarray(r0))
+  x_N, y_N, w_N, _ = fit_lib.prepare_arrays(compute, pass_rate, weights)
+  e = np.size(compute)
+  mask = w_N[:e] > 0
+  valid = x_N[:e] > 0
+  resid = y_N[:e] - np.where(valid, fit.predict(np.where(valid, x_N[:e], 1.0)), fit.r0)
+  if noise_model is None:
+    rel = np.where(mask, 1.0 / np.sqrt(np.where(mask, w_N[:e], 1.0)), 1.0)
+    rel = rel / np.min(rel[mask])
+    noise_model = noise.estimate(resid, mask, rel_sd=rel, series=series,
+                                 n_params=free_parameters(fit))
+  if r0_sd is None and r0_from_eval:
+    r0_sd = noise_model.scale
+  reps = simulate(compute, fit, noise_model, weights=weights, series=series, r0_sd=r0_sd,
+                  n_boot=n_boot, seed=seed, resid=resid)
+  return refit(fit, reps, lm_steps=lm_steps)
+
+
+def free_parameters(fit: fit_lib.SigmoidFit) -> int:
+  """Number of fitted parameters (B and C_mid always; A unless fixed; R0 if fitted)."""
+  return 2 + (0 if fit.fix_a else 1) + (1 if fit.fit_r0 else 0)

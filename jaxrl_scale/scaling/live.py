@@ -167,9 +167,13 @@ class LiveForecaster:
     sig = fit_lib.fit_sigmoid(x, y, self.r0, weights=w, options=self.options)
     samples = None
     if self.n_boot > 0:
-      samples = boot_lib.bootstrap_sigmoid(x, y, sig, weights=w, n_boot=self.n_boot,
-                                           seed=self.seed + n)
-    well, messages = forecast.assess(sig, samples, float(np.max(x[w > 0])), self.level)
+      # R0 from the stream is a noisy eval: redrawn per replicate (a given R0 stays fixed).
+      samples = boot_lib.bootstrap_sigmoid(
+          x, y, sig, weights=w, n_boot=self.n_boot, seed=self.seed + n,
+          r0_from_eval=self._r0_given is None and self._r0_stream is not None)
+    was_well = bool(self.history) and self.history[-1].well_determined
+    well, messages = forecast.assess(sig, samples, float(np.max(x[w > 0])), self.level,
+                                     was_well=was_well)
     point = band = None
     if self.target_compute is not None:
       point, band = forecast.forecast_at(sig, samples, self.target_compute, self.level)

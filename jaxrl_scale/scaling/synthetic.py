@@ -53,6 +53,55 @@ def make_curve(row: Table1Row, *, n_points: int = 61, noise_sd: float = 0.01,
   return compute, np.clip(noisy, 0.0, 1.0), clean
 
 
+NOISE_KINDS = ("iid", "ar1", "binomial")
+
+
+def simulate_evals(row: Table1Row, *, n_evals: int = 80, spacing: str = "linear",
+                   noise: str = "iid", noise_sd: float = 0.01, rho: float = 0.5,
+                   eval_size: int = 500, r0: float = R0, seed: int = 0
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """A run's evals: a step-0 eval plus `n_evals` more up to the budget.
+
+  Args:
+    row: the curve's parameters.
+    n_evals: evals after step 0.
+    spacing: "linear" (every so many steps at a constant compute per step) or "log"
+      (geometric from budget / 100, e.g. a run whose steps grow more expensive).
+    noise: "iid" Gaussian, "ar1" Gaussian with lag-1 autocorrelation `rho` in eval order
+      (the same held-out prompts every eval), or "binomial" (`eval_size` independent
+      problems; noise_sd is then unused).
+    noise_sd: marginal sd of the Gaussian kinds.
+    rho: autocorrelation of "ar1".
+    eval_size: problems x samples per problem of the "binomial" kind.
+    r0: true pass rate at zero compute (the step-0 eval is noisy like every other).
+    seed: PRNG seed.
+
+  Returns:
+    (compute_E, noisy pass rate_E, noiseless pass rate_E), E = n_evals + 1, index 0 is the
+    step-0 eval at compute 0.
+  """
+  if spacing == "linear":
+    compute = np.linspace(0.0, row.budget, n_evals + 1)
+  elif spacing == "log":
+    compute = np.concatenate([[0.0], np.geomspace(row.budget / 100.0, row.budget, n_evals)])
+  else:
+    raise ValueError(f"spacing must be 'linear' or 'log', got {spacing!r}")
+  clean = curves.sigmoid(compute, row.a, row.b, row.c_mid, r0)
+  rng = np.random.default_rng(seed)
+  if noise == "iid":
+    noisy = clean + rng.normal(0.0, noise_sd, clean.size)
+  elif noise == "ar1":
+    e = rng.normal(0.0, 1.0, clean.size)
+    for t in range(1, e.size):
+      e[t] = rho * e[t - 1] + np.sqrt(1.0 - rho * rho) * e[t]
+    noisy = clean + noise_sd * e
+  elif noise == "binomial":
+    noisy = rng.binomial(eval_size, np.clip(clean, 0.0, 1.0)) / eval_size
+  else:
+    raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
+  return compute, np.clip(noisy, 0.0, 1.0), clean
+
+
 def write_metrics_jsonl(path: str, compute, pass_rate, *, train_rows_per_eval: int = 2,
                         steps_per_eval: int = 100) -> None:
   """Writes a metrics.jsonl like `jaxrl-scale train` does: train rows between evals."""

@@ -80,7 +80,7 @@ def test_custom_columns_and_csv(tmp_path):
      r"bad\.jsonl:1: row has 'val/pass_rate' but no 'compute_hours' column"),
     (_jsonl([{"step": 1, "compute_hours": 2.0, "val/pass_rate": 0.5},
              {"step": 2, "compute_hours": 1.0, "val/pass_rate": 0.6}]),
-     r"bad\.jsonl:2: column 'compute_hours' decreases \(1 after 2 on line 1\)"),
+     r"bad\.jsonl:2: column 'compute_hours' decreases \(1 after 2 at .*bad\.jsonl:1\)"),
     (_jsonl([{"step": 1, "compute_hours": 1.0, "loss": 0.5}]),
      r"bad\.jsonl: no row has column 'val/pass_rate' \(columns seen: compute_hours, loss, step\)"),
 ])
@@ -98,7 +98,7 @@ def test_bad_csv_and_unreadable_files(tmp_path):
     io.read_curve(path)
   with pytest.raises(UserError, match=r"missing\.jsonl: cannot read"):
     io.read_curve(str(tmp_path / "missing.jsonl"))
-  with pytest.raises(UserError, match="cannot read"):
+  with pytest.raises(UserError, match="a directory without metrics.jsonl or TensorBoard"):
     io.read_curve(str(tmp_path))
   binary = tmp_path / "bin.jsonl"
   binary.write_bytes(b"\xff\xfe\x00")
