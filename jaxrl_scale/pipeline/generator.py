@@ -107,7 +107,8 @@ class PipelineSource:
     scorer: verifiers.
     num_prompts: P.
     max_staleness: k >= 1.
-    queue_size: finished batches the queue may hold.
+    queue_size: batches of finished groups that may wait for the trainer before admission
+      pauses.
     reward_workers: threads scoring groups.
   """
 
@@ -350,7 +351,8 @@ class PipelineSource:
             for c, r in zip(job.results, requests)]
 
   def after_step(self, groups: Sequence[rollouts.Group], params: Any, version: int) -> None:
-    # Post the weights before freeing admission, so new groups mostly start on them.
+    # `params` may still be computing: the sampler swaps them in once they exist and admits
+    # nothing new meanwhile. Posted before admission opens, so new groups start on them.
     self.sampler.update_params(params, version)
     self.admitter.consumed([g.seq for g in groups])
     with self._cond:
