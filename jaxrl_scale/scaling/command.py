@@ -14,8 +14,12 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   """Declares the `fit` flags."""
-  parser.add_argument("metrics", nargs="+", metavar="METRICS",
-                      help="metrics.jsonl or CSV file(s); several files are compared")
+  parser.add_argument("metrics", nargs="*", metavar="METRICS",
+                      help="metrics.jsonl, CSV or TensorBoard event file(s) / tb directories; "
+                      "several runs are compared")
+  parser.add_argument("--group", action="append", default=[], metavar="NAME=F1,F2,...",
+                      help="pool several seeds of one recipe into one fit named NAME "
+                      "(repeatable; the files need not be listed as METRICS too)")
   parser.add_argument("--x", default="compute_hours", help="compute column")
   parser.add_argument("--y", default="val/pass_rate", help="pass-rate column")
   parser.add_argument("--r0", type=float, default=None,
@@ -26,8 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="forecast the pass rate at this compute (default: 2x the data)")
   parser.add_argument("--target-pass-rate", type=float, default=None, metavar="R",
                       help="also report the compute needed to reach this pass rate")
-  parser.add_argument("--backtest", type=float, default=None, metavar="FRAC",
-                      help="fit on compute <= FRAC x max compute, report error on the rest")
+  parser.add_argument("--fit-fraction", "--backtest", dest="backtest", type=float,
+                      default=None, metavar="FRAC",
+                      help="backtest: fit on compute <= FRAC x max compute, forecast the "
+                      "last point and report the error on the rest")
+  parser.add_argument("--eval-size", default=None, metavar="NxK",
+                      help="problems x samples per problem of every eval (e.g. 1000x16), "
+                      "where the file does not log val/num_prompts and "
+                      "val/samples_per_prompt; weights the fit by the binomial error")
   parser.add_argument("--plot", default=None, metavar="F.png", help="write a plot here")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.add_argument("--bootstrap", type=int, default=1000, metavar="K",
@@ -47,7 +57,9 @@ def _check_args(args) -> None:
       (args.target is None or args.target > 0.0, "--target must be > 0"),
       (args.target_pass_rate is None or 0.0 < args.target_pass_rate < 1.0,
        "--target-pass-rate must be in (0, 1)"),
-      (args.backtest is None or 0.0 < args.backtest < 1.0, "--backtest must be in (0, 1)"),
+      (args.backtest is None or 0.0 < args.backtest < 1.0,
+       "--fit-fraction must be in (0, 1)"),
+      (args.metrics or args.group, "give at least one metrics file (or --group)"),
       (0.0 < args.level < 1.0, "--level must be in (0, 1)"),
       (args.bootstrap >= 0, "--bootstrap must be >= 0"),
   ]
@@ -56,29 +68,69 @@ def _check_args(args) -> None:
       raise UserError(message)
 
 
+def parse_eval_size(text: str | None) -> float | None:
+  """'1000x16' -> 16000.0, '500' -> 500.0; None stays None."""
+  from jaxrl_scale.errors import UserError
+  if text is None:
+    return None
+  try:
+    parts = [float(p) for p in text.lower().split("x")]
+  except ValueError:
+    parts = []
+  if not 1 <= len(parts) <= 2 or any(not p >= 1 for p in parts):
+    raise UserError(f"--eval-size must look like 1000x16 (problems x samples), got {text!r}")
+  return float(parts[0] * (parts[1] if len(parts) == 2 else 1.0))
+
+
+def parse_groups(specs: list[str]) -> list[tuple[str, list[str]]]:
+  """--group NAME=F1,F2 flags -> [(NAME, [F1, F2])]."""
+  from jaxrl_scale.errors import UserError
+  groups = []
+  for spec in specs:
+    name, sep, files = spec.partition("=")
+    paths = [f for f in files.split(",") if f]
+    if not sep or not name or not paths:
+      raise UserError(f"--group must look like NAME=FILE1,FILE2, got {spec!r}")
+    groups.append((name, paths))
+  return groups
+
+
+def read_curves(args):
+  """The runs to fit: each METRICS file, then each --group pooled into one curve."""
+  from jaxrl_scale.scaling import io
+  curves = [io.read_curve(p, args.x, args.y) for p in args.metrics]
+  for name, paths in parse_groups(args.group):
+    seeds = [io.read_curve(p, args.x, args.y) for p in paths]
+    curves.append(io.pool(seeds, name) if len(seeds) > 1 else
+                  dataclasses.replace(seeds[0], name=name))
+  _dedupe_names(curves)
+  return curves
+
+
 def run(args) -> int:
   """Runs `jaxrl-scale fit`; returns the exit status."""
   _check_args(args)
+  eval_size = parse_eval_size(args.eval_size)
   from jaxrl_scale.scaling import compare as compare_lib
   from jaxrl_scale.scaling import fit as fit_lib
   from jaxrl_scale.scaling import forecast
-  from jaxrl_scale.scaling import io
 
-  curves = [io.read_curve(p, args.x, args.y) for p in args.metrics]
-  _dedupe_names(curves)
+  curves = read_curves(args)
   options = forecast.AnalysisOptions(
       r0=args.r0, min_compute=args.min_compute, target_compute=args.target,
-      target_pass_rate=args.target_pass_rate, backtest=args.backtest, n_boot=args.bootstrap,
-      level=args.level, seed=args.seed, fit=fit_lib.FitOptions(grid=args.grid))
+      target_pass_rate=args.target_pass_rate, backtest=args.backtest, eval_size=eval_size,
+      n_boot=args.bootstrap, level=args.level, seed=args.seed,
+      fit=fit_lib.FitOptions(grid=args.grid))
   if len(curves) > 1 and args.target is None and args.backtest is None:
     # One common target so the forecasts are comparable.
     last = max(float(c.compute.max()) for c in curves)
     options = dataclasses.replace(options, target_compute=2.0 * last)
-  reports = [forecast.analyse(c, options) for c in curves]
+  # Runs get different seeds: a shared seed would give them the same bootstrap draws.
+  reports = [forecast.analyse(c, dataclasses.replace(options, seed=args.seed + 7919 * i))
+             for i, c in enumerate(curves)]
   comparison = None
   if len(reports) > 1:
-    comparison = compare_lib.compare(reports, n_boot=args.bootstrap, seed=args.seed,
-                                     level=args.level, options=options.fit)
+    comparison = compare_lib.compare(reports, level=args.level, options=options.fit)
   if args.plot:
     from jaxrl_scale.scaling import plot
     plot.plot_reports(reports, args.plot, x_label=f"{args.x} (log scale)", y_label=args.y)

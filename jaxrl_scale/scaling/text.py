@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from jaxrl_scale.scaling import bootstrap as boot_lib
 from jaxrl_scale.scaling import compare as compare_lib
 from jaxrl_scale.scaling import forecast
@@ -41,7 +43,16 @@ def render_run(r: forecast.RunReport) -> str:
   lines = [f"{r.name}  ({r.curve.path})",
            f"  fitted {s.n_points} eval points, compute {num(float(x_fit.min()))} .. "
            f"{num(float(x_fit.max()))}; R0 = {s.r0:.3f} ({_R0_SOURCE[r.r0_source]}); "
-           f"residual sd {math.sqrt(s.sse / s.n_points):.4f}", ""]
+           f"residual sd {r.residual_sd:.4f}"]
+  if r.noise is not None:
+    m = r.noise
+    size = "binomial se from the eval size" if m.size_known else "estimated from residuals"
+    lines.append(f"  eval noise: sd {float(np.median(m.sd()[r.fit_mask])):.4f} ({size}), "
+                 f"lag-1 autocorrelation {m.rho:.2f} (raw {m.rho_raw:.2f}), "
+                 + (f"R0 sd {r.r0_sd:.4f}" if r.r0_sd else "R0 held fixed"))
+  if r.curve.n_series > 1:
+    lines.append(f"  pooled {r.curve.n_series} seeds: {r.curve.path}")
+  lines.append("")
   head = "estimate"
   level = f"{r.level:.0%} interval"
   if r.samples is not None:
@@ -101,8 +112,20 @@ def render_comparison(reports: list[forecast.RunReport],
   rows += [[n, num(by_name[n].b), span(by_name[n].b_interval), num(by_name[n].c_mid),
             "" if by_name[n].well_determined else "(not well determined)"]
            for n in c.ranking]
-  best = c.most_efficient or "none (no run is well determined)"
-  lines += [table(rows), f"  most compute-efficient (highest B): {best}"]
+  lines.append(table(rows))
+  if c.p_b_greater:
+    names = list(c.ranking)
+    rows = [["P(row > column)"] + [f"B>{n}" for n in names] + [f"A>{n}" for n in names]]
+    for i in names:
+      cell = lambda probs, j, i=i: "" if i == j else f"{probs[(i, j)]:.2f}"
+      rows.append([i] + [cell(c.p_b_greater, j) for j in names]
+                  + [cell(c.p_a_greater, j) for j in names])
+    lines += [f"  probabilities from the joint bootstrap (a winner needs >= {c.level:.2f} "
+              "against every other run):", table(rows, indent="    ")]
+  best = c.most_efficient or "none: no significant difference"
+  lines.append(f"  most compute-efficient (highest B at the shared A): {best}")
+  if c.higher_asymptote:
+    lines.append(f"  higher asymptote A (significant): {c.higher_asymptote}")
   lines += [f"  note: {m}" for m in c.messages]
   return "\n".join(lines)
 

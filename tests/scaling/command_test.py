@@ -94,7 +94,11 @@ def test_paper_grid_flag(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, pattern", [
-    (["--backtest", "1.5"], "--backtest must be in (0, 1)"),
+    (["--backtest", "1.5"], "--fit-fraction must be in (0, 1)"),
+    (["--fit-fraction", "0"], "--fit-fraction must be in (0, 1)"),
+    (["--eval-size", "1000y16"], "--eval-size must look like 1000x16"),
+    (["--eval-size", "0x16"], "--eval-size must look like 1000x16"),
+    (["--group", "nofiles="], "--group must look like NAME=FILE1,FILE2"),
     (["--r0", "2"], "--r0 must be in [0, 1]"),
     (["--level", "1"], "--level must be in (0, 1)"),
     (["--target", "-1"], "--target must be > 0"),
