@@ -45,6 +45,7 @@ class Scenario:
     n_evals: evals after step 0.
     fit_fraction: fit on compute <= this fraction of the budget.
     rows: indices into synthetic.TABLE1 the runs cycle through (None: all).
+    row: one curve for every run instead (e.g. off-table parameters).
   """
   name: str
   noise: str = "iid"
@@ -56,6 +57,7 @@ class Scenario:
   n_evals: int = 80
   fit_fraction: float = 0.5
   rows: tuple[int, ...] | None = None
+  row: synthetic.Table1Row | None = None
 
 
 def scenarios() -> tuple[Scenario, ...]:
@@ -104,7 +106,7 @@ def simulate_curve(scenario: Scenario, index: int, seed: int
                    ) -> tuple[io.Curve, synthetic.Table1Row]:
   """Run `index` of a scenario as a Curve (eval sizes logged for the binomial kind)."""
   rows = scenario.rows if scenario.rows is not None else tuple(range(len(synthetic.TABLE1)))
-  row = synthetic.TABLE1[rows[index % len(rows)]]
+  row = scenario.row or synthetic.TABLE1[rows[index % len(rows)]]
   compute, noisy, _ = synthetic.simulate_evals(
       row, n_evals=scenario.n_evals, spacing=scenario.spacing, noise=scenario.noise,
       noise_sd=scenario.noise_sd, rho=scenario.rho, eval_size=scenario.eval_size,

@@ -1,0 +1,149 @@
+"""Do `jaxrl-scale fit`'s 95% intervals cover the truth? Simulated runs from the paper's Table 1.
+
+Every run is analysed exactly as the CLI does with its defaults (1,000 bootstrap refits,
+R0 from the noisy step-0 eval unless the scenario says otherwise), fitted on the points from
+the paper's 1.5k GPU-hour cutoff up to half the budget, and forecast at the final compute.
+Rates come with 95% Wilson intervals.
+
+Sections:
+  1. coverage of the forecast and of A per noise scenario (iid, R0 exact / from the step-0
+     eval, AR(1) rho 0.25 / 0.5, binomial from 500 problems, log-spaced evals), the share of
+     forecasts within 0.02 of the truth, and coverage among fits flagged well determined;
+  2. near the bounds: A = 0.95, and a midpoint beyond the data (fit to 10% of a 100k run);
+  3. well determined by fraction of the budget: how many fits are flagged, their coverage;
+  4. recipe comparison: two seeds of one recipe (a winner should rarely be named) and
+     B = 1.92 vs 1.09 (the right one should be);
+  5. time of one fit with intervals, cold (compiles) and warm.
+
+Goals (issue 15): coverage 0.92-0.98 everywhere; flagged fits >= 0.90 at every fraction;
+no winner in >= 80% of same-recipe pairs, the right one in >= 90% of different-B pairs;
+>= 90% of iid half-budget forecasts within 0.02; one fit under 2 s.
+
+Usage: python benchmarks/forecast_coverage.py [--runs 240] [--boot 1000] [--pairs 100]
+       [--frac-runs 120] [--sections 1,2,3,4,5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import numpy as np
+
+from jaxrl_scale.scaling import compare
+from jaxrl_scale.scaling import coverage
+from jaxrl_scale.scaling import forecast
+from jaxrl_scale.scaling import io
+from jaxrl_scale.scaling import synthetic
+
+
+def _fmt(k: int, n: int) -> str:
+  if n == 0:
+    return "   -  (n=0)            "
+  lo, hi = coverage.wilson(k, n)
+  return f"{k / n:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _print_tally(name: str, t: coverage.Tally) -> None:
+  print(f"{name:38s} {t.runs:4d}  F {_fmt(t.forecast_covered, t.runs)}  "
+        f"A {_fmt(t.a_covered, t.runs)}  |err|<=0.02 {t.close / t.runs:.3f}  "
+        f"well {t.well:3d}: F {_fmt(t.well_forecast_covered, t.well)} "
+        f"A {_fmt(t.well_a_covered, t.well)}  ({t.seconds:.0f}s)", flush=True)
+
+
+def section_coverage(args) -> None:
+  print("\n1. 95% interval coverage, fit to half the budget, forecast at the final compute")
+  print(f"{'scenario':38s} runs  forecast covers           A covers                  ...")
+  for s in coverage.scenarios():
+    _print_tally(s.name, coverage.run_scenario(s, args.runs, n_boot=args.boot))
+
+
+def section_bounds(args) -> None:
+  print("\n2. near the bounds")
+  near_one = synthetic.Table1Row("A=0.95", c_mid=2542, b=1.92, a=0.95, budget=16_000)
+  s = coverage.Scenario("A = 0.95 (iid)", row=near_one)
+  _print_tally(s.name, coverage.run_scenario(s, args.runs, n_boot=args.boot))
+  # ScaleRL-32k and bs2048 (C_mid ~11k) fitted to 10k of their 100k budget.
+  big = tuple(i for i, r in enumerate(synthetic.TABLE1) if r.budget == 100_000)
+  s = coverage.Scenario("C_mid beyond the data (fit to 10%)", fit_fraction=0.1, rows=big)
+  _print_tally(s.name, coverage.run_scenario(s, args.runs, n_boot=args.boot))
+
+
+def section_fractions(args) -> None:
+  print("\n3. well determined by fraction of the budget (coverage among flagged fits)")
+  for noise in ("iid", "ar1"):
+    for frac in (0.15, 0.2, 0.3, 0.5, 0.7, 1.0):
+      s = coverage.Scenario(f"{noise}, fit to {frac:.0%}", noise=noise, fit_fraction=frac)
+      t = coverage.run_scenario(s, args.frac_runs, n_boot=args.boot, seed=1)
+      print(f"{s.name:24s} flagged {t.well:3d}/{t.runs}  "
+            f"F {_fmt(t.well_forecast_covered, t.well)}  A {_fmt(t.well_a_covered, t.well)}"
+            f"   (all: F {t.rate('forecast_covered'):.3f} A {t.rate('a_covered'):.3f})",
+            flush=True)
+
+
+def _pair(row1, row2, i: int, boot: int) -> compare.Comparison:
+  reports = []
+  for j, row in enumerate((row1, row2)):
+    compute, noisy, _ = synthetic.simulate_evals(row, seed=10_000 * (j + 1) + i)
+    curve = io.Curve(name=f"run{j}", path="<simulated>", compute=compute, pass_rate=noisy,
+                     line=np.arange(compute.size), r0=float(noisy[0]), is_start=compute == 0)
+    options = forecast.AnalysisOptions(min_compute=coverage.PAPER_CUTOFF, n_boot=boot,
+                                       seed=2 * i + j)
+    reports.append(forecast.analyse(curve, options))
+  return compare.compare(reports)
+
+
+def section_compare(args) -> None:
+  print("\n4. recipe comparison (full 16k-GPU-hour runs, cutoff 1.5k)")
+  base = synthetic.TABLE1[0]
+  code = synthetic.TABLE1[9]
+  t0 = time.perf_counter()
+  none = sum(_pair(base, base, i, args.boot).most_efficient is None for i in range(args.pairs))
+  print(f"two seeds of ScaleRL: no winner named in {_fmt(none, args.pairs)} of {args.pairs} "
+        f"pairs ({time.perf_counter() - t0:.0f}s)", flush=True)
+  t0 = time.perf_counter()
+  right = sum(_pair(base, code, i, args.boot).most_efficient == "run0"
+              for i in range(args.pairs))
+  print(f"ScaleRL (B 1.92) vs math+code code curve (B 1.09): ScaleRL named in "
+        f"{_fmt(right, args.pairs)} of {args.pairs} pairs ({time.perf_counter() - t0:.0f}s)",
+        flush=True)
+
+
+def section_timing(args) -> None:
+  print("\n5. one fit with intervals (forecast.analyse, 1,000 refits, 80 evals)")
+  s = coverage.Scenario("timing")
+  curve, _ = coverage.simulate_curve(s, 0, seed=123)
+  options = forecast.AnalysisOptions(min_compute=coverage.PAPER_CUTOFF, backtest=0.5,
+                                     n_boot=1000)
+  t0 = time.perf_counter()
+  forecast.analyse(curve, options)
+  cold = time.perf_counter() - t0
+  warm = []
+  for i in range(5):
+    curve, _ = coverage.simulate_curve(s, i + 1, seed=123 + i)
+    t0 = time.perf_counter()
+    forecast.analyse(curve, dataclasses.replace(options, seed=i))
+    warm.append(time.perf_counter() - t0)
+  print(f"cold (first call, compiles): {cold:.2f} s; warm median of 5: "
+        f"{float(np.median(warm)):.3f} s; goal < 2 s: warm/2s = {np.median(warm) / 2.0:.3f}")
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--runs", type=int, default=240)
+  parser.add_argument("--boot", type=int, default=1000)
+  parser.add_argument("--pairs", type=int, default=100)
+  parser.add_argument("--frac-runs", type=int, default=120)
+  parser.add_argument("--sections", default="1,2,3,4,5")
+  args = parser.parse_args()
+  sections = {"1": section_coverage, "2": section_bounds, "3": section_fractions,
+              "4": section_compare, "5": section_timing}
+  t0 = time.perf_counter()
+  for key in args.sections.split(","):
+    sections[key.strip()](args)
+  print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+  main()
