@@ -106,7 +106,8 @@ def test_pipeline_generates_while_the_trainer_computes_its_step(prompt_source, f
     groups = src.next_groups(0)
     new_params = _training(nnx.state(model, nnx.Param))
     chunks = sampler.stats.chunks
-    src.after_step(groups, new_params, 1)  # returns at once: the step is still running
+    src.after_step(groups, new_params, 1)
+    assert not _ready(new_params), "posting the weights waited for the train step"
     jax.block_until_ready(new_params)  # the trainer waits for its step (metrics, say)
     overlapped = sampler.stats.chunks - chunks
     groups = src.next_groups(1)

@@ -28,6 +28,20 @@ def test_get_orders_by_key_and_blocks_until_enough():
   assert q.get_wait_s > 0
 
 
+def test_take_waits_for_the_named_items_and_leaves_the_rest():
+  q = queue_lib.RolloutQueue(8)
+  for x in (5, 3, 4):
+    q.put(x)
+  assert q.take([3, 4, 6], key=lambda x: x, timeout=0.01) is None  # 6 missing: nothing taken
+  assert len(q) == 3
+  threading.Timer(0.05, q.put, args=(6,)).start()
+  assert q.take([3, 4, 6], key=lambda x: x) == [3, 4, 6]  # in the order asked for
+  assert q.snapshot() == [5]
+  q.close()
+  with pytest.raises(queue_lib.Closed):
+    q.take([7], key=lambda x: x)
+
+
 def test_full_queue_blocks_the_producer_until_a_get():
   q = queue_lib.RolloutQueue(1)
   q.put("a")
