@@ -120,8 +120,10 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
     block_size: the forward kernel's q and kv tile, clipped to T rounded up to 128.
     backward_block_size: the fused backward kernel's q and kv tile (clipped likewise). The
       fused kernel computes dq, dk and dv in one pass (5 matmuls a block against 7 for the
-      separate dq and dkv kernels) and keeps one bfloat16 dq partial per kv block: at T=16k
-      with 32 heads of 128, 2 GiB per row with 1024-wide blocks (4 GiB with 512).
+      separate dq and dkv kernels) and keeps one dq partial per kv block: at T=16k with 32
+      heads of 128, 2 GiB per row with 1024-wide blocks (4 GiB with 512). That grows with
+      T^2, so beyond `FUSED_MAX_KV_BLOCKS` kv blocks (T > 16k at 1024) the backward runs
+      the separate dq and dkv kernels on `block_size` tiles instead.
     interpret: run the kernel in Pallas interpret mode (CPU tests).
   """
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
@@ -157,9 +159,14 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   pad = ((0, 0), (0, t_pad - t), (0, 0), (0, 0))
   q_BTNH, k_BTKH, v_BTKH = (jnp.pad(x, pad) for x in (q_BTNH, k_BTKH, v_BTKH))
   kv_segment_BT = jnp.pad(mask_BT.astype(jnp.int32), ((0, 0), (0, t_pad - t)))
-  blocks = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
-                         block_q_dkv=bwd_block, block_kv_dkv=bwd_block,
-                         block_kv_dkv_compute=bwd_block, use_fused_bwd_kernel=True)
+  if fused_backward(t, block_size, backward_block_size):
+    blocks = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                           block_q_dkv=bwd_block, block_kv_dkv=bwd_block,
+                           block_kv_dkv_compute=bwd_block, use_fused_bwd_kernel=True)
+  else:
+    blocks = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                           block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                           block_q_dq=block, block_kv_dq=block)
   n_local = n // (tp if head_axis else 1)
 
   def per_device(q_BTNH, k_BTKH, v_BTKH, kv_segment_BT):
@@ -192,8 +199,10 @@ def splash_flops(batch: int, seq_len: int, num_heads: int, head_dim: int, *,
   A Pallas kernel is an opaque custom call to XLA's cost analysis, so a compiled program's
   FLOPs miss attention; add these. The kernel computes every block that holds at least one
   query-key pair on or below the causal diagonal in full (`splash_block_flops`). Forward:
-  QK^T and PV (2 matmuls per block). Backward (the fused kernel `splash_attention` uses):
-  QK^T, dO V^T, dS K, P^T dO and dS^T Q (5).
+  QK^T and PV (2 matmuls per block). Backward, fused (`fused_backward`): QK^T, dO V^T,
+  dS K, P^T dO and dS^T Q (5) on the backward tiles; else the dq kernel recomputes QK^T and
+  does dO V^T, dS K (3) and the dkv kernel recomputes QK^T and does dO V^T, P^T dO, dS^T Q
+  (4), on the forward tiles.
 
   Args:
     batch, seq_len, num_heads, head_dim: query shapes (all query heads; GQA does not
@@ -203,9 +212,23 @@ def splash_flops(batch: int, seq_len: int, num_heads: int, head_dim: int, *,
   """
   block, bwd_block, t_pad = _tiling(seq_len, block_size, backward_block_size)
   flops = 2 * splash_block_flops(batch, t_pad, num_heads, head_dim, block, block)
-  if backward:
+  if backward and fused_backward(seq_len, block_size, backward_block_size):
     flops += 5 * splash_block_flops(batch, t_pad, num_heads, head_dim, bwd_block, bwd_block)
+  elif backward:
+    flops += 7 * splash_block_flops(batch, t_pad, num_heads, head_dim, block, block)
   return flops
+
+
+# The fused backward keeps one dq partial per kv block: beyond this many blocks the separate
+# dq and dkv kernels are used (their temporaries do not grow with the number of blocks).
+FUSED_MAX_KV_BLOCKS = 16
+
+
+def fused_backward(seq_len: int, block_size: int = 512, backward_block_size: int = 1024
+                   ) -> bool:
+  """Whether `splash_attention` differentiates through the fused backward kernel."""
+  _, bwd_block, t_pad = _tiling(seq_len, block_size, backward_block_size)
+  return t_pad // bwd_block <= FUSED_MAX_KV_BLOCKS
 
 
 def splash_block_flops(batch: int, t_pad: int, num_heads: int, head_dim: int, block_q: int,

@@ -21,6 +21,8 @@ import os
 import pathlib
 import sys
 
+from jaxrl_scale.errors import UserError
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("config", help="the run's YAML config")
@@ -29,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--topology", required=True,
                       help="Cloud TPU accelerator type (v5p-128, v6e-64, v5litepod-256, v4-64) "
                       "or chip topology (v5p:4x4x4)")
+  parser.add_argument("--programs", metavar="NAME,...",
+                      help="compile only these programs (train_step, sft_step, weight_cast, "
+                      "prefill, decode), e.g. prefill,decode while sizing the generator")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -36,7 +41,6 @@ def _model_config(cfg, note):
   """The policy's ModelConfig without weights or tokenizer."""
   import dataclasses  # pylint: disable=g-import-not-at-top
 
-  from jaxrl_scale.errors import UserError  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.models import config as model_config  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.models import hf_io  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.pipeline import wiring  # pylint: disable=g-import-not-at-top
@@ -74,7 +78,14 @@ def run(args: argparse.Namespace) -> int:
   mcfg = _model_config(cfg, say)
   say(f"jaxrl-scale plan {args.config} --topology {args.topology} ({sl.topology}, "
       f"{sl.chips} {sl.chip.name} chips)")
-  plan = report.run_plan(cfg, mcfg, sl, progress=say)
+  only = None
+  if args.programs:
+    only = [p.strip() for p in args.programs.split(",") if p.strip()]
+    unknown = sorted(set(only) - set(report.PROGRAMS))
+    if unknown:
+      raise UserError(f"--programs: unknown program {unknown[0]!r}; choose from "
+                      f"{', '.join(report.PROGRAMS)}")
+  plan = report.run_plan(cfg, mcfg, sl, progress=say, only=only)
   if args.json:
     print(json.dumps(plan, default=float))
   else:

@@ -14,7 +14,8 @@ Shapes are the worst case a run reaches:
   prefill      every slot of one generator group admitted at once at the largest bucket
   decode       one decode chunk of every slot at the full cache length
   weight_cast  float32 master -> param_dtype copy, on the trainer's devices
-Eval runs on the generator's programs (same engine, parameters and cache).
+Eval runs on the generator's programs (same engine, parameters and cache). With colocated
+roles each program also counts the other role's resident state (`Program.also_resident`).
 """
 
 from __future__ import annotations
@@ -163,7 +164,19 @@ def build(cfg: Config, mcfg: ModelConfig, devices: list) -> tuple[mesh_lib.Slice
         sft_lib.optim_config(cfg.optim, cfg.sft), micro, sft_batch, cfg.sft.batch_size, seq))
 
   programs.append(_cast_program(mcfg, slices.trainer, programs[0].resident["optimizer"]))
-  programs.extend(_sampler_programs(cfg, mcfg, slices))
+  sampler = _sampler_programs(cfg, mcfg, slices)
+  programs.extend(sampler)
+  if slices.colocated:
+    # One set of chips holds both roles: the trainer's master weights and optimizer state
+    # stay allocated while the sampler runs, and the sampler's weights and KV cache while the
+    # trainer steps.
+    trainer_state = programs[0].resident["params"] + programs[0].resident["optimizer"]
+    sampler_state = sampler[0].resident["params"] + sampler[0].resident["kv_cache"]
+    for prog in programs:
+      if prog.name in ("train_step", "sft_step", "weight_cast"):
+        prog.also_resident += sampler_state
+      else:
+        prog.also_resident += trainer_state
   return slices, programs
 
 

@@ -26,6 +26,7 @@ from jaxrl_scale.plan import hlo_cost
 from jaxrl_scale.plan import programs as programs_lib
 
 GIB = 2**30
+PROGRAMS = ("train_step", "sft_step", "weight_cast", "prefill", "decode")
 # Free HBM below which a program that fits is flagged tight: XLA's own estimate leaves out
 # allocator fragmentation and the runtime's buffers.
 HEADROOM = 0.10
@@ -93,10 +94,14 @@ def measure(program: programs_lib.Program, chip: chips_lib.Chip) -> dict[str, An
 
 
 def run_plan(cfg: Any, mcfg: Any, sl: chips_lib.Slice,
-             progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-  """Builds the run's programs for the slice and compiles each; the plan as a dict."""
+             progress: Callable[[str], None] = lambda s: None,
+             only: list[str] | None = None) -> dict[str, Any]:
+  """Builds the run's programs for the slice and compiles each (or those named in `only`);
+  the plan as a dict."""
   devices = chips_lib.topology_devices(sl)
   slices, programs = programs_lib.build(cfg, mcfg, devices)
+  if only is not None:
+    programs = [p for p in programs if p.name in only]
   out: dict[str, Any] = {
       "topology": sl.topology, "name": sl.label, "chip": sl.chip.name, "chips": sl.chips,
       "devices": len(devices), "hosts": len({d.process_index for d in devices}),

@@ -189,6 +189,11 @@ def test_splash_flops_by_hand():
   assert attention.splash_flops(1, 2048, 1, 128, backward=True) == (10 * 2 + 12 * 5) * block_matmul
   # T=100 is one 128 block.
   assert attention.splash_flops(1, 100, 1, 64) == 2 * (2 * 128 * 128 * 64)
+  # Beyond 16 kv tiles of 1024 the backward is unfused: 7 matmuls on 512 tiles.
+  nb = 34  # T=17000 pads to 17408 = 34 x 512 (17 x 1024)
+  assert not attention.fused_backward(17000) and attention.fused_backward(16384)
+  assert (attention.splash_flops(1, 17000, 1, 128, backward=True)
+          == 9 * (nb * (nb + 1) // 2) * block_matmul)
   # Rectangular tiles: 512 queries x 1024 keys over T=2048: q tiles 0-1 see kv tile 0,
   # q tiles 2-3 see kv tiles 0-1 -> 6 tiles of 512 x 1024.
   assert (attention.splash_block_flops(1, 2048, 1, 128, 512, 1024)
@@ -222,7 +227,8 @@ def test_auto_compiles_splash_for_tpu(tpu_mesh):
   assert "tpu_custom_call" in compiled.as_text()
 
 
-def test_splash_backward_compiles_for_tpu(tpu_mesh):
+@pytest.mark.parametrize("t,fused", [(1000, True), (17000, False)])
+def test_splash_backward_compiles_for_tpu(tpu_mesh, t, fused):
   def loss(q, k, v, mask, sharding):
     out = attention.causal_attention(q, k, v, mask, impl="splash", sharding=sharding)
     return jnp.sum(out.astype(jnp.float32) ** 2)
@@ -230,9 +236,11 @@ def test_splash_backward_compiles_for_tpu(tpu_mesh):
   def grads(q, k, v, mask, sharding):
     return jax.grad(loss, argnums=(0, 1, 2))(q, k, v, mask, sharding)
 
-  compiled = _compile_for_tpu(tpu_mesh, grads)
+  compiled = _compile_for_tpu(tpu_mesh, grads, t=t)
   assert compiled.memory_analysis() is not None
-  # The forward kernel and the fused backward kernel (dq, dk and dv in one pass).
   text = compiled.as_text()
-  assert text.count("tpu_custom_call") == 2
-  assert "splash_mha_dkv" in text and "splash_mha_dq" not in text
+  assert "splash_mha_dkv" in text
+  if fused:  # the forward kernel and one backward kernel for dq, dk and dv
+    assert text.count("tpu_custom_call") == 2 and "splash_mha_dq" not in text
+  else:  # T beyond 16 kv tiles: separate dq and dkv kernels
+    assert "splash_mha_dq" in text

@@ -60,3 +60,33 @@ def test_bad_topology_is_a_one_line_error(capsys):
   code = cli.main(["plan", "configs/cpu_tiny.yaml", "--topology", "v5p-96"])
   assert code == 2
   assert "no v5p slice of that size" in capsys.readouterr().err
+
+
+def test_colocated_roles_count_each_others_state(capsys):
+  """On shared chips the sampler's programs run beside the trainer's fp32 master weights and
+  optimizer state, and the train step beside the sampler's weights and KV cache."""
+  code = cli.main(["plan", "configs/cpu_tiny.yaml", *TINY, "mesh.colocated=true",
+                   "--topology", "v5e:2x2", "--json"])
+  plan = json.loads(capsys.readouterr().out)
+  assert code == 0, plan
+  rows = plan["programs"]
+  train, decode = rows["train_step"], rows["decode"]
+  trainer_state = (train["resident_bytes_per_chip"]["params"]
+                   + train["resident_bytes_per_chip"]["optimizer"])
+  sampler_state = (decode["resident_bytes_per_chip"]["params"]
+                   + decode["resident_bytes_per_chip"]["kv_cache"])
+  assert trainer_state > 0 and sampler_state > 0
+  assert decode["also_resident_bytes_per_chip"] == trainer_state
+  assert rows["prefill"]["also_resident_bytes_per_chip"] == trainer_state
+  assert train["also_resident_bytes_per_chip"] == sampler_state
+  assert decode["hbm_bytes_per_chip"] >= trainer_state + sampler_state
+
+
+def test_programs_flag_compiles_only_those(capsys):
+  code = cli.main(["plan", "configs/cpu_tiny.yaml", *TINY, "--topology", "v5e:2x2",
+                   "--programs", "decode", "--json"])
+  plan = json.loads(capsys.readouterr().out)
+  assert code == 0 and set(plan["programs"]) == {"decode"}
+  assert cli.main(["plan", "configs/cpu_tiny.yaml", "--topology", "v5e:2x2",
+                   "--programs", "decoder"]) == 2
+  assert "unknown program 'decoder'" in capsys.readouterr().err
