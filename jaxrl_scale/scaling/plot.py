@@ -17,6 +17,51 @@ def _fmt(v: float) -> str:
   return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
+# Major ticks per decade, densest first; the first choice whose labels do not overlap wins.
+_TICK_SUBS = ((1.0, 2.0, 5.0), (1.0, 3.0), (1.0,))
+
+
+def label_overlaps(fig, axis) -> bool:
+  """Whether any two visible tick labels of `axis` overlap once drawn (with a small gap)."""
+  return _overlap(fig, axis, visible_tick_labels(fig, axis))
+
+
+def visible_tick_labels(fig, axis) -> list:
+  """The drawn tick labels of `axis`, major and minor, inside its view limits."""
+  fig.canvas.draw()
+  lo, hi = sorted(axis.get_view_interval())
+  ticks = axis.get_major_ticks() + axis.get_minor_ticks()
+  return [t.label1 for t in ticks
+          if t.label1.get_visible() and t.label1.get_text() and lo <= t.get_loc() <= hi]
+
+
+def _overlap(fig, axis, labels) -> bool:
+  del axis
+  renderer = fig.canvas.get_renderer()
+  boxes = sorted((lab.get_window_extent(renderer) for lab in labels), key=lambda b: b.x0)
+  return any(b.x0 < a.x1 + 4.0 for a, b in zip(boxes, boxes[1:]))
+
+
+def _set_compute_ticks(fig, ax) -> None:
+  """Log-compute ticks labelled in plain numbers, as many as fit without overlapping.
+
+  Matplotlib's default log axis labels the minor ticks when the data span less than a
+  decade or so (2x10^3, 3x10^3, ...), and those labels run into each other.
+  """
+  from matplotlib import ticker
+  ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+  ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: _fmt(v)))
+  for subs in _TICK_SUBS:
+    ax.xaxis.set_major_locator(ticker.LogLocator(base=10.0, subs=subs, numticks=12))
+    if not label_overlaps(fig, ax.xaxis):
+      return
+  # Many decades: LogLocator thins to every n-th decade once numticks is small enough.
+  for numticks in (8, 6, 4, 3):
+    ax.xaxis.set_major_locator(ticker.LogLocator(base=10.0, subs=(1.0,), numticks=numticks))
+    if not label_overlaps(fig, ax.xaxis):
+      return
+
+
 def plot_reports(reports: list[forecast.RunReport], path: str, *, title: str | None = None,
                  x_label: str = "compute (accelerator-hours)",
                  y_label: str = "validation pass rate") -> str:
@@ -32,6 +77,21 @@ def plot_reports(reports: list[forecast.RunReport], path: str, *, title: str | N
   Returns:
     The path written.
   """
+  from matplotlib import pyplot as plt
+  fig = make_figure(reports, title=title, x_label=x_label, y_label=y_label)
+  try:
+    fig.savefig(path)
+  except OSError as e:
+    raise UserError(f"{path}: cannot write the plot ({e.strerror or e})") from None
+  finally:
+    plt.close(fig)
+  return path
+
+
+def make_figure(reports: list[forecast.RunReport], *, title: str | None = None,
+                x_label: str = "compute (accelerator-hours)",
+                y_label: str = "validation pass rate"):
+  """The figure `plot_reports` saves (the caller closes it)."""
   import matplotlib
   matplotlib.use("Agg")  # files only; never needs a display
   from matplotlib import pyplot as plt
@@ -61,13 +121,8 @@ def plot_reports(reports: list[forecast.RunReport], path: str, *, title: str | N
   ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8,
             frameon=False)
   fig.tight_layout()
-  try:
-    fig.savefig(path)
-  except OSError as e:
-    raise UserError(f"{path}: cannot write the plot ({e.strerror or e})") from None
-  finally:
-    plt.close(fig)
-  return path
+  _set_compute_ticks(fig, ax)
+  return fig
 
 
 def _draw_run(ax, r: forecast.RunReport, color: str, x_max: float, single: bool) -> None:
