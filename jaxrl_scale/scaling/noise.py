@@ -7,9 +7,12 @@ neither equal nor independent:
   se = sqrt(p (1 - p) / (N k)) at pass rate p. When the metrics log the size
   (`val/num_prompts`, `val/samples_per_prompt`) the fit is weighted by 1 / se^2, with p
   from the fitted curve (not the observed rate, whose noise would leak into its own
-  weight). The binomial error is a floor: checkpoint-to-checkpoint variation only adds to
-  it, so the noise scale is max(1, residual scale) in se units. Without a size the noise is
-  taken as homoscedastic and its scale estimated from the residuals.
+  weight). The scale itself still comes from the residuals (in se units, the dispersion):
+  the binomial se is not a floor, since on a fixed prompt set with per-problem pass rates
+  p_i the sampling variance sum p_i (1 - p_i) / (N^2 k) is below p (1 - p) / (N k), while
+  checkpoint-to-checkpoint variation adds to it; flooring the scale at 1 made the simulated
+  binomial scenario over-cover (0.99 for a nominal 0.95). Without a size the noise is taken
+  as homoscedastic and its scale estimated from the residuals.
 - Correlation. The residuals' lag-1 autocorrelation, in eval order within each run, is
   biased low: a short series (about 30 fitted points) and a fitted curve that absorbs its
   slow wander both pull it towards negative values. `RHO_BIAS` corrects it (calibrated on
@@ -63,6 +66,9 @@ class NoiseModel:
     rho_raw: the residuals' lag-1 autocorrelation as measured.
     rho_sd: standard error of rho (each bootstrap replicate draws its own rho with it, so
       the uncertainty of a short series' autocorrelation widens the intervals too).
+    rho_centre: the corrected estimate before clipping at 0: the replicates' rho are drawn
+      around it and then clipped, since drawing around the clipped value would push
+      independent noise (true rho 0, estimate negative half the time) towards correlation.
     size_known: rel_sd comes from logged eval sizes.
     dispersion: residual variance in se units (1 = exactly binomial); nan without sizes.
     sum_sq, n_fitted, n_params: the standardised residuals' sum of squares, their number
@@ -78,6 +84,7 @@ class NoiseModel:
   sum_sq: float = 0.0
   n_fitted: int = 0
   n_params: int = 0
+  rho_centre: float | None = None
 
   def variance(self, rho):
     """Noise variance (rel_sd units) the residuals imply if their autocorrelation is rho.
@@ -89,7 +96,7 @@ class NoiseModel:
     rho = np.asarray(rho, np.float64)
     absorbed = self.n_params * (1.0 + rho) / (1.0 - rho)
     var = self.sum_sq / np.maximum(self.n_fitted - absorbed, max(self.n_fitted / 2.0, 1.0))
-    return np.maximum(var, 1.0) if self.size_known else var
+    return var
 
   def sd(self, index=None) -> np.ndarray:
     """Noise sd of the evals at `index` (all when None)."""
@@ -98,7 +105,8 @@ class NoiseModel:
 
   def rho_draws(self, rng: np.random.Generator, n_draws: int) -> np.ndarray:
     """Autocorrelation per bootstrap replicate: N(rho, rho_sd) clipped to [0, RHO_MAX]."""
-    return np.clip(self.rho + self.rho_sd * rng.standard_normal(n_draws), 0.0, RHO_MAX)
+    centre = self.rho if self.rho_centre is None else self.rho_centre
+    return np.clip(centre + self.rho_sd * rng.standard_normal(n_draws), 0.0, RHO_MAX)
 
 
 def lag1_autocorrelation(z, mask, series) -> tuple[float, int]:
@@ -120,11 +128,11 @@ def lag1_autocorrelation(z, mask, series) -> tuple[float, int]:
   return num / den, n
 
 
-def correct_rho(raw: float, n_per_series: float) -> float:
+def correct_rho(raw: float, n_per_series: float, clip: bool = True) -> float:
   """Bias-corrected lag-1 autocorrelation (see the module docstring), clipped."""
   n = max(float(n_per_series), RHO_BIAS[1] + 1.0)
   rho = (n * raw + RHO_BIAS[0]) / (n - RHO_BIAS[1])
-  return float(np.clip(rho, 0.0, RHO_MAX))
+  return float(np.clip(rho, 0.0, RHO_MAX)) if clip else float(min(rho, RHO_MAX))
 
 
 def estimate(resid, mask, *, rel_sd=None, series=None, n_params: int,
@@ -138,7 +146,7 @@ def estimate(resid, mask, *, rel_sd=None, series=None, n_params: int,
     series: run id per eval (pooled seeds); None = one run. Eval order within a run is the
       array order.
     n_params: free parameters of the fit (for the degrees of freedom).
-    size_known: rel_sd is a binomial se (then the scale is at least 1).
+    size_known: rel_sd is a binomial se (the scale is then the dispersion's square root).
 
   Returns:
     The noise model.
@@ -159,7 +167,8 @@ def estimate(resid, mask, *, rel_sd=None, series=None, n_params: int,
   rho_sd = float(np.sqrt(n_eff / n_series) / (n_eff - RHO_BIAS[1]))
   model = NoiseModel(rel_sd=rel, scale=1.0, rho=rho, rho_raw=raw, rho_sd=rho_sd,
                      size_known=size_known, dispersion=float("nan"),
-                     sum_sq=float(np.sum(z[mask] ** 2)), n_fitted=n, n_params=n_params)
+                     sum_sq=float(np.sum(z[mask] ** 2)), n_fitted=n, n_params=n_params,
+                     rho_centre=correct_rho(raw, n / n_series, clip=False))
   var = float(model.variance(rho))
   dispersion = float(model.sum_sq / max(n - n_params, 1)) if size_known else float("nan")
   return dataclasses.replace(model, scale=float(np.sqrt(var)), dispersion=dispersion)

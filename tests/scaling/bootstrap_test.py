@@ -1,5 +1,7 @@
 """Tests for the bootstrap intervals."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -7,6 +9,7 @@ from jaxrl_scale.scaling import bootstrap
 from jaxrl_scale.scaling import curves
 from jaxrl_scale.scaling import fit
 from jaxrl_scale.scaling import forecast
+from jaxrl_scale.scaling import noise
 from jaxrl_scale.scaling import synthetic
 
 N_BOOT = 200
@@ -76,3 +79,42 @@ def test_predict_shapes():
 def test_percentile_interval_counts_never_as_beyond():
   lo, hi = bootstrap.percentile_interval(np.array([1.0] * 90 + [np.inf] * 10), 0.9)
   assert lo == 1.0 and np.isinf(hi)
+
+
+def _ar_fit(rho, seed):
+  row = synthetic.TABLE1[0]
+  compute, noisy, _ = synthetic.simulate_evals(row, noise="ar1", rho=rho, seed=seed)
+  mask = (compute >= 1500) & (compute <= row.budget / 2)
+  f = fit.fit_sigmoid(compute, noisy, synthetic.R0, weights=mask.astype(float))
+  resid = noisy - forecast.predict_all(f, compute)
+  model = noise.estimate(resid, mask, n_params=3)
+  return row, compute, noisy, mask, f, resid, model
+
+
+def test_correlated_residuals_widen_the_forecast_interval():
+  row, compute, noisy, mask, f, resid, model = _ar_fit(0.7, seed=3)
+  assert model.rho > 0.3
+  iid = dataclasses.replace(model, rho=0.0, rho_sd=0.0)
+  width = {}
+  for name, m in (("ar", model), ("iid", iid)):
+    reps = bootstrap.simulate(compute, f, m, weights=mask.astype(float), n_boot=N_BOOT,
+                              seed=0, resid=resid)
+    lo, hi = bootstrap.percentile_interval(bootstrap.refit(f, reps).predict(row.budget))
+    width[name] = hi - lo
+  # Under AR(1) with rho ~ 0.5-0.7 the slow wander of the noise is (1+rho)/(1-rho) = 3-6x
+  # the iid variance: the interval must be clearly wider, not just noisier.
+  assert width["ar"] > 1.4 * width["iid"], width
+
+
+def test_r0_from_the_step0_eval_is_redrawn_with_its_noise():
+  row, compute, noisy, mask, f, resid, model = _ar_fit(0.0, seed=4)
+  w = mask.astype(float)
+  fixed = bootstrap.bootstrap_sigmoid(compute, noisy, f, weights=w, n_boot=N_BOOT)
+  drawn = bootstrap.bootstrap_sigmoid(compute, noisy, f, weights=w, n_boot=N_BOOT,
+                                      r0_sd=0.01)
+  np.testing.assert_allclose(fixed.r0_K, synthetic.R0)
+  assert np.std(drawn.r0_K) == pytest.approx(0.01, rel=0.25)
+  assert np.mean(drawn.r0_K) == pytest.approx(synthetic.R0, abs=0.003)
+  # Below the fitted range the curve hangs on R0: its spread there must grow.
+  spread = lambda s: np.std(s.predict(500.0))
+  assert spread(drawn) > 1.2 * spread(fixed), (spread(drawn), spread(fixed))
