@@ -177,6 +177,9 @@ def advice(plan: dict[str, Any]) -> str | None:
     if r["fits"]:
       continue
     need = r.get("hbm_bytes_per_chip")
+    if r.get("error") and not need and "RESOURCE_EXHAUSTED" not in r["error"]:
+      # Not a memory shortfall: the compiler refused the program.
+      return f"{name} does not compile for {plan['name']}: {r['error']}"
     short = (f"needs {_gib(need)} of {_gib(r['hbm_capacity_bytes'])} per chip"
              if need else r.get("error", "does not compile"))
     fix = {

@@ -90,3 +90,16 @@ def test_programs_flag_compiles_only_those(capsys):
   assert cli.main(["plan", "configs/cpu_tiny.yaml", "--topology", "v5e:2x2",
                    "--programs", "decoder"]) == 2
   assert "unknown program 'decoder'" in capsys.readouterr().err
+
+
+def test_advice_tells_a_compiler_refusal_from_a_shortfall():
+  from jaxrl_scale.plan import report
+  row = {"fits": False, "hbm_bytes_per_chip": None, "hbm_capacity_bytes": 32 * 2**30,
+         "error": "INTERNAL: RET_CHECK failure ... Unexpected device_id 9"}
+  line = report.advice({"name": "v6e-64", "programs": {"decode": row}})
+  assert line.startswith("decode does not compile for v6e-64: INTERNAL") and "slots" not in line
+  row = dict(row, hbm_bytes_per_chip=51 * 2**30,
+             error="RESOURCE_EXHAUSTED: Ran out of memory on HBM")
+  line = report.advice({"name": "v6e-64", "programs": {"decode": row}})
+  assert "does not fit on v6e-64: needs 51.00 GiB of 32.00 GiB" in line
+  assert "sampler.num_slots" in line
