@@ -94,7 +94,7 @@ def _ar_fit(rho, seed):
 def test_correlated_residuals_widen_the_forecast_interval():
   row, compute, noisy, mask, f, resid, model = _ar_fit(0.7, seed=3)
   assert model.rho > 0.3
-  iid = dataclasses.replace(model, rho=0.0, rho_sd=0.0)
+  iid = dataclasses.replace(model, rho=0.0, rho_sd=0.0, rho_centre=0.0)
   width = {}
   for name, m in (("ar", model), ("iid", iid)):
     reps = bootstrap.simulate(compute, f, m, weights=mask.astype(float), n_boot=N_BOOT,
