@@ -85,7 +85,8 @@ class Evaluator:
 
     Returns:
       val/pass_rate (mean@k), val/pass_at_k (prompts with any correct sample),
-      val/length_mean, val/truncated_frac, val/num_prompts, val/seconds.
+      val/length_mean, val/truncated_frac, val/num_prompts, val/samples_per_prompt,
+      val/seconds.
     """
     if not self.prompts:
       return {}
@@ -115,6 +116,7 @@ class Evaluator:
         "val/length_mean": float(lengths.mean()),
         "val/truncated_frac": float(np.mean([c.truncated for c in completions])),
         "val/num_prompts": float(len(self.prompts)),
+        "val/samples_per_prompt": float(self.k),  # with num_prompts: the fit's binomial se
         "val/seconds": time.perf_counter() - t0,
     }
 
@@ -156,5 +158,6 @@ class Evaluator:
         "val/length_mean": total["tokens"] / samples,
         "val/truncated_frac": total["truncated"] / samples,
         "val/num_prompts": total["prompts"],
+        "val/samples_per_prompt": float(self.k),
         "val/seconds": max(p["seconds"] for p in parts),
     }

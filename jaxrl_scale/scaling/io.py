@@ -238,8 +238,8 @@ def read_curve(path: str, x_key: str = "compute_hours", y_key: str = "val/pass_r
   """Reads the eval points of one run.
 
   Args:
-    path: metrics.jsonl (JSON lines), a CSV file with a header row, or TensorBoard event
-      files (a file or a directory).
+    path: metrics.jsonl (JSON lines), a CSV file with a header row, TensorBoard event
+      files (a file or a directory), or a run directory (its metrics.jsonl, else its tb/).
     x_key: column holding compute.
     y_key: column holding the pass rate; rows without it are skipped.
 
@@ -250,12 +250,11 @@ def read_curve(path: str, x_key: str = "compute_hours", y_key: str = "val/pass_r
     UserError: unreadable file, bad JSON, missing column, non-finite or non-numeric value,
       pass rate outside [0, 1], negative or decreasing compute, no eval rows.
   """
+  if os.path.isdir(path) and os.path.exists(os.path.join(path, "metrics.jsonl")):
+    path = os.path.join(path, "metrics.jsonl")  # a run directory: the contract file wins
   tb = is_tensorboard(path)
   if not tb and os.path.isdir(path):
-    inside = os.path.join(path, "metrics.jsonl")
-    if not os.path.exists(inside):
-      raise UserError(f"{path}: a directory without metrics.jsonl or TensorBoard event files")
-    path = inside
+    raise UserError(f"{path}: a directory without metrics.jsonl or TensorBoard event files")
   rows = _tb_rows(path) if tb else _text_rows(path, x_key, y_key)
 
   compute, rate, lines, start, size, wheres = [], [], [], [], [], []

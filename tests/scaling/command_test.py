@@ -120,3 +120,20 @@ def test_bad_file_exit_2_naming_the_row(tmp_path, capsys):
   err = capsys.readouterr().err
   assert f"{path}:2: column 'val/pass_rate' is nan" in err
   assert err.count("\n") == 1
+
+
+def test_group_pools_seeds_into_one_fit_and_eval_size_weights(tmp_path, capsys):
+  seeds = [_run_file(tmp_path, f"seed{i}", seed=10 + i) for i in range(3)]
+  other = _run_file(tmp_path, "other", synthetic.TABLE1[9], seed=20)
+  d = _json(capsys, ["fit", other, "--group", "recipe=" + ",".join(seeds), "--json",
+                     "--eval-size", "1000x16"] + BOOT)
+  runs = {r["run"]: r for r in d["runs"]}
+  assert set(runs) == {"other", "recipe"}
+  assert runs["recipe"]["n_points"] == 3 * runs["other"]["n_points"]
+  assert runs["recipe"]["noise"]["eval_size_known"] is True
+  assert runs["recipe"]["noise"]["R0_sd"] > 0
+  cmp = d["comparison"]
+  assert {(p["run"], p["other"]) for p in cmp["P_B_greater"]} == {("other", "recipe"),
+                                                                  ("recipe", "other")}
+  # ScaleRL (B 1.92) against the code curve (B 1.09): a clear, significant winner.
+  assert cmp["most_efficient"] == "recipe"

@@ -109,3 +109,65 @@ def test_bad_csv_and_unreadable_files(tmp_path):
 def test_run_name():
   assert io.run_name(os.path.join("runs", "exp1", "metrics.jsonl")) == "exp1"
   assert io.run_name("curves/bs512.csv") == "bs512"
+
+
+def _trainer_run(tmp_path, name="tbrun"):
+  """A run directory written by the trainer's own MetricsWriter (metrics.jsonl + tb/)."""
+  from jaxrl_scale import metrics
+  run_dir = tmp_path / name
+  with metrics.MetricsWriter(run_dir) as w:
+    for i in range(6):
+      w.write(100 * i, {"compute_hours": 0.5 * i, "train/loss": 1.0})
+      w.write(100 * i + 1, {"compute_hours": 0.5 * i + 0.01, "val/pass_rate": 0.3 + 0.05 * i,
+                            "val/num_prompts": 200.0, "val/samples_per_prompt": 4.0})
+  return run_dir
+
+
+def test_tensorboard_events_read_like_the_jsonl(tmp_path):
+  run_dir = _trainer_run(tmp_path)
+  from_jsonl = io.read_curve(str(run_dir / "metrics.jsonl"))
+  assert io.read_curve(str(run_dir)).path.endswith("metrics.jsonl")  # the contract wins
+  (run_dir / "metrics.jsonl").unlink()
+  for path in (run_dir / "tb", run_dir, next((run_dir / "tb").glob("*tfevents*"))):
+    c = io.read_curve(str(path))
+    assert c.name == "tbrun"
+    np.testing.assert_allclose(c.compute, from_jsonl.compute, rtol=1e-6)
+    np.testing.assert_allclose(c.pass_rate, from_jsonl.pass_rate, rtol=1e-6)
+    np.testing.assert_array_equal(c.eval_size, [800.0] * 6)
+  assert from_jsonl.r0 is None and from_jsonl.compute[0] == pytest.approx(0.01)
+
+
+def test_tensorboard_torn_tail_is_ignored_and_garbage_is_named(tmp_path):
+  run_dir = _trainer_run(tmp_path)
+  events = next((run_dir / "tb").glob("*tfevents*"))
+  whole = io.read_curve(str(events))
+  events.write_bytes(events.read_bytes()[:-7])  # killed mid-write
+  torn = io.read_curve(str(events))
+  assert torn.compute.size in (whole.compute.size - 1, whole.compute.size)
+  bad = tmp_path / "x" / "events.out.tfevents.1.host"
+  bad.parent.mkdir()
+  bad.write_bytes(b"not an event file at all, just text")
+  with pytest.raises(UserError, match=r"events\.out\.tfevents\.1\.host: not a TensorBoard"):
+    io.read_curve(str(bad))
+
+
+def test_eval_size_columns_and_bad_sizes(tmp_path):
+  rows = [{"step": 0, "compute_hours": 0.0, "val/pass_rate": 0.4, "val/num_prompts": 1000,
+           "val/samples_per_prompt": 16},
+          {"step": 100, "compute_hours": 1.0, "val/pass_rate": 0.45}]
+  c = io.read_curve(_write(tmp_path, "s.jsonl", _jsonl(rows)))
+  assert c.eval_size[0] == 16_000 and np.isnan(c.eval_size[1])
+  rows[1].update({"val/num_prompts": 0, "val/samples_per_prompt": 16})
+  with pytest.raises(UserError, match=r"s2\.jsonl:2: eval size val/num_prompts"):
+    io.read_curve(_write(tmp_path, "s2.jsonl", _jsonl(rows)))
+
+
+def test_pool_keeps_series_and_averages_r0(tmp_path):
+  a = io.read_curve(_write(tmp_path, "a.jsonl", _jsonl(GOOD)))
+  rows = [dict(r) for r in GOOD]
+  rows[0]["val/pass_rate"] = 0.5
+  b = io.read_curve(_write(tmp_path, "b.jsonl", _jsonl(rows)))
+  p = io.pool([a, b], "ab")
+  assert p.name == "ab" and p.n_series == 2 and p.r0 == pytest.approx(0.45)
+  np.testing.assert_array_equal(p.series, [0, 0, 0, 1, 1, 1])
+  np.testing.assert_array_equal(p.is_start, [True, False, False] * 2)

@@ -3,6 +3,7 @@
 import numpy as np
 
 from jaxrl_scale.scaling import fit
+from jaxrl_scale.scaling import forecast
 from jaxrl_scale.scaling import live
 from jaxrl_scale.scaling import synthetic
 
@@ -83,3 +84,26 @@ def test_warmup_compiles_ahead_and_keeps_state():
     fc.update(c, r)
   assert cache() == warmed
   assert fc.latest.n_points == 60
+
+
+def test_well_determined_has_hysteresis():
+  compute, noisy, _ = synthetic.make_curve(ROW, seed=6)
+  w = (compute > 0) & (compute <= 0.6 * ROW.budget)
+  f = fit.fit_sigmoid(compute, noisy, noisy[0], weights=w.astype(float))
+  # A last fitted point a little below the midpoint: fails fresh, passes for a run that
+  # was already well determined (within the HYSTERESIS slack).
+  just_below = f.c_mid / 1.1
+  assert not forecast.assess(f, None, just_below)[0]
+  assert forecast.assess(f, None, just_below, was_well=True)[0]
+  assert not forecast.assess(f, None, f.c_mid / 1.5, was_well=True)[0]
+
+
+def test_live_flag_does_not_flip_back_on_a_saturating_run():
+  # Seed 9: with HYSTERESIS = 1 the flag goes 0 -> 1 -> 0 -> 1 around the 20th point.
+  compute, noisy, _ = synthetic.make_curve(ROW, seed=9)
+  fc = live.LiveForecaster(target_compute=ROW.budget, n_boot=50)
+  flags = [f.well_determined for c, r in zip(compute, noisy)
+           if (f := fc.update(c, r)) is not None]
+  first = flags.index(True)
+  assert all(flags[first:]), flags
+  assert not any(flags[:forecast.MIN_POINTS_DETERMINED - forecast.MIN_POINTS])
