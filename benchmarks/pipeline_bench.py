@@ -85,6 +85,8 @@ def run_mode(config_path: str, overrides: list[str], mode: str, steps: int, warm
       "gen_tokens_per_s": tokens / wall,
       "trained_tokens_per_s": trained / wall,
       "dropped": dropped,
+      "slot_util": statistics.fmean(r["gen/slot_util"] for r in timed if "gen/slot_util" in r)
+                   if any("gen/slot_util" in r for r in timed) else None,
       "staleness_mean": statistics.fmean(r.get("staleness/mean", 0.0) for r in timed),
   }
 
@@ -109,7 +111,8 @@ def main() -> int:
     print(f"  {mode:<14} {r['s_per_step']:.3f} s/step (median; mean {r['mean_s_per_step']:.3f}) | "
           f"idle: trainer {r['trainer_idle']:.0%}, generator {r['generator_idle']:.0%} | "
           f"{r['gen_tokens_per_s']:.0f} generated tok/s | {r['trained_tokens_per_s']:.0f} "
-          f"trained tok/s | staleness {r['staleness_mean']:.2f} | dropped {r['dropped']:.0f}",
+          f"trained tok/s | staleness {r['staleness_mean']:.2f} | dropped {r['dropped']:.0f}"
+          + (f" | slot use {r['slot_util']:.0%}" if r["slot_util"] is not None else ""),
           flush=True)
   if "sync" in results and "pipeline" in results:
     ratio = (results["pipeline"]["trained_tokens_per_s"]

@@ -359,3 +359,6 @@ def test_sigkill_then_resume_trains_every_group_exactly_once(task_file, tmp_path
   assert sorted(trained) == list(range(steps * p))  # none twice, none lost
   assert all(r.get("pipeline/dropped_stale", 0.0) == 0.0 for r in rows[1:])
   assert all(r["staleness/max"] <= 2 for r in rows[1:])
+  # The compute axis continues from the checkpoint: the restart's set-up is not in it.
+  hours = [r["compute_hours"] for r in rows]
+  assert all(b >= a for a, b in zip(hours, hours[1:]))

@@ -146,6 +146,7 @@ class PipelineSource:
     self.tokens = 0
     self._start = time.perf_counter()
     self._last = (0.0, 0.0, 0, self._start)
+    self._last_slots = (0, 0)
 
   # ---- generator thread ------------------------------------------------------------------
 
@@ -156,6 +157,8 @@ class PipelineSource:
     self._next_train_seq = self._base_seq
     self._start = time.perf_counter()
     self._last = (0.0, 0.0, 0, self._start)
+    stats = getattr(self.sampler, "stats", None)  # from now on: not the SFT checks or eval 0
+    self._last_slots = (stats.tokens, stats.slot_steps) if stats is not None else (0, 0)
     self._thread.start()
     return self
 
@@ -376,6 +379,15 @@ class PipelineSource:
         "queue/scoring": float(self.queue.pending),
         "pipeline/dropped_stale": float(self.dropped_stale),
     }
+    stats = getattr(self.sampler, "stats", None)
+    if stats is not None:
+      # Slots that decoded a valid token / slots dispatched: idle slots (e.g. waiting for
+      # posted weights to be computed before new sequences start) lower it.
+      slot_tokens, slot_steps = stats.tokens, stats.slot_steps
+      last_tokens, last_steps = self._last_slots
+      self._last_slots = (slot_tokens, slot_steps)
+      if slot_steps > last_steps:
+        out["gen/slot_util"] = (slot_tokens - last_tokens) / (slot_steps - last_steps)
     out.update(staleness_lib.oldest([g.min_version for g in self.queue.snapshot()], version,
                                     "staleness/queued_"))
     out.update(staleness_lib.oldest(inflight, version, "staleness/inflight_"))
