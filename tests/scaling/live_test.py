@@ -72,8 +72,8 @@ def test_capacity_grows_and_matches_a_batch_fit():
 
 def test_warmup_compiles_ahead_and_keeps_state():
   cache = fit.fit_sigmoid_batch._cache_size  # pylint: disable=protected-access
-  # Capacity 128 is a size no other test uses, so warmup has something to compile.
-  fc = live.LiveForecaster(target_compute=ROW.budget, r0=0.4, n_boot=0, capacity=128)
+  # Capacity 512 is a size no other test uses, so warmup has something to compile.
+  fc = live.LiveForecaster(target_compute=ROW.budget, r0=0.4, n_boot=0, capacity=512)
   before = cache()
   fc.warmup()
   assert cache() > before
