@@ -95,14 +95,15 @@ def test_decoding_goes_on_while_new_weights_are_computed_and_new_requests_wait()
 
 def test_pipeline_generates_while_the_trainer_computes_its_step(prompt_source, fakes):
   model = _model()
-  sampler = _sampler(model, num_slots=4, max_new_tokens=32)
+  sampler = _sampler(model, num_slots=4, max_new_tokens=64)
   jax.block_until_ready(_training(nnx.state(model, nnx.Param)))  # compiled beforehand
   admitter = sources.Admitter(prompt_source, G, seed=0)
   src = generator.PipelineSource(sampler, admitter, fakes.Scorer(), num_prompts=P,
-                                 max_staleness=8, queue_size=9, reward_workers=1).start()
+                                 max_staleness=16, queue_size=17, reward_workers=1).start()
   try:
-    # k = 8: up to 18 groups (72 chunks) may be generated ahead, so the generator has work
-    # for the whole step unless it waits for the weights.
+    # k = 16: up to 34 groups (272 chunks) may be generated ahead, so the generator has work
+    # for the whole step (even when this thread is slow to post) unless it waits for the
+    # weights.
     groups = src.next_groups(0)
     new_params = _training(nnx.state(model, nnx.Param))
     chunks = sampler.stats.chunks
