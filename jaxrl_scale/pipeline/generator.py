@@ -6,9 +6,10 @@
           +---------------- update_params(new weights) <---- after_step() <----+
 
 The sampler runs continuously on the generator slice. After every trainer step the new
-weights are posted to it and swapped in at the next decode-chunk boundary, so sequences
-in flight continue with the new policy on their old KV cache (in-flight updates, paper
-sec. 3.1 / A.11); every token records the version that produced it.
+weights are posted to it and swapped in at a decode-chunk boundary once computed (see
+Overlap below), so sequences in flight continue with the new policy on their old KV cache
+(in-flight updates, paper sec. 3.1 / A.11); every token records the version that produced
+it.
 
 Bounds (k = pipeline.max_staleness, P = prompts per step):
   * order: the trainer trains the groups in admission order, P per step, so group number
