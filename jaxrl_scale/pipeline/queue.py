@@ -109,16 +109,10 @@ class RolloutQueue(Generic[T]):
     if n > self.capacity:
       raise ValueError(f"asked for {n} items from a queue of capacity {self.capacity}")
     start = time.perf_counter()
-    deadline = None if timeout is None else start + timeout
     with self._cond:
       try:
-        while len(self._items) < n:
-          if self._closed:
-            raise Closed("rollout queue closed")
-          remaining = None if deadline is None else deadline - time.perf_counter()
-          if remaining is not None and remaining <= 0:
-            return None
-          self._cond.wait(remaining)
+        if not self._wait_for(lambda: len(self._items) >= n, start, timeout):
+          return None
         if self._order_key is not None:
           self._items.sort(key=self._order_key)
         out, self._items = self._items[:n], self._items[n:]
@@ -140,19 +134,17 @@ class RolloutQueue(Generic[T]):
     if len(keys) > self.capacity:
       raise ValueError(f"asked for {len(keys)} items from a queue of capacity {self.capacity}")
     start = time.perf_counter()
-    deadline = None if timeout is None else start + timeout
+    found: dict[Hashable, int] = {}
+
+    def ready() -> bool:
+      found.clear()
+      found.update({key(item): i for i, item in enumerate(self._items)})
+      return all(k in found for k in keys)
+
     with self._cond:
       try:
-        while True:
-          found = {key(item): i for i, item in enumerate(self._items)}
-          if all(k in found for k in keys):
-            break
-          if self._closed:
-            raise Closed("rollout queue closed")
-          remaining = None if deadline is None else deadline - time.perf_counter()
-          if remaining is not None and remaining <= 0:
-            return None
-          self._cond.wait(remaining)
+        if not self._wait_for(ready, start, timeout):
+          return None
         out = [self._items[found[k]] for k in keys]
         taken = {found[k] for k in keys}
         self._items = [item for i, item in enumerate(self._items) if i not in taken]
@@ -161,6 +153,22 @@ class RolloutQueue(Generic[T]):
         return out
       finally:
         self.get_wait_s += time.perf_counter() - start
+
+  def _wait_for(self, ready: Callable[[], bool], start: float, timeout: float | None) -> bool:
+    """Waits (holding the lock) until `ready()`; False on timeout.
+
+    Raises:
+      Closed: the queue was closed while waiting.
+    """
+    deadline = None if timeout is None else start + timeout
+    while not ready():
+      if self._closed:
+        raise Closed("rollout queue closed")
+      remaining = None if deadline is None else deadline - time.perf_counter()
+      if remaining is not None and remaining <= 0:
+        return False
+      self._cond.wait(remaining)
+    return True
 
   # ---- state -------------------------------------------------------------------------------
 
