@@ -48,7 +48,7 @@ def test_does_not_fit_exits_1_with_one_line(capsys):
   code = cli.main(["plan", "configs/cpu_tiny.yaml", *TINY[:-3], "sft.steps=0",
                    "sampler.num_slots=4096", "sampler.max_new_tokens=65536",
                    "optim.micro_batch_prompts=4", "rl.prompts_per_step=4",
-                   "--topology", "v5e:2x2"])
+                   "--topology", "v5e:2x2", "--programs", "weight_cast,prefill,decode"])
   captured = capsys.readouterr()
   assert code == 1
   err = [line for line in captured.err.splitlines() if line.startswith("jaxrl-scale plan:")]
