@@ -5,7 +5,7 @@
   result = scorer.score([(response, record["answer"]) for ...])  # result.rewards, .counts
 
 Model output is untrusted: nothing here evaluates it as code (see safe_eval.py and
-answer_parse.py). Only the standard library is imported here; the verifiers (and mpmath)
+answer_tokens.py and answer_parse.py). Only the standard library is imported here; the verifiers (and mpmath)
 load on the first reward lookup.
 """
 
