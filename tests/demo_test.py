@@ -39,6 +39,7 @@ def test_shortened_demo_rises_above_its_warm_start(tmp_path, seed):
   evals = {r["step"]: r["val/pass_rate"] for r in rows if "val/pass_rate" in r}
   assert sorted(evals) == [0, STEPS]
   start, end = evals[0], evals[STEPS]
+  print(f"seed {seed}: {start:.3f} -> {end:.3f} in {STEPS} steps")  # shown with pytest -s
   assert start <= 0.5, f"the warm start overshot: {start:.3f}"
   assert end >= start + MARGIN, f"seed {seed}: {start:.3f} -> {end:.3f} in {STEPS} steps"
   trained = [r for r in rows if "train/loss" in r]
