@@ -222,10 +222,16 @@ class RLConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-  """AdamW with linear warmup then a constant rate (paper: lr 5e-7, eps 1e-15, wd 0.01)."""
+  """AdamW with linear warmup then a constant rate (paper: lr 5e-7, eps 1e-15, wd 0.01),
+  or, with schedule "cosine", a cosine decay to lr * min_lr_ratio over decay_steps."""
 
   lr: float = 5e-7
   warmup_steps: int = 100
+  # "constant" after warmup (the paper's); "cosine" decays over `decay_steps` updates after
+  # the warmup to lr * min_lr_ratio and stays there.
+  schedule: Literal["constant", "cosine"] = "constant"
+  decay_steps: int = 0
+  min_lr_ratio: float = 0.0
   b1: float = 0.9
   b2: float = 0.999
   eps: float = 1e-15  # paper: avoids epsilon underflow acting as implicit gradient clipping
@@ -245,6 +251,12 @@ class OptimConfig:
   def __post_init__(self):
     _check(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
     _check(self.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0")
+    _check(self.schedule in ("constant", "cosine"), "optim.schedule",
+           f"must be constant or cosine, got {self.schedule!r}")
+    _check(self.schedule != "cosine" or self.decay_steps > 0, "optim.decay_steps",
+           f"must be > 0 with schedule cosine, got {self.decay_steps}")
+    _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio",
+           f"must be in [0, 1], got {self.min_lr_ratio}")
     _check(self.eps >= 0, "optim.eps", "must be >= 0")
     _check(self.micro_batch_prompts >= 0, "optim.micro_batch_prompts", "must be >= 0")
     _check(self.max_grad_norm is None or self.max_grad_norm > 0, "optim.max_grad_norm",

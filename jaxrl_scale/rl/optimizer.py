@@ -1,4 +1,5 @@
-"""AdamW with linear warmup then a constant rate, optional global-norm clipping.
+"""AdamW with linear warmup then a constant rate (or a cosine decay), optional global-norm
+clipping.
 
 Paper setup (notes section 7): lr 5e-7 constant after 100 linear warmup steps, AdamW with
 eps 1e-15 and weight decay 0.01. The tiny eps matters: with the usual 1e-8, an update
@@ -33,6 +34,17 @@ def warmup_constant_schedule(lr: float, warmup_steps: int) -> optax.Schedule:
   return schedule
 
 
+def warmup_cosine_schedule(lr: float, warmup_steps: int, decay_steps: int,
+                           min_lr_ratio: float) -> optax.Schedule:
+  """The warmup of `warmup_constant_schedule` (full rate at update `warmup_steps - 1`), then
+  optax's cosine decay from lr to lr * min_lr_ratio over the next `decay_steps` updates."""
+  cosine = optax.cosine_decay_schedule(lr, decay_steps, alpha=min_lr_ratio)
+  if warmup_steps <= 0:
+    return lambda count: cosine(count + 1)
+  return optax.join_schedules([warmup_constant_schedule(lr, warmup_steps), cosine],
+                              boundaries=[warmup_steps - 1])
+
+
 def decay_mask(params):
   """Weight decay on matrices only (embeddings, projections); never on norm scales or
   biases, whose decay toward 0 changes the function instead of regularising it."""
@@ -47,7 +59,10 @@ def make_optimizer(cfg: OptimConfig) -> tuple[optax.GradientTransformation, opta
   Returns:
     (transformation, schedule): schedule(count) is the rate of update number `count`.
   """
-  schedule = warmup_constant_schedule(cfg.lr, cfg.warmup_steps)
+  if cfg.schedule == "cosine":
+    schedule = warmup_cosine_schedule(cfg.lr, cfg.warmup_steps, cfg.decay_steps, cfg.min_lr_ratio)
+  else:
+    schedule = warmup_constant_schedule(cfg.lr, cfg.warmup_steps)
   parts = []
   if cfg.max_grad_norm is not None:
     parts.append(optax.clip_by_global_norm(cfg.max_grad_norm))

@@ -66,8 +66,10 @@ def _sequence_accuracy(valid_BS: jax.Array, top1_BS: jax.Array) -> jax.Array:
 
 
 def optim_config(optim: OptimConfig, sft: SFTConfig) -> OptimConfig:
-  """The RL optimizer's shape (AdamW, eps, betas) with the SFT section's rate and schedule."""
+  """The RL optimizer's shape (AdamW, eps, betas) with the SFT section's rate and schedule
+  (warmup then constant: the RL section's decay is not the warm start's)."""
   return dataclasses.replace(optim, lr=sft.lr, warmup_steps=sft.warmup_steps,
+                             schedule="constant",
                              weight_decay=sft.weight_decay, max_grad_norm=sft.max_grad_norm)
 
 

@@ -11,6 +11,7 @@ from jaxrl_scale import config
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.rl import optimizer
+from jaxrl_scale.rl import sft
 
 
 def test_warmup_then_constant():
@@ -18,6 +19,30 @@ def test_warmup_then_constant():
   got = [float(schedule(i)) for i in range(7)]
   np.testing.assert_allclose(got, [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3, 1e-3], rtol=1e-6)
   assert float(optimizer.warmup_constant_schedule(2e-3, 0)(0)) == pytest.approx(2e-3)
+
+
+def test_warmup_then_cosine_by_hand():
+  # lr 1e-3, 4 warmup updates, cosine over 4 more to 0.1 x lr: the rate of update n is
+  # 1e-4 + 9e-4 * (1 + cos(pi * (n - 3) / 4)) / 2 from update 3 on.
+  schedule = optimizer.warmup_cosine_schedule(1e-3, 4, 4, 0.1)
+  got = [float(schedule(i)) for i in range(10)]
+  c = [1e-4 + 9e-4 * (1 + np.cos(np.pi * t / 4)) / 2 for t in range(5)]
+  np.testing.assert_allclose(got, [2.5e-4, 5e-4, 7.5e-4] + c + [1e-4, 1e-4], rtol=1e-5)
+  no_warmup = optimizer.warmup_cosine_schedule(1e-3, 0, 4, 0.0)
+  np.testing.assert_allclose([float(no_warmup(i)) for i in range(5)],
+                             [5e-4 * (1 + np.cos(np.pi * t / 4)) for t in range(1, 6)][:4] + [0.0],
+                             rtol=1e-5, atol=1e-12)
+
+
+def test_make_optimizer_picks_the_schedule_and_sft_keeps_constant():
+  cfg = config.OptimConfig(lr=1e-3, warmup_steps=2, schedule="cosine", decay_steps=10,
+                           min_lr_ratio=0.5)
+  _, schedule = optimizer.make_optimizer(cfg)
+  assert float(schedule(1)) == pytest.approx(1e-3)
+  assert float(schedule(50)) == pytest.approx(5e-4)
+  sft_cfg = sft.optim_config(cfg, config.SFTConfig(steps=10, lr=3e-3))
+  _, sft_schedule = optimizer.make_optimizer(sft_cfg)
+  assert float(sft_schedule(50)) == pytest.approx(3e-3)
 
 
 def _numpy_adamw(grads, params, lr_t, b1, b2, eps, wd, clip):
@@ -105,6 +130,12 @@ def test_state_shardings_follow_params():
 def test_config_validation():
   with pytest.raises(UserError, match="optim.max_grad_norm"):
     config.OptimConfig(max_grad_norm=0.0)
+  with pytest.raises(UserError, match="optim.decay_steps"):
+    config.OptimConfig(schedule="cosine")
+  with pytest.raises(UserError, match="optim.min_lr_ratio"):
+    config.OptimConfig(schedule="cosine", decay_steps=5, min_lr_ratio=1.5)
+  with pytest.raises(UserError, match="optim.schedule"):
+    config.OptimConfig(schedule="linear")
   with pytest.raises(UserError, match="sft.micro_batch_size"):
     config.SFTConfig(batch_size=32, micro_batch_size=5)
   cfg = dataclasses.replace(config.SFTConfig(), lr=3e-3)
