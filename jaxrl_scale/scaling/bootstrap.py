@@ -73,9 +73,9 @@ class Replicates:
   """Simulated data sets of a bootstrap, kept for refits under other constraints (shared A).
 
   Attributes:
-    y_KN: replicate pass rates on the fitter's padded layout.
+    y_KN: replicate pass rates, one row per replicate.
     r0_K: replicate R0 (the fitted R0 when it is not drawn).
-    w_N: fit weights (padded). t_N: normalised log-compute of the fit (padded).
+    w_N: fit weights. t_N: normalised log-compute of the fit (log(C / max C)).
   """
   y_KN: np.ndarray
   r0_K: np.ndarray
@@ -144,11 +144,8 @@ def refit(fit: fit_lib.SigmoidFit, reps: Replicates, *, a_K=None, lm_steps: int 
   fix_a = fit.fix_a or a_K is not None
   if a_K is not None:
     theta_KP[:, 0] = a_K
-  with fit_lib.fitting_context():
-    theta_KP, _ = fit_lib.refine_sigmoid_batch(theta_KP, reps.t_N, reps.y_KN, reps.w_N,
-                                               steps=lm_steps, fit_r0=fit.fit_r0,
-                                               fix_a=fix_a)
-    theta_KP = np.asarray(theta_KP)
+  theta_KP, _ = fit_lib.refine_sigmoid_batch(theta_KP, reps.t_N, reps.y_KN, reps.w_N,
+                                             steps=lm_steps, fit_r0=fit.fit_r0, fix_a=fix_a)
   a, b, c_mid, r0 = fit_lib.theta_to_params(theta_KP, fit.log_scale)
   return SigmoidSamples(a_K=a, b_K=b, c_mid_K=c_mid, r0_K=np.asarray(r0))
 

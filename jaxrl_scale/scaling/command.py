@@ -1,7 +1,8 @@
 """`jaxrl-scale fit`: fit the sigmoid scaling curve to metrics files and forecast.
 
 Only the standard library is imported at module level: `add_arguments` runs whenever the
-CLI parser is built, and JAX is paid for only when `fit` actually runs.
+CLI parser is built, and NumPy, SciPy and the fitter are paid for only when `fit` actually runs.
+The whole `fit` path never imports JAX (tests/scaling/imports_test.py).
 """
 
 from __future__ import annotations

@@ -4,14 +4,12 @@ Sigmoid (Eq. 1):   R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B),   0 <= A <= 1, B 
 Power law (A.4):   R(C) = A - D / C^B
 
 C is training compute (the paper: GB200 GPU-hours; here whatever unit the metrics stream
-uses, e.g. accelerator-hours) and R the mean validation pass rate. The host-side functions
-are NumPy float64 (plots, forecasts, bootstrap replicates); the fitter's jitted code uses
-`sigmoid_log`.
+uses, e.g. accelerator-hours) and R the mean validation pass rate. All functions are NumPy
+float64 (plots, forecasts, bootstrap replicates).
 """
 
 from __future__ import annotations
 
-from jax import nn as jnn
 import numpy as np
 from scipy import special
 
@@ -38,11 +36,6 @@ def sigmoid(compute, a, b, c_mid, r0) -> np.ndarray:
     log_c = np.log(np.where(positive, compute, 1.0))
   frac = np.where(positive, special.expit(b * (log_c - np.log(c_mid))), 0.0)
   return r0 + (a - r0) * frac
-
-
-def sigmoid_log(t, a, b, m, r0):
-  """The sigmoid in the fitter's log coordinates (t = log C, m = log C_mid), in jax.numpy."""
-  return r0 + (a - r0) * jnn.sigmoid(b * (t - m))
 
 
 def power_law(compute, a, d, b) -> np.ndarray:

@@ -1,11 +1,12 @@
-"""Least-squares fits of the sigmoid and power-law curves, vectorised in JAX.
+"""Least-squares fits of the sigmoid and power-law curves, vectorised in NumPy (float64).
 
 The sigmoid follows the paper's procedure (arXiv 2510.13786, App. A.5): a grid over A and
 C_mid, B fitted by least squares in every cell, the cell with the least sum of squared
-residuals wins. All cells are solved at once (vmap); B per cell is found by a small log-B
-grid and a few one-parameter Levenberg-Marquardt steps, which is what the paper's
-curve_fit does. The winning cell then seeds a joint Levenberg-Marquardt refinement
-of all parameters, with A kept in [0, 1] by projection (a logistic transform of A would
+residuals wins. All cells of a curve are solved at once (array operations over cells x
+points); B per cell is found by a small log-B grid and a few one-parameter
+Levenberg-Marquardt steps, which is what the paper's curve_fit does. The winning cell then
+seeds a joint Levenberg-Marquardt refinement of all parameters (analytic Jacobian, many
+curves at once), with A kept in [0, 1] by projection (a logistic transform of A would
 freeze at the bound, where its derivative vanishes, and hide the spread of ill-determined
 fits), B = exp(beta) > 0 and C_mid in log-compute.
 
@@ -17,43 +18,36 @@ rate), 1] (not from the highest observed rate: with noise that can exceed the tr
 C_mid takes `n_c` log-spaced values over [min C / 100, 100 max C] of the fitted points, so a
 midpoint beyond the data can still be found (and then flagged as ill-determined).
 
-Numerics: every fit runs inside `fitting_context()`: float64 through `jax.enable_x64(True)`
-(a local context; the rest of the stack keeps its float32 default) and on the host CPU,
-so a live refit neither queues behind training on the accelerator nor asks a TPU for
-float64. The grid stage runs in float32 (it only ranks cells); the refinement in float64.
-Compute enters as normalised log-compute t = log(C / max C), so its unit never matters.
+Numerics: NumPy float64 on the host, so a live refit neither queues behind training on the
+accelerator nor needs float64 from a TPU, and `jaxrl-scale fit` never imports or compiles
+JAX (a cold fit with intervals takes about a second; benchmarks/fit_bench.py). Compute
+enters as normalised log-compute t = log(C / max C), so its unit never matters.
 
-Masks: each point carries a weight w (0 = ignored). Fixed-shape padded arrays plus masks let
-one compiled function serve every prefix (backtests, the live forecaster, many seeds).
+Masks: each point carries a weight w (0 = ignored), so padded arrays of many curves (the
+backtests, the coverage benchmark, pooled seeds) are fitted together.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 
-import jax
-import jax.numpy as jnp
-from jax import nn as jnn
 import numpy as np
+from scipy import special
 
 from jaxrl_scale.scaling import curves
 
 # B is searched and refined within [0.01, 100]: outside it the curve is a step or a line.
 _BETA_MIN, _BETA_MAX = float(np.log(0.01)), float(np.log(100.0))
-_BETA_INIT = tuple(float(v) for v in np.log(np.geomspace(0.2, 10.0, 8)))
+_BETA_INIT = np.log(np.geomspace(0.2, 10.0, 8))
 # log(C_mid / max C) is kept within +-40: beyond that the curve is constant on the data.
 _M_LIM = 40.0
-_PAPER_A = tuple(0.450 + 0.005 * i for i in range(71))
-_PAPER_C_MID = tuple(float(v) for v in np.linspace(100.0, 40000.0, 100))
-# Curves fitted together per lax.map step (bounds memory; see _map_curves).
-_CURVE_BATCH = 4
+_PAPER_A = 0.450 + 0.005 * np.arange(71)
+_PAPER_C_MID = np.linspace(100.0, 40000.0, 100)
 
 
 @dataclasses.dataclass(frozen=True)
 class FitOptions:
-  """Static settings of the fitter (hashable: it keys the compiled functions).
+  """Settings of the fitter.
 
   Attributes:
     grid: "auto" (scaled to the data, see module docstring) or "paper".
@@ -76,148 +70,215 @@ class FitOptions:
 
 
 # ---------------------------------------------------------------------------------------------
-# Jitted cores. Arrays: N points, A/M grid sizes, P = 4 sigmoid parameters
-# theta = (A, beta, m, r0): B = exp(beta), C_mid = max C * exp(m).
+# Arrays: K curves, N points, C grid cells, P parameters. Sigmoid theta = (A, beta, m, r0):
+# B = exp(beta), C_mid = max C * exp(m).
 
 
-def _normalise(x_N, w_N):
-  valid_N = w_N > 0
-  log_x_N = jnp.log(jnp.where(valid_N, x_N, 1.0))
-  log_scale = jnp.max(jnp.where(valid_N, log_x_N, -jnp.inf))
-  return jnp.where(valid_N, log_x_N - log_scale, 0.0), log_scale
+def _normalise(x_KN, w_KN):
+  """(t_KN, log_scale_K): log(C / max C) on weighted points, 0 elsewhere."""
+  valid = w_KN > 0
+  log_x = np.log(np.where(valid, x_KN, 1.0))
+  log_scale = np.max(np.where(valid, log_x, -np.inf), axis=-1)
+  return np.where(valid, log_x - log_scale[..., None], 0.0), log_scale
 
 
-def _masked_min(v_N, w_N):
-  return jnp.min(jnp.where(w_N > 0, v_N, jnp.inf))
+def _profile_r0(s, a, y, w):
+  """Least-squares R0 for fixed A and s = sigmoid(B (t - m)) (sums over the last axis).
+
+  y = r0 (1 - s) + a s is linear in r0: its least-squares value in closed form (variable
+  projection), so a fitted R0 costs nothing extra per grid cell.
+  """
+  q = 1.0 - s
+  num = np.sum(w * q * (y - a * s), axis=-1)
+  den = np.sum(w * q * q, axis=-1) + 1e-30
+  return num / den, num, den
 
 
-def _sigmoid_resid(theta_P, t_N, y_N, sw_N):
-  a, beta, m, r0 = theta_P[0], theta_P[1], theta_P[2], theta_P[3]
-  pred_N = r0 + (a - r0) * jnn.sigmoid(jnp.exp(beta) * (t_N - m))
-  return sw_N * (y_N - pred_N)
-
-
-def _profile_r0(s_N, a, y_N, w_N):
-  # y = r0 (1 - s) + a s is linear in r0: its least-squares value in closed form
-  # (variable projection), so a fitted R0 costs nothing extra per grid cell.
-  q_N = 1.0 - s_N
-  return jnp.sum(w_N * q_N * (y_N - a * s_N)) / (jnp.sum(w_N * q_N * q_N) + 1e-30)
-
-
-def _cell_resid(beta, a, m, r0, t_N, y_N, w_N, fit_r0: bool):
-  s_N = jnn.sigmoid(jnp.exp(beta) * (t_N - m))
+def _cell_resid(beta_C, a_C, m_C, r0, t_n, y_n, w_n, sw_n, fit_r0: bool, with_jac: bool):
+  """Residuals (C, n) of every cell at log B = beta_C, and their derivative in beta."""
+  b_C = np.exp(beta_C)
+  d_Cn = t_n[None, :] - m_C[:, None]
+  s = special.expit(b_C[:, None] * d_Cn)
+  a = a_C[:, None]
   if fit_r0:
-    r0 = _profile_r0(s_N, a, y_N, w_N)
-  return jnp.sqrt(w_N) * (y_N - r0 - (a - r0) * s_N)
+    r0_C, num, den = _profile_r0(s, a, y_n[None], w_n[None])
+    r0 = r0_C[:, None]
+  r = sw_n * (y_n - r0 - (a - r0) * s)
+  if not with_jac:
+    return r, None
+  ds = s * (1.0 - s) * b_C[:, None] * d_Cn
+  if fit_r0:
+    q = 1.0 - s
+    dnum = np.sum(w_n * ds * (-(y_n - a * s) - a * q), axis=-1)
+    dden = -2.0 * np.sum(w_n * q * ds, axis=-1)
+    dr0 = ((dnum - r0_C * dden) / den)[:, None]
+    return r, sw_n * (-(a - r0) * ds - dr0 * q)
+  return r, sw_n * (-(a - r0) * ds)
 
 
-def _fit_b_in_cell(a, m, r0, t_N, y_N, w_N, fit_r0: bool, steps: int):
-  """Least-squares B for fixed (A, C_mid[, R0]); returns (beta, sse).
+def _start_sse(a_A, m_M, r0, t_n, y_n, w_n, fit_r0: bool):
+  """SSE of every (A, C_mid) cell at each of the log-B starts: shape (G, A * M).
+
+  The sigmoid s does not depend on A, so it is computed once per (C_mid, B) and the SSE of
+  each A follows from weighted sums (the residual y - R0 (1 - s) - A s is linear in A and R0).
+  """
+  s = special.expit(np.exp(_BETA_INIT)[:, None, None] * (t_n - m_M[:, None]))  # (G, M, n)
+  q = 1.0 - s
+  syy = np.sum(w_n * y_n * y_n)
+  sss, sqq, sqs = (np.sum(w_n * u * v, axis=-1) for u, v in ((s, s), (q, q), (q, s)))
+  sys, syq = np.sum(w_n * y_n * s, axis=-1), np.sum(w_n * y_n * q, axis=-1)
+  a = a_A[:, None, None]  # (A, 1, 1) against (G, M) sums
+  if fit_r0:
+    r0 = (syq - a * sqs) / (sqq + 1e-30)  # the profiled R0, as in _profile_r0
+  sse = (syy + r0 * r0 * sqq + a * a * sss - 2.0 * r0 * syq - 2.0 * a * sys
+         + 2.0 * a * r0 * sqs)  # (A, G, M)
+  return np.moveaxis(sse, 1, 0).reshape(_BETA_INIT.size, -1)
+
+
+def _fit_b_in_cells(a_A, m_M, r0, t_n, y_n, w_n, *, fit_r0: bool, steps: int):
+  """Least-squares log B for every cell of the A x C_mid grid (R0 fixed or profiled).
 
   The best of a few log-spaced starts, then one-parameter Levenberg-Marquardt in log B
-  (what curve_fit does for the paper, with B kept positive).
+  (what curve_fit does for the paper, with B kept positive). Returns (beta_C, sse_C) over
+  the cells in A-major order.
   """
-  resid = functools.partial(_cell_resid, a=a, m=m, r0=r0, t_N=t_N, y_N=y_N, w_N=w_N,
-                            fit_r0=fit_r0)
-  sse_fn = lambda beta: jnp.sum(jnp.square(resid(beta)))
-  init_G = jnp.asarray(_BETA_INIT, t_N.dtype)
-  sse_G = jax.vmap(sse_fn)(init_G)
-  best = jnp.argmin(jnp.where(jnp.isfinite(sse_G), sse_G, jnp.inf))
+  a_AM, m_AM = np.meshgrid(a_A, m_M, indexing="ij")
+  a_C, m_C = a_AM.ravel(), m_AM.ravel()
+  sw_n = np.sqrt(w_n)
+  c = a_C.size
+  sse_GC = _start_sse(a_A, m_M, r0, t_n, y_n, w_n, fit_r0)
+  sse_GC = np.where(np.isfinite(sse_GC), sse_GC, np.inf)
+  beta = _BETA_INIT[np.argmin(sse_GC, axis=0)]
+  # The steps only have to rank cells, which float32 does as well as float64 at half the
+  # cost; the joint refinement of the winner runs in float64.
+  f32 = lambda v: np.asarray(v, np.float32)
+  beta, a_C, m_C, r0, t_n, y_n, w_n, sw_n = (
+      f32(v) for v in (beta, a_C, m_C, r0, t_n, y_n, w_n, sw_n))
+  # The expanded sums lose digits to cancellation: they only pick the start, whose SSE is
+  # then computed directly (the steps below compare against it).
+  sse = np.sum(np.square(_cell_resid(beta, a_C, m_C, r0, t_n, y_n, w_n, sw_n, fit_r0,
+                                     False)[0]), axis=-1)
+  lam = np.full(c, 1e-3, np.float32)
+  for _ in range(steps):
+    r, j = _cell_resid(beta, a_C, m_C, r0, t_n, y_n, w_n, sw_n, fit_r0, True)
+    step = -np.sum(j * r, axis=-1) / (np.sum(j * j, axis=-1) * (1.0 + lam) + 1e-30)
+    cand = np.clip(beta + np.clip(step, -1.0, 1.0), _BETA_MIN, _BETA_MAX)
+    cand_sse = np.sum(np.square(_cell_resid(cand, a_C, m_C, r0, t_n, y_n, w_n, sw_n, fit_r0,
+                                            False)[0]), axis=-1)
+    better = np.isfinite(cand_sse) & (cand_sse < sse)
+    beta = np.where(better, cand, beta)
+    sse = np.where(better, cand_sse, sse)
+    lam = np.where(better, lam * np.float32(0.1), lam * np.float32(10.0))
+  return beta.astype(np.float64), sse.astype(np.float64)
 
-  def body(_, state):
-    beta, sse, lam = state
-    r_N, j_N = jax.jvp(resid, (beta,), (jnp.ones_like(beta),))
-    step = -jnp.dot(j_N, r_N) / (jnp.dot(j_N, j_N) * (1.0 + lam) + 1e-30)
-    cand = jnp.clip(beta + jnp.clip(step, -1.0, 1.0), _BETA_MIN, _BETA_MAX)
-    cand_sse = sse_fn(cand)
-    better = jnp.isfinite(cand_sse) & (cand_sse < sse)
-    return (jnp.where(better, cand, beta), jnp.where(better, cand_sse, sse),
-            jnp.where(better, lam * 0.1, lam * 10.0))
 
-  init = (init_G[best], sse_G[best], jnp.asarray(1e-3, t_N.dtype))
-  beta, sse, _ = jax.lax.fori_loop(0, steps, body, init)
-  return beta, sse
+def _sigmoid_model(theta_KP, t_KN):
+  """(pred_KN, dpred_KNP) of R = r0 + (A - r0) sigmoid(B (t - m))."""
+  a, beta, m, r0 = (theta_KP[:, i:i + 1] for i in range(4))
+  b = np.exp(beta)
+  s = special.expit(b * (t_KN - m))
+  g = (a - r0) * s * (1.0 - s) * b
+  return r0 + (a - r0) * s, np.stack([s, g * (t_KN - m), -g, 1.0 - s], axis=-1)
 
 
-def _lm(resid_fn, theta_P, free_P, steps: int, clip_lo_P, clip_hi_P):
-  """Levenberg-Marquardt on the free entries of theta (free_P is 1.0 / 0.0)."""
-  sse_fn = lambda th: jnp.sum(jnp.square(resid_fn(th)))
+def _power_model(theta_KP, t_KN):
+  """(pred_KN, dpred_KNP) of R = A - exp(delta - B t)."""
+  a, delta, beta = (theta_KP[:, i:i + 1] for i in range(3))
+  b = np.exp(beta)
+  e = np.exp(delta - b * t_KN)
+  return a - e, np.stack([np.ones_like(e), -e, e * b * t_KN], axis=-1)
 
-  def body(_, state):
-    theta, sse, lam = state
-    r_N = resid_fn(theta)
-    j_NP = jax.jacfwd(resid_fn)(theta) * free_P[None, :]
-    g_P = j_NP.T @ r_N
-    h_PP = j_NP.T @ j_NP
+
+def _solve(h_KPP, g_KP):
+  """Batched solve; a system LAPACK calls singular gives a non-finite (rejected) step."""
+  try:
+    return np.linalg.solve(h_KPP, g_KP[..., None])[..., 0]
+  except np.linalg.LinAlgError:
+    out = np.full_like(g_KP, np.nan)
+    for k in range(g_KP.shape[0]):
+      try:
+        out[k] = np.linalg.solve(h_KPP[k], g_KP[k])
+      except np.linalg.LinAlgError:
+        pass
+    return out
+
+
+def _lm(model, theta_KP, t_KN, y_KN, w_KN, free_P, steps: int, lo_P, hi_P):
+  """Projected Levenberg-Marquardt of K curves at once on the free entries of theta.
+
+  free_P is 1.0 / 0.0 per parameter. Returns (theta_KP, sse_K).
+  """
+  used = np.any(w_KN > 0, axis=0)  # points no curve weights cost time and change nothing
+  t_KN, y_KN, w_KN = t_KN[:, used], y_KN[:, used], w_KN[:, used]
+  sw = np.sqrt(w_KN)
+
+  def sse_of(theta):
+    return np.sum(np.square(sw * (y_KN - model(theta, t_KN)[0])), axis=-1)
+
+  theta = np.array(theta_KP, np.float64)
+  sse = sse_of(theta)
+  lam = np.full(theta.shape[0], 1e-3)
+  for _ in range(steps):
+    pred, dpred = model(theta, t_KN)
+    r = sw * (y_KN - pred)
+    j = -(sw[..., None] * dpred) * free_P
+    g = np.matmul(r[:, None, :], j)[:, 0]
+    h = np.matmul(j.transpose(0, 2, 1), j)
     # Marquardt scaling by diag(H); fixed parameters get an identity row so the system
     # stays regular and their step is exactly zero.
-    damp_P = lam * (jnp.diag(h_PP) + 1e-12) + (1.0 - free_P)
-    delta_P = -jnp.linalg.solve(h_PP + jnp.diag(damp_P), g_P) * free_P
-    new = jnp.clip(theta + delta_P, clip_lo_P, clip_hi_P)
-    new_sse = sse_fn(new)
-    ok = jnp.isfinite(new_sse) & (new_sse < sse)
-    theta = jnp.where(ok, new, theta)
-    sse = jnp.where(ok, new_sse, sse)
-    lam = jnp.clip(jnp.where(ok, lam * 0.3, lam * 5.0), 1e-10, 1e10)
-    return theta, sse, lam
-
-  theta, sse, _ = jax.lax.fori_loop(0, steps, body, (theta_P, sse_fn(theta_P), 1e-3))
+    damp = lam[:, None] * (np.diagonal(h, axis1=1, axis2=2) + 1e-12) + (1.0 - free_P)
+    h = h + damp[:, :, None] * np.eye(free_P.size)
+    delta = -_solve(h, g) * free_P
+    new = np.clip(theta + delta, lo_P, hi_P)
+    new_sse = sse_of(new)
+    ok = np.isfinite(new_sse) & (new_sse < sse)
+    theta = np.where(ok[:, None], new, theta)
+    sse = np.where(ok, new_sse, sse)
+    lam = np.clip(np.where(ok, lam * 0.3, lam * 5.0), 1e-10, 1e10)
   return theta, sse
 
 
 # Box of the projected LM: 0 <= A <= 1 (paper, Eq. 1), B and C_mid as above.
-_SIG_LO = jnp.asarray([0.0, _BETA_MIN, -_M_LIM, -1.0])
-_SIG_HI = jnp.asarray([1.0, _BETA_MAX, _M_LIM, 2.0])
+_SIG_LO = np.asarray([0.0, _BETA_MIN, -_M_LIM, -1.0])
+_SIG_HI = np.asarray([1.0, _BETA_MAX, _M_LIM, 2.0])
 
 
 def _free_mask(fix_a: bool, fit_r0: bool):
-  return jnp.asarray([0.0 if fix_a else 1.0, 1.0, 1.0, 1.0 if fit_r0 else 0.0])
+  return np.asarray([0.0 if fix_a else 1.0, 1.0, 1.0, 1.0 if fit_r0 else 0.0])
 
 
-def _sigmoid_core(x_N, y_N, w_N, r0, a_fixed, *, options: FitOptions, fit_r0: bool,
-                  fix_a: bool):
-  """Grid search + joint refinement for one curve. Returns (theta_P, sse, log_scale)."""
-  t_N, log_scale = _normalise(x_N, w_N)
+def _sigmoid_grid(t_n, y_n, w_n, r0, a_fixed, *, options: FitOptions, log_scale: float,
+                  fit_r0: bool, fix_a: bool):
+  """The paper's grid stage for one curve (valid points only): the best cell's theta."""
   if fix_a:
-    a_A = jnp.reshape(a_fixed, (1,))
+    a_A = np.asarray([a_fixed], np.float64)
   elif options.grid == "paper":
-    a_A = jnp.asarray(_PAPER_A)
+    a_A = _PAPER_A
   else:
-    a_lo = _masked_min(y_N, w_N)
+    a_lo = np.min(y_n)
     if not fit_r0:
-      a_lo = jnp.maximum(a_lo, r0 + 1e-3)
-    a_lo = jnp.clip(a_lo, 1e-3, 0.99)
-    a_A = jnp.linspace(a_lo, 1.0, options.n_a)
+      a_lo = max(a_lo, r0 + 1e-3)
+    a_A = np.linspace(np.clip(a_lo, 1e-3, 0.99), 1.0, options.n_a)
   if options.grid == "paper":
-    m_M = jnp.log(jnp.asarray(_PAPER_C_MID)) - log_scale
+    m_M = np.log(_PAPER_C_MID) - log_scale
   else:
     span = np.log(options.c_span)
-    m_M = jnp.linspace(_masked_min(t_N, w_N) - span, span, options.n_c)
-  a_AM, m_AM = jnp.meshgrid(a_A, m_M, indexing="ij")
-  # The grid only has to rank cells, which float32 does as well as float64 at half the
-  # cost (benchmarks/fit_bench.py); the joint refinement below runs in the input dtype.
-  f32 = lambda v: jnp.asarray(v, jnp.float32)
-  cell = functools.partial(_fit_b_in_cell, r0=f32(r0), t_N=f32(t_N), y_N=f32(y_N),
-                           w_N=f32(w_N), fit_r0=fit_r0, steps=options.inner_steps)
-  beta_C, sse_C = jax.vmap(cell)(f32(a_AM.ravel()), f32(m_AM.ravel()))
-  sse_C = jnp.where(jnp.isfinite(sse_C), sse_C, jnp.inf)
-  k = jnp.argmin(sse_C)
-  a0, m0 = a_AM.ravel()[k], m_AM.ravel()[k]
-  beta0 = jnp.asarray(beta_C[k], a0.dtype)
+    m_M = np.linspace(np.min(t_n) - span, span, options.n_c)
+  beta_C, sse_C = _fit_b_in_cells(a_A, m_M, r0, t_n, y_n, w_n, fit_r0=fit_r0,
+                                  steps=options.inner_steps)
+  a_C = np.repeat(a_A, m_M.size)
+  m_C = np.tile(m_M, a_A.size)
+  k = int(np.argmin(np.where(np.isfinite(sse_C), sse_C, np.inf)))
+  a0, m0, beta0 = a_C[k], m_C[k], beta_C[k]
   if fit_r0:
-    s_N = jnn.sigmoid(jnp.exp(beta0) * (t_N - m0))
-    r0 = _profile_r0(s_N, a0, y_N, w_N)
-  theta0 = jnp.stack([a0, beta0, m0, jnp.asarray(r0, a0.dtype)])
-  resid = functools.partial(_sigmoid_resid, t_N=t_N, y_N=y_N, sw_N=jnp.sqrt(w_N))
-  theta, sse = _lm(resid, theta0, _free_mask(fix_a, fit_r0), options.lm_steps, _SIG_LO,
-                   _SIG_HI)
-  return theta, sse, log_scale
+    s = special.expit(np.exp(beta0) * (t_n - m0))
+    r0 = _profile_r0(s, a0, y_n, w_n)[0]
+  return np.asarray([a0, beta0, m0, r0], np.float64)
 
 
-@functools.partial(jax.jit, static_argnames=("options", "fit_r0", "fix_a"))
 def fit_sigmoid_batch(x_KN, y_KN, w_KN, r0_K, a_fixed_K, *, options: FitOptions,
                       fit_r0: bool = False, fix_a: bool = False):
-  """Fits K curves at once (call inside `fitting_context()` for float64 on the CPU).
+  """Fits K curves: the grid stage per curve, then one joint refinement of all K.
 
   Args:
     x_KN: compute, > 0 wherever w_KN > 0.
@@ -232,31 +293,34 @@ def fit_sigmoid_batch(x_KN, y_KN, w_KN, r0_K, a_fixed_K, *, options: FitOptions,
   Returns:
     theta_KP (A, log B, log(C_mid / max C), R0), sse_K, log_scale_K (log max C).
   """
-  core = functools.partial(_sigmoid_core, options=options, fit_r0=fit_r0, fix_a=fix_a)
-  return _map_curves(core, (x_KN, y_KN, w_KN, r0_K, a_fixed_K))
+  x_KN, y_KN, w_KN = (np.asarray(v, np.float64) for v in (x_KN, y_KN, w_KN))
+  r0_K = np.broadcast_to(np.asarray(r0_K, np.float64), x_KN.shape[:1])
+  a_fixed_K = np.broadcast_to(np.asarray(a_fixed_K, np.float64), x_KN.shape[:1])
+  with np.errstate(all="ignore"):
+    t_KN, log_scale_K = _normalise(x_KN, w_KN)
+    theta0 = []
+    for k in range(x_KN.shape[0]):
+      keep = w_KN[k] > 0
+      theta0.append(_sigmoid_grid(
+          t_KN[k, keep], y_KN[k, keep], w_KN[k, keep], float(r0_K[k]), float(a_fixed_K[k]),
+          options=options, log_scale=float(log_scale_K[k]), fit_r0=fit_r0, fix_a=fix_a))
+    theta, sse = _lm(_sigmoid_model, np.stack(theta0), t_KN, y_KN, w_KN,
+                     _free_mask(fix_a, fit_r0), options.lm_steps, _SIG_LO, _SIG_HI)
+  return theta, sse, log_scale_K
 
 
-def _map_curves(core, args):
-  # Curves go through lax.map in small batches: vmapping K curves x all grid cells at once
-  # would materialise K * cells * N intermediates (gigabytes for 200 curves). The batch
-  # divides K, since lax.map compiles a second copy of the body for a remainder.
-  k = args[0].shape[0]
-  batch = max(d for d in range(1, _CURVE_BATCH + 1) if k % d == 0)
-  if batch == k:
-    return jax.vmap(core)(*args)
-  return jax.lax.map(lambda a: core(*a), args, batch_size=batch)
-
-
-@functools.partial(jax.jit, static_argnames=("steps", "fit_r0", "fix_a"))
 def refine_sigmoid_batch(theta_KP, t_N, y_KN, w_N, *, steps: int, fit_r0: bool,
                          fix_a: bool):
-  """Levenberg-Marquardt refits of K data sets on one design, each from its own start."""
+  """Levenberg-Marquardt refits of K data sets on one design, each from its own start.
 
-  def one(theta_P, y_N):
-    resid = functools.partial(_sigmoid_resid, t_N=t_N, y_N=y_N, sw_N=jnp.sqrt(w_N))
-    return _lm(resid, theta_P, _free_mask(fix_a, fit_r0), steps, _SIG_LO, _SIG_HI)
-
-  return jax.vmap(one)(theta_KP, y_KN)
+  Returns (theta_KP, sse_K).
+  """
+  y_KN = np.asarray(y_KN, np.float64)
+  t_KN = np.broadcast_to(np.asarray(t_N, np.float64), y_KN.shape)
+  w_KN = np.broadcast_to(np.asarray(w_N, np.float64), y_KN.shape)
+  with np.errstate(all="ignore"):
+    return _lm(_sigmoid_model, theta_KP, t_KN, y_KN, w_KN, _free_mask(fix_a, fit_r0), steps,
+               _SIG_LO, _SIG_HI)
 
 
 def theta_to_params(theta_P, log_scale):
@@ -270,42 +334,36 @@ def theta_to_params(theta_P, log_scale):
 # Power law R = A - D / C^B, fitted as A - exp(delta - B t) in the same normalised t.
 # theta = (A, delta, beta): 0 <= A <= 1 (bounded metric), D = exp(delta) max C^B.
 
-
-def _power_resid(theta_P, t_N, y_N, sw_N):
-  a, delta, beta = theta_P[0], theta_P[1], theta_P[2]
-  return sw_N * (y_N - a + jnp.exp(delta - jnp.exp(beta) * t_N))
+_POW_LO = np.asarray([0.0, -60.0, float(np.log(1e-3))])
+_POW_HI = np.asarray([1.0, 60.0, float(np.log(20.0))])
 
 
-_POW_LO = jnp.asarray([0.0, -60.0, float(np.log(1e-3))])
-_POW_HI = jnp.asarray([1.0, 60.0, float(np.log(20.0))])
+def _power_grid(t_n, y_n, w_n, n_grid: int):
+  """Grid over (A, B) with the least-squares D of each cell in closed form (D >= 0)."""
+  a_A = np.linspace(np.clip(np.min(y_n), 1e-3, 0.99), 1.0, n_grid)
+  beta_B = np.linspace(np.log(1e-3), np.log(5.0), n_grid)
+  e_Bn = np.exp(-np.exp(beta_B)[:, None] * t_n[None, :])
+  resid_ABn = a_A[:, None, None] - y_n  # a - y
+  d_AB = (np.sum(w_n * resid_ABn * e_Bn[None], axis=-1)
+          / (np.sum(w_n * e_Bn * e_Bn, axis=-1)[None] + 1e-30))
+  d_AB = np.maximum(d_AB, 1e-12)
+  sse_AB = np.sum(w_n * np.square(d_AB[..., None] * e_Bn[None] - resid_ABn), axis=-1)
+  i, j = np.unravel_index(np.argmin(np.where(np.isfinite(sse_AB), sse_AB, np.inf)),
+                          sse_AB.shape)
+  return np.asarray([a_A[i], np.log(d_AB[i, j]), beta_B[j]])
 
 
-def _power_core(x_N, y_N, w_N, *, n_grid: int, lm_steps: int):
-  t_N, log_scale = _normalise(x_N, w_N)
-  a_A = jnp.linspace(jnp.clip(_masked_min(y_N, w_N), 1e-3, 0.99), 1.0, n_grid)
-  beta_B = jnp.linspace(np.log(1e-3), np.log(5.0), n_grid)
-
-  def cell(a, beta):
-    # For fixed A and B the law is linear in D: closed-form least squares, D >= 0.
-    e_N = jnp.exp(-jnp.exp(beta) * t_N)
-    d = jnp.sum(w_N * (a - y_N) * e_N) / (jnp.sum(w_N * e_N * e_N) + 1e-30)
-    d = jnp.maximum(d, 1e-12)
-    return jnp.sum(w_N * jnp.square(y_N - a + d * e_N)), d
-
-  a_AB, beta_AB = jnp.meshgrid(a_A, beta_B, indexing="ij")
-  sse_C, d_C = jax.vmap(cell)(a_AB.ravel(), beta_AB.ravel())
-  k = jnp.argmin(jnp.where(jnp.isfinite(sse_C), sse_C, jnp.inf))
-  theta0 = jnp.stack([a_AB.ravel()[k], jnp.log(d_C[k]), beta_AB.ravel()[k]])
-  resid = functools.partial(_power_resid, t_N=t_N, y_N=y_N, sw_N=jnp.sqrt(w_N))
-  theta, sse = _lm(resid, theta0, jnp.ones(3), lm_steps, _POW_LO, _POW_HI)
-  return theta, sse, log_scale
-
-
-@functools.partial(jax.jit, static_argnames=("n_grid", "lm_steps"))
 def fit_power_law_batch(x_KN, y_KN, w_KN, *, n_grid: int = 60, lm_steps: int = 60):
-  """Fits K power laws at once; returns theta_KP (A, delta, beta), sse_K, log_scale_K."""
-  core = functools.partial(_power_core, n_grid=n_grid, lm_steps=lm_steps)
-  return _map_curves(core, (x_KN, y_KN, w_KN))
+  """Fits K power laws; returns theta_KP (A, delta, beta), sse_K, log_scale_K."""
+  x_KN, y_KN, w_KN = (np.asarray(v, np.float64) for v in (x_KN, y_KN, w_KN))
+  with np.errstate(all="ignore"):
+    t_KN, log_scale_K = _normalise(x_KN, w_KN)
+    theta0 = np.stack([_power_grid(t_KN[k, w_KN[k] > 0], y_KN[k, w_KN[k] > 0],
+                                   w_KN[k, w_KN[k] > 0], n_grid)
+                       for k in range(x_KN.shape[0])])
+    theta, sse = _lm(_power_model, theta0, t_KN, y_KN, w_KN, np.ones(3), lm_steps, _POW_LO,
+                     _POW_HI)
+  return theta, sse, log_scale_K
 
 
 def power_theta_to_params(theta_P, log_scale):
@@ -362,28 +420,10 @@ class PowerLawFit:
     return curves.power_law(compute, self.a, self.d, self.b)
 
 
-@contextlib.contextmanager
-def fitting_context():
-  """float64 on the host CPU for the duration of a fit (see the module docstring)."""
-  try:
-    cpu = jax.local_devices(backend="cpu")[0]
-  except RuntimeError:  # JAX_PLATFORMS excludes the CPU: stay on the default device
-    cpu = None
-  place = jax.default_device(cpu) if cpu is not None else contextlib.nullcontext()
-  with jax.enable_x64(True), place:
-    yield
-
-
-def padded_size(n: int) -> int:
-  """Arrays are padded to 16, 32, 64, ... points so that most curves share one compile."""
-  return max(16, 1 << (max(n, 1) - 1).bit_length())
-
-
 def prepare_arrays(compute, pass_rate, weights):
-  """Padded float64 (x_N, y_N, w_N) and the number of usable points.
+  """float64 (x_N, y_N, w_N) and the number of usable points.
 
-  Points with compute <= 0 (the R0 eval) get weight 0, having no log-compute; padding
-  entries have compute 0 and weight 0.
+  Points with compute <= 0 (the R0 eval) get weight 0, having no log-compute.
   """
   x = np.asarray(compute, np.float64).ravel()
   y = np.asarray(pass_rate, np.float64).ravel()
@@ -391,13 +431,11 @@ def prepare_arrays(compute, pass_rate, weights):
   if not x.size == y.size == w.size:
     raise ValueError(f"compute, pass_rate and weights differ in length: "
                      f"{x.size}, {y.size}, {w.size}")
-  pad = padded_size(x.size) - x.size
-  x_N, y_N, w_N = (np.pad(v, (0, pad)) for v in (x, y, w))
-  w_N = np.where(x_N > 0, w_N, 0.0)
-  n = int(np.sum(w_N > 0))
+  w = np.where(x > 0, w, 0.0)
+  n = int(np.sum(w > 0))
   if n < 3:
     raise ValueError(f"need at least 3 points with compute > 0 and weight > 0, got {n}")
-  return x_N, y_N, w_N, n
+  return x, y, w, n
 
 
 def fit_sigmoid(compute, pass_rate, r0: float | None = None, *, weights=None,
@@ -419,12 +457,11 @@ def fit_sigmoid(compute, pass_rate, r0: float | None = None, *, weights=None,
   x_N, y_N, w_N, n = prepare_arrays(compute, pass_rate, weights)
   fit_r0 = r0 is None
   fix_a = a_fixed is not None
-  with fitting_context():
-    theta, sse, log_scale = fit_sigmoid_batch(
-        x_N[None], y_N[None], w_N[None], np.asarray([0.0 if fit_r0 else r0]),
-        np.asarray([0.5 if a_fixed is None else a_fixed]), options=options, fit_r0=fit_r0,
-        fix_a=fix_a)
-    theta, sse, log_scale = np.asarray(theta[0]), float(sse[0]), float(log_scale[0])
+  theta, sse, log_scale = fit_sigmoid_batch(
+      x_N[None], y_N[None], w_N[None], np.asarray([0.0 if fit_r0 else r0]),
+      np.asarray([0.5 if a_fixed is None else a_fixed]), options=options, fit_r0=fit_r0,
+      fix_a=fix_a)
+  theta, sse, log_scale = theta[0], float(sse[0]), float(log_scale[0])
   a, b, c_mid, r0_fit = theta_to_params(theta, log_scale)
   return SigmoidFit(a=float(a), b=float(b), c_mid=float(c_mid), r0=float(r0_fit), sse=sse,
                     n_points=n, fit_r0=fit_r0, fix_a=fix_a, theta=theta, log_scale=log_scale)
@@ -433,8 +470,7 @@ def fit_sigmoid(compute, pass_rate, r0: float | None = None, *, weights=None,
 def fit_power_law(compute, pass_rate, *, weights=None) -> PowerLawFit:
   """Fits R = A - D / C^B (A.4 of the paper) to one curve; 0 < A < 1, D > 0, B > 0."""
   x_N, y_N, w_N, n = prepare_arrays(compute, pass_rate, weights)
-  with fitting_context():
-    theta, sse, log_scale = fit_power_law_batch(x_N[None], y_N[None], w_N[None])
-    theta, sse, log_scale = np.asarray(theta[0]), float(sse[0]), float(log_scale[0])
+  theta, sse, log_scale = fit_power_law_batch(x_N[None], y_N[None], w_N[None])
+  theta, sse, log_scale = theta[0], float(sse[0]), float(log_scale[0])
   a, d, b = power_theta_to_params(theta, log_scale)
   return PowerLawFit(a=float(a), d=float(d), b=float(b), sse=sse, n_points=n)

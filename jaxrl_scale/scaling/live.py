@@ -1,9 +1,8 @@
 """A forecaster the training loop feeds one eval point at a time.
 
-Every `update` refits the sigmoid on all points so far and bootstraps an interval, on
-fixed-capacity padded arrays with a mask, so the jitted fit compiles once (and again only
-when the capacity doubles) and a refit costs tens of milliseconds on a CPU: cheap enough for
-every eval.
+Every `update` refits the sigmoid on all points so far and bootstraps an interval, in NumPy
+on the host (nothing queues behind training on the accelerator); a refit with 200 bootstrap
+replicates costs a few tens of milliseconds on a CPU: cheap enough for every eval.
 
     forecaster = live.LiveForecaster(target_compute=budget_hours)
     for each eval:
@@ -81,13 +80,11 @@ class LiveForecaster:
     level: interval level.
     seed: bootstrap seed.
     options: fitter settings.
-    capacity: initial padded size (doubles when full; each size compiles once).
   """
 
   def __init__(self, target_compute: float | None = None, *, r0: float | None = None,
                min_compute: float = 0.0, n_boot: int = 200, level: float = 0.95,
-               seed: int = 0, options: fit_lib.FitOptions = fit_lib.FitOptions(),
-               capacity: int = 64):
+               seed: int = 0, options: fit_lib.FitOptions = fit_lib.FitOptions()):
     self.target_compute = target_compute
     self.min_compute = min_compute
     self.n_boot = n_boot
@@ -96,9 +93,8 @@ class LiveForecaster:
     self.options = options
     self._r0_given = r0
     self._r0_stream: float | None = None
-    self._compute = np.zeros(capacity)
-    self._rate = np.zeros(capacity)
-    self._n = 0
+    self._compute: list[float] = []  # fitted points, in eval order
+    self._rate: list[float] = []
     self.history: list[LiveForecast] = []
 
   @property
@@ -114,19 +110,6 @@ class LiveForecaster:
     made = [f for f in self.history if f.compute <= compute]
     return made[-1] if made else None
 
-  def warmup(self) -> None:
-    """Compiles the fit for this forecaster's array sizes without changing its state.
-
-    The first refit otherwise pays the compile (seconds on a small CPU); a training loop can
-    call this at startup, e.g. from a background thread.
-    """
-    twin = LiveForecaster(self.target_compute or 1.0,
-                          r0=self.r0 if self.r0 is not None else 0.3, n_boot=self.n_boot,
-                          level=self.level, options=self.options,
-                          capacity=self._compute.size)
-    for c in np.geomspace(1.0, 100.0, forecast.MIN_POINTS + 2):
-      twin.update(c, 0.3 + 0.4 / (1.0 + 10.0 / c))
-
   def update(self, compute: float, pass_rate: float, step: int | None = None
              ) -> LiveForecast | None:
     """Adds one eval point and refits.
@@ -140,30 +123,26 @@ class LiveForecaster:
     compute, pass_rate = float(compute), float(pass_rate)
     if not (math.isfinite(compute) and math.isfinite(pass_rate)) or compute < 0:
       return self.latest
-    if (compute == 0.0 or step == 0) and self._n == 0 and self._r0_stream is None:
+    if (compute == 0.0 or step == 0) and not self._compute and self._r0_stream is None:
       self._r0_stream = pass_rate  # the starting policy: R0, not a fitted point
       return None
-    keep = int(np.searchsorted(self._compute[:self._n], compute, side="left"))
-    if keep < self._n:  # replayed evals replace the ones from the abandoned timeline
-      self._n = keep
+    keep = int(np.searchsorted(self._compute, compute, side="left"))
+    if keep < len(self._compute):  # replayed evals replace those of the abandoned timeline
+      del self._compute[keep:], self._rate[keep:]
       self.history = [f for f in self.history if f.compute < compute]
-    if self._n == self._compute.size:
-      self._compute = np.concatenate([self._compute, np.zeros_like(self._compute)])
-      self._rate = np.concatenate([self._rate, np.zeros_like(self._rate)])
-    self._compute[self._n], self._rate[self._n] = compute, pass_rate
-    self._n += 1
+    self._compute.append(compute)
+    self._rate.append(pass_rate)
     result = self._refit(compute, step)
     if result is not None:
       self.history.append(result)
     return result
 
   def _refit(self, compute: float, step: int | None) -> LiveForecast | None:
-    used = np.arange(self._compute.size) < self._n
-    w = (used & (self._compute > 0) & (self._compute >= self.min_compute)).astype(float)
+    x, y = np.asarray(self._compute), np.asarray(self._rate)
+    w = ((x > 0) & (x >= self.min_compute)).astype(float)
     n = int(w.sum())
     if n < forecast.MIN_POINTS:
       return None
-    x, y = self._compute, self._rate
     sig = fit_lib.fit_sigmoid(x, y, self.r0, weights=w, options=self.options)
     samples = None
     if self.n_boot > 0:

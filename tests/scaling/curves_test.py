@@ -20,12 +20,6 @@ def test_sigmoid_matches_the_papers_formula():
   np.testing.assert_allclose(curves.sigmoid(c, a, b, c_mid, r0), direct, rtol=1e-12)
 
 
-def test_sigmoid_log_agrees_with_sigmoid():
-  c = np.geomspace(1.0, 1e5, 20)
-  got = np.asarray(curves.sigmoid_log(np.log(c), 0.7, 1.5, np.log(300.0), 0.3))
-  np.testing.assert_allclose(got, curves.sigmoid(c, 0.7, 1.5, 300.0, 0.3), rtol=1e-5)
-
-
 def test_compute_to_reach_inverts_sigmoid():
   a, b, c_mid, r0 = 0.61, 1.92, 2542.0, 0.40
   c = np.array([100.0, 2542.0, 9000.0, 40000.0])

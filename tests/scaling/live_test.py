@@ -10,18 +10,15 @@ from jaxrl_scale.scaling import synthetic
 ROW = synthetic.TABLE1[0]
 
 
-def test_forecasts_converge_and_compile_once():
+def test_forecasts_converge():
   compute, noisy, clean = synthetic.make_curve(ROW, seed=0)
   fc = live.LiveForecaster(target_compute=ROW.budget, n_boot=100)
   outs = []
   for i, (c, r) in enumerate(zip(compute, noisy)):
     outs.append(fc.update(c, r, step=100 * i))
-    if i == 10:
-      cache_size = fit.fit_sigmoid_batch._cache_size()  # pylint: disable=protected-access
   assert fc.r0 == noisy[0]
   assert outs[:4] == [None] * 4  # the start (R0) + three points: not enough yet
   assert outs[4] is not None and outs[4].n_points == 4
-  assert fit.fit_sigmoid_batch._cache_size() == cache_size  # pylint: disable=protected-access
   last = outs[-1]
   assert last.n_points == 60 and last.step == 6000
   assert abs(last.a - ROW.a) < 0.03
@@ -59,31 +56,15 @@ def test_non_finite_points_are_ignored_and_replays_rewind():
   assert all(h.compute < compute[20] for h in fc.history[:-1])
 
 
-def test_capacity_grows_and_matches_a_batch_fit():
+def test_matches_a_batch_fit():
   compute, noisy, _ = synthetic.make_curve(ROW, seed=3)
-  fc = live.LiveForecaster(n_boot=0, capacity=32)
+  fc = live.LiveForecaster(n_boot=0)
   for c, r in zip(compute, noisy):
     f = fc.update(c, r)
   assert f.n_points == 60
   batch = fit.fit_sigmoid(compute, noisy, noisy[0])
   np.testing.assert_allclose([f.a, f.b, f.c_mid], [batch.a, batch.b, batch.c_mid], rtol=1e-9)
   assert f.forecast is None and f.a_interval is None
-
-
-def test_warmup_compiles_ahead_and_keeps_state():
-  cache = fit.fit_sigmoid_batch._cache_size  # pylint: disable=protected-access
-  # Capacity 512 is a size no other test uses, so warmup has something to compile.
-  fc = live.LiveForecaster(target_compute=ROW.budget, r0=0.4, n_boot=0, capacity=512)
-  before = cache()
-  fc.warmup()
-  assert cache() > before
-  assert fc.history == [] and fc.latest is None
-  compute, noisy, _ = synthetic.make_curve(ROW, seed=5)
-  warmed = cache()
-  for c, r in zip(compute[1:], noisy[1:]):
-    fc.update(c, r)
-  assert cache() == warmed
-  assert fc.latest.n_points == 60
 
 
 def test_well_determined_has_hysteresis():
