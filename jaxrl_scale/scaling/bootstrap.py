@@ -175,21 +175,31 @@ def bootstrap_sigmoid(compute, pass_rate, fit: fit_lib.SigmoidFit, *, weights=No
   Returns:
     The K replicates.
   """
-  x_N, y_N, w_N, _ = fit_lib.prepare_arrays(compute, pass_rate, weights)
-  e = np.size(compute)
-  mask = w_N[:e] > 0
-  valid = x_N[:e] > 0
-  resid = y_N[:e] - np.where(valid, fit.predict(np.where(valid, x_N[:e], 1.0)), fit.r0)
+  estimated, resid = estimate_noise(compute, pass_rate, fit, weights=weights, series=series)
   if noise_model is None:
-    rel = np.where(mask, 1.0 / np.sqrt(np.where(mask, w_N[:e], 1.0)), 1.0)
-    rel = rel / np.min(rel[mask])
-    noise_model = noise.estimate(resid, mask, rel_sd=rel, series=series,
-                                 n_params=free_parameters(fit))
+    noise_model = estimated
   if r0_sd is None and r0_from_eval:
     r0_sd = noise_model.scale
   reps = simulate(compute, fit, noise_model, weights=weights, series=series, r0_sd=r0_sd,
                   n_boot=n_boot, seed=seed, resid=resid)
   return refit(fit, reps, lm_steps=lm_steps)
+
+
+def estimate_noise(compute, pass_rate, fit: fit_lib.SigmoidFit, *, weights=None, series=None
+                   ) -> tuple[noise.NoiseModel, np.ndarray]:
+  """The eval noise model the residuals of `fit` imply, and those residuals (every eval).
+
+  Homoscedastic unless the weights differ, then rel sd = 1 / sqrt(weight).
+  """
+  x, y, w, _ = fit_lib.prepare_arrays(compute, pass_rate, weights)
+  mask = w > 0
+  valid = x > 0
+  resid = y - np.where(valid, fit.predict(np.where(valid, x, 1.0)), fit.r0)
+  rel = np.where(mask, 1.0 / np.sqrt(np.where(mask, w, 1.0)), 1.0)
+  rel = rel / np.min(rel[mask])
+  model = noise.estimate(resid, mask, rel_sd=rel, series=series,
+                         n_params=free_parameters(fit))
+  return model, resid
 
 
 def free_parameters(fit: fit_lib.SigmoidFit) -> int:

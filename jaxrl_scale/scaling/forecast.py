@@ -19,6 +19,7 @@ from jaxrl_scale.scaling import curves
 from jaxrl_scale.scaling import fit as fit_lib
 from jaxrl_scale.scaling import io
 from jaxrl_scale.scaling import noise
+from jaxrl_scale.scaling import profile as profile_lib
 
 MIN_POINTS = 4
 # "Well determined" (see `assess`) is calibrated on simulated Table-1 runs (iid and AR(1)
@@ -106,6 +107,7 @@ class RunReport:
   r0_sd: float | None = None
   weights: np.ndarray | None = dataclasses.field(default=None, repr=False)
   replicates: boot_lib.Replicates | None = dataclasses.field(default=None, repr=False)
+  profile: profile_lib.ProfileA | None = dataclasses.field(default=None, repr=False)
 
   @property
   def name(self) -> str:
@@ -116,8 +118,17 @@ class RunReport:
     return float(np.max(self.curve.compute[self.fit_mask]))
 
   def interval(self, name: str) -> tuple[float, float] | None:
-    """Bootstrap interval of "a", "b", "c_mid" or "r0", or None without a bootstrap."""
-    return None if self.samples is None else self.samples.interval(name, self.level)
+    """Interval of "a", "b", "c_mid" or "r0", or None without a bootstrap.
+
+    The bootstrap's percentile interval; for A joined with the profile-likelihood set
+    (scaling/profile.py), which keeps A honest when C_mid lies beyond the data.
+    """
+    if self.samples is None:
+      return None
+    band = self.samples.interval(name, self.level)
+    if name == "a" and self.profile is not None:
+      band = profile_lib.union(band, self.profile.a_interval())
+    return band
 
   @property
   def residual_sd(self) -> float:
@@ -217,13 +228,18 @@ def assess(sigmoid: fit_lib.SigmoidFit, samples: boot_lib.SigmoidSamples | None,
 
 
 def forecast_at(sigmoid: fit_lib.SigmoidFit, samples: boot_lib.SigmoidSamples | None,
-                compute: float, level: float = 0.95
+                compute: float, level: float = 0.95,
+                profile: profile_lib.ProfileA | None = None
                 ) -> tuple[float, tuple[float, float] | None]:
-  """Pass rate of the fitted curve at `compute`, with its bootstrap interval."""
+  """Pass rate of the fitted curve at `compute`, with its bootstrap interval (joined with
+  the range of the profile-likelihood fits when `profile` is given)."""
   point = float(sigmoid.predict(compute))
   if samples is None:
     return point, None
-  return point, boot_lib.percentile_interval(samples.predict(compute), level)
+  band = boot_lib.percentile_interval(samples.predict(compute), level)
+  if profile is not None:
+    band = profile_lib.union(band, profile.predict_range(compute))
+  return point, band
 
 
 def compute_to_reach(sigmoid: fit_lib.SigmoidFit, samples: boot_lib.SigmoidSamples | None,
@@ -311,11 +327,12 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
   r0_sd = None
   if r0_source == "step0":
     r0_sd = float(model.sd()[curve.is_start][0]) if curve.is_start.any() else model.scale
-  samples = reps = None
+  samples = reps = prof = None
   if options.n_boot > 0:
     reps = boot_lib.simulate(x, sigmoid, model, weights=w, series=curve.series, r0_sd=r0_sd,
                              n_boot=options.n_boot, seed=options.seed, resid=resid)
     samples = boot_lib.refit(sigmoid, reps)
+    prof = profile_lib.profile_a(x, y, w, sigmoid, model, options.level, options=options.fit)
   power = fit_lib.fit_power_law(x, y, weights=fit_mask.astype(np.float64))
   max_fit = float(np.max(x[fit_mask]))
   well, messages = assess(sigmoid, samples, max_fit, options.level)
@@ -326,7 +343,7 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
     target, source = float(np.max(x)), "last point (--fit-fraction)"
   else:
     target, source = 2.0 * max_fit, "default: 2x the last fitted compute"
-  point, band = forecast_at(sigmoid, samples, target, options.level)
+  point, band = forecast_at(sigmoid, samples, target, options.level, prof)
   extra = {}
   if options.target_pass_rate is not None:
     need, need_band = compute_to_reach(sigmoid, samples, options.target_pass_rate,
@@ -336,7 +353,7 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
   backtest = None
   if options.backtest is not None and heldout.any():
     backtest = _backtest(x, y, heldout, sigmoid, samples, power, options, max_fit,
-                         model.sd())
+                         model.sd(), prof)
   elif options.backtest is not None:
     messages += (f"backtest: no eval point beyond {options.backtest:g} x max compute",)
   return RunReport(
@@ -345,14 +362,15 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
       well_determined=well, messages=messages, target_compute=target, target_source=source,
       forecast=point, forecast_interval=band,
       power_forecast=float(power.predict(target)), backtest=backtest, noise=model,
-      r0_sd=r0_sd, weights=w, replicates=reps, **extra)
+      r0_sd=r0_sd, weights=w, replicates=reps, profile=prof, **extra)
 
 
-def _backtest(x, y, heldout, sigmoid, samples, power, options, max_fit, sd_E) -> Backtest:
+def _backtest(x, y, heldout, sigmoid, samples, power, options, max_fit, sd_E, prof
+              ) -> Backtest:
   err = sigmoid.predict(x[heldout]) - y[heldout]
   idx = np.flatnonzero(heldout)
   final = int(idx[np.argmax(x[idx])])
-  point, band = forecast_at(sigmoid, samples, float(x[final]), options.level)
+  point, band = forecast_at(sigmoid, samples, float(x[final]), options.level, prof)
   predicted = None
   if samples is not None:
     # A single held-out eval carries its own noise: compare it with the curve's interval

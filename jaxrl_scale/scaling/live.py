@@ -21,6 +21,7 @@ import numpy as np
 from jaxrl_scale.scaling import bootstrap as boot_lib
 from jaxrl_scale.scaling import fit as fit_lib
 from jaxrl_scale.scaling import forecast
+from jaxrl_scale.scaling import profile as profile_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,22 +145,26 @@ class LiveForecaster:
     if n < forecast.MIN_POINTS:
       return None
     sig = fit_lib.fit_sigmoid(x, y, self.r0, weights=w, options=self.options)
-    samples = None
+    samples = prof = None
     if self.n_boot > 0:
+      model, _ = boot_lib.estimate_noise(x, y, sig, weights=w)
       # R0 from the stream is a noisy eval: redrawn per replicate (a given R0 stays fixed).
       samples = boot_lib.bootstrap_sigmoid(
-          x, y, sig, weights=w, n_boot=self.n_boot, seed=self.seed + n,
+          x, y, sig, weights=w, noise_model=model, n_boot=self.n_boot, seed=self.seed + n,
           r0_from_eval=self._r0_given is None and self._r0_stream is not None)
+      # As in `jaxrl-scale fit`: A and the forecast get the union with the profile set.
+      prof = profile_lib.profile_a(x, y, w, sig, model, self.level, options=self.options)
     was_well = bool(self.history) and self.history[-1].well_determined
     well, messages = forecast.assess(sig, samples, float(np.max(x[w > 0])), self.level,
                                      was_well=was_well)
     point = band = None
     if self.target_compute is not None:
-      point, band = forecast.forecast_at(sig, samples, self.target_compute, self.level)
+      point, band = forecast.forecast_at(sig, samples, self.target_compute, self.level, prof)
     iv = (lambda name: None) if samples is None else (
         lambda name: samples.interval(name, self.level))
+    a_band = None if prof is None else profile_lib.union(iv("a"), prof.a_interval())
     return LiveForecast(
         step=step, compute=compute, n_points=n, a=sig.a, b=sig.b, c_mid=sig.c_mid, r0=sig.r0,
-        a_interval=iv("a"), b_interval=iv("b"), c_mid_interval=iv("c_mid"),
+        a_interval=a_band, b_interval=iv("b"), c_mid_interval=iv("c_mid"),
         well_determined=well, messages=messages, target_compute=self.target_compute,
         forecast=point, forecast_interval=band)
