@@ -199,7 +199,7 @@ def _solve(h_KPP, g_KP):
       try:
         out[k] = np.linalg.solve(h_KPP[k], g_KP[k])
       except np.linalg.LinAlgError:
-        pass
+        continue  # stays nan: the step is rejected
     return out
 
 
