@@ -105,8 +105,8 @@ def simulate(compute, fit: fit_lib.SigmoidFit, noise_model: noise.NoiseModel, *,
     The replicates.
   """
   x_N, _, w_N, _ = fit_lib.prepare_arrays(compute, np.zeros(np.size(compute)), weights)
-  e = np.size(compute)
-  mask = w_N[:e] > 0
+  e = x_N.size
+  mask = w_N > 0
   series = np.zeros(e, np.int64) if series is None else np.asarray(series)
   rng = np.random.default_rng(seed)
   if resid is None:
@@ -124,10 +124,7 @@ def simulate(compute, fit: fit_lib.SigmoidFit, noise_model: noise.NoiseModel, *,
   if noise_model.n_fitted:
     # Each replicate's noise scale follows its own rho (see NoiseModel.variance).
     e_KE *= np.sqrt(noise_model.variance(rho_K))[:, None] / noise_model.scale
-  valid = x_N[:e] > 0
-  pred_E = np.where(valid, fit.predict(np.where(valid, x_N[:e], 1.0)), fit.r0)
-  y_KN = np.zeros((n_boot, x_N.size))
-  y_KN[:, :e] = pred_E[None] + e_KE * noise_model.sd()[None]
+  y_KN = fit.predict(x_N)[None] + e_KE * noise_model.sd()[None]
   r0_K = np.full(n_boot, fit.r0)
   if r0_sd and not fit.fit_r0:
     first = [int(np.flatnonzero(series == s)[0]) for s in ids]
@@ -175,9 +172,9 @@ def bootstrap_sigmoid(compute, pass_rate, fit: fit_lib.SigmoidFit, *, weights=No
   Returns:
     The K replicates.
   """
-  estimated, resid = estimate_noise(compute, pass_rate, fit, weights=weights, series=series)
+  resid = residuals(compute, pass_rate, fit)
   if noise_model is None:
-    noise_model = estimated
+    noise_model, _ = estimate_noise(compute, pass_rate, fit, weights=weights, series=series)
   if r0_sd is None and r0_from_eval:
     r0_sd = noise_model.scale
   reps = simulate(compute, fit, noise_model, weights=weights, series=series, r0_sd=r0_sd,
@@ -191,15 +188,19 @@ def estimate_noise(compute, pass_rate, fit: fit_lib.SigmoidFit, *, weights=None,
 
   Homoscedastic unless the weights differ, then rel sd = 1 / sqrt(weight).
   """
-  x, y, w, _ = fit_lib.prepare_arrays(compute, pass_rate, weights)
+  _, _, w, _ = fit_lib.prepare_arrays(compute, pass_rate, weights)
   mask = w > 0
-  valid = x > 0
-  resid = y - np.where(valid, fit.predict(np.where(valid, x, 1.0)), fit.r0)
+  resid = residuals(compute, pass_rate, fit)
   rel = np.where(mask, 1.0 / np.sqrt(np.where(mask, w, 1.0)), 1.0)
   rel = rel / np.min(rel[mask])
   model = noise.estimate(resid, mask, rel_sd=rel, series=series,
                          n_params=free_parameters(fit))
   return model, resid
+
+
+def residuals(compute, pass_rate, fit: fit_lib.SigmoidFit) -> np.ndarray:
+  """pass_rate - fit at every eval (the curve gives exactly R0 at compute 0)."""
+  return np.asarray(pass_rate, np.float64) - fit.predict(compute)
 
 
 def free_parameters(fit: fit_lib.SigmoidFit) -> int:

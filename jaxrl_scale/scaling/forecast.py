@@ -264,12 +264,6 @@ def _masks(curve: io.Curve, options: AnalysisOptions):
   return fit_mask, usable & ~region
 
 
-def predict_all(sigmoid: fit_lib.SigmoidFit, compute) -> np.ndarray:
-  """The fitted curve at every eval, R0 at compute 0."""
-  x = np.asarray(compute, np.float64)
-  return np.where(x > 0, sigmoid.predict(np.where(x > 0, x, 1.0)), sigmoid.r0)
-
-
 def fit_weighted(curve: io.Curve, fit_mask, r0: float | None, eval_size,
                  options: fit_lib.FitOptions):
   """The sigmoid fit, weighted by 1 / se^2 when every fitted eval's size is known.
@@ -290,7 +284,7 @@ def fit_weighted(curve: io.Curve, fit_mask, r0: float | None, eval_size,
     w = np.where(mask, 1.0 / np.square(rel), 0.0)
     w = w / np.mean(w[mask])
     sigmoid = fit_lib.fit_sigmoid(x, y, r0, weights=w, options=options)
-    rel = noise.binomial_se(predict_all(sigmoid, x), size)
+    rel = noise.binomial_se(sigmoid.predict(x), size)
   return sigmoid, w, rel
 
 
@@ -320,7 +314,7 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
   size_known = bool(np.all(np.isfinite(size[fit_mask])))
   sigmoid, w, rel = fit_weighted(curve, fit_mask, r0, size if size_known else None,
                                  options.fit)
-  resid = y - predict_all(sigmoid, x)
+  resid = boot_lib.residuals(x, y, sigmoid)
   model = noise.estimate(resid, fit_mask, rel_sd=rel, series=curve.series,
                          n_params=boot_lib.free_parameters(sigmoid), size_known=size_known)
   # R0 from the step-0 eval carries that eval's noise (pooled seeds: one eval per seed).

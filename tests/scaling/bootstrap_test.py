@@ -86,7 +86,7 @@ def _ar_fit(rho, seed):
   compute, noisy, _ = synthetic.simulate_evals(row, noise="ar1", rho=rho, seed=seed)
   mask = (compute >= 1500) & (compute <= row.budget / 2)
   f = fit.fit_sigmoid(compute, noisy, synthetic.R0, weights=mask.astype(float))
-  resid = noisy - forecast.predict_all(f, compute)
+  resid = bootstrap.residuals(compute, noisy, f)
   model = noise.estimate(resid, mask, n_params=3)
   return row, compute, noisy, mask, f, resid, model
 
