@@ -1,4 +1,4 @@
-"""Bootstrap uncertainty for a sigmoid fit: K vmapped refits on simulated replicates.
+"""Bootstrap uncertainty for a sigmoid fit: K batched refits on simulated replicates.
 
 Replicates are the fitted curve plus noise from the eval noise model (`noise.py`): per-eval
 sd (binomial se from the eval size, or homoscedastic), scaled by the residuals with their
@@ -10,7 +10,7 @@ intervals too. Keeping the compute design fixed matters for a scaling curve: res
 points instead would often drop the few high-compute points that pin down A.
 
 Each refit is a Levenberg-Marquardt run started from the full-data optimum (all K at once
-with vmap). On a well-determined curve the resampled optima lie close to it; on an
+as arrays). On a well-determined curve the resampled optima lie close to it; on an
 ill-determined one (midpoint beyond the data) the refits slide along the flat valley of the
 loss, which is exactly the spread the intervals must show. The paper itself reports no
 bootstrap; its error bar on A is +-0.02 from three repeated runs (App. A.5), reported next

@@ -23,7 +23,7 @@ accelerator nor needs float64 from a TPU, and `jaxrl-scale fit` never imports or
 JAX (a cold fit with intervals takes about a second; benchmarks/fit_bench.py). Compute
 enters as normalised log-compute t = log(C / max C), so its unit never matters.
 
-Masks: each point carries a weight w (0 = ignored), so padded arrays of many curves (the
+Masks: each point carries a weight w (0 = ignored), so arrays of many curves (the
 backtests, the coverage benchmark, pooled seeds) are fitted together.
 """
 
