@@ -159,8 +159,9 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   _, k_LnTKH, v_LnTKH = model.prefill(adm.tokens_nT, positions_nT, mask_nT,
                                       activation_sharding=act_sharding)
 
-  def put(big_LSM, small_LnT):  # rows slot_n, slots [0, T) of every layer
-    return big_LSM.at[:, adm.slot_n, :t].set(small_LnT.astype(big_LSM.dtype), mode="drop")
+  def put(big_LBKSH, small_LnTKH):  # rows slot_n, slots [0, T) of every layer
+    small_LnKTH = jnp.swapaxes(small_LnTKH, 2, 3).astype(big_LBKSH.dtype)
+    return big_LBKSH.at[:, adm.slot_n, :, :t].set(small_LnKTH, mode="drop")
 
   valid_nL = jnp.zeros((n, max_len), jnp.bool_).at[:, :t].set(mask_nT)
   cache = transformer.KVCache(
@@ -195,16 +196,13 @@ def _step(model: transformer.Transformer, st: SlotState, consts: Constants, trun
   logits_SV = logits_S1V[:, 0].astype(jnp.float32)
   seed_keys_SK = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(st.seed_S)
   keys_SK = sampling.step_keys(seed_keys_SK, st.num_gen_S)
-  tok_S, lp_S = sampling.sample(logits_SV, keys_SK, st.temperature_S, st.top_k_S, st.top_p_S,
-                                truncate=truncate, all_greedy=all_greedy)
-
   phrase_len = consts.phrase_len
   k_S = st.num_gen_S - st.force_at_S
   forcing_S = (k_S >= 0) & (k_S < phrase_len)
   forced_tok_S = consts.phrase_F[jnp.clip(k_S, 0, consts.phrase_F.shape[0] - 1)]
-  forced_lp_S = sampling.forced_logprobs(logits_SV, forced_tok_S, st.temperature_S)
-  tok_S = jnp.where(forcing_S, forced_tok_S, tok_S)
-  lp_S = jnp.where(forcing_S, forced_lp_S, lp_S)
+  tok_S, lp_S = sampling.sample(logits_SV, keys_SK, st.temperature_S, st.top_k_S, st.top_p_S,
+                                truncate=truncate, all_greedy=all_greedy,
+                                forced_B=jnp.where(forcing_S, forced_tok_S, -1))
 
   # Thinking that ends on its own before the budget cancels the interruption.
   natural_end_S = (~forcing_S & (k_S < 0) & (tok_S == consts.think_end)
@@ -270,13 +268,14 @@ def admit_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSta
 
 
 def _cache_view(cache: transformer.KVCache, view_len: int) -> transformer.KVCache:
-  return transformer.KVCache(k=cache.k[:, :, :view_len], v=cache.v[:, :, :view_len],
+  return transformer.KVCache(k=cache.k[:, :, :, :view_len], v=cache.v[:, :, :, :view_len],
                              valid_BS=cache.valid_BS[:, :view_len])
 
 
 def _write_view(cache: transformer.KVCache, view: transformer.KVCache) -> transformer.KVCache:
   n = view.max_len
-  return transformer.KVCache(k=cache.k.at[:, :, :n].set(view.k), v=cache.v.at[:, :, :n].set(view.v),
+  return transformer.KVCache(k=cache.k.at[:, :, :, :n].set(view.k),
+                             v=cache.v.at[:, :, :, :n].set(view.v),
                              valid_BS=cache.valid_BS.at[:, :n].set(view.valid_BS))
 
 

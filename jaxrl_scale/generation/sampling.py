@@ -7,7 +7,18 @@ describe the real sampling distribution (ScaleRL, FP32 logits: paper sec. 3.2).
 
 Greedy rows (temperature 0) record the model's own log-softmax at temperature 1 without
 truncation: the argmax distribution is degenerate (logprob 0) and says nothing about the
-policy, while the untempered logprob is what a trainer compares against.
+policy, while the untempered logprob is what a trainer compares against. Forced tokens
+(an interruption phrase) record the tempered, untruncated model logprob likewise.
+
+Cost per step, over the [B, V] logits: one max, one pass that sums exp(z - max) per block
+of the vocabulary (the log-normaliser and the draw's coarse CDF at once), and for greedy
+rows one argmax pass (a max then a first-index-of-max, two plain reductions that vectorise,
+where a value-plus-index reduction does not on XLA:CPU). The draw is inverse-CDF with one
+uniform number per row: the block whose cumulative mass passes u * Z, then the token inside
+that block from its own cumulative sum. That samples exactly softmax(z) (up to float32
+rounding of the sums, the same as any CDF sampler) without a noise value per vocabulary
+entry; tests/generation/sampling_test.py checks it with chi-square tests. Top-k / top-p
+sort the row once and draw the same way over the kept, sorted entries.
 
 Randomness is per row: each row brings its own key (raw key data, so it can live in jitted
 carry and be scattered into slot state), which the caller derives from the sequence's seed
@@ -16,6 +27,8 @@ slot it sits in or what the other rows do, and a run is reproducible from its se
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +41,16 @@ def step_keys(keys_BK: jax.Array, step_B: jax.Array) -> jax.Array:
     return jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(k), s))
 
   return jax.vmap(one)(keys_BK, step_B)
+
+
+def vocab_blocks(vocab: int) -> int:
+  """Number of blocks the draw splits a vocabulary into: the divisor of `vocab` nearest
+  sqrt(vocab) from below (32000 -> 160 blocks of 200), so both levels of the inverse CDF
+  are short. A prime vocabulary gets one block (a plain cumulative sum)."""
+  for n in range(math.isqrt(vocab), 0, -1):
+    if vocab % n == 0:
+      return n
+  return 1
 
 
 def truncation_mask(scaled_BV: jax.Array, top_k_B: jax.Array,
@@ -60,9 +83,68 @@ def truncation_mask(scaled_BV: jax.Array, top_k_B: jax.Array,
   return order_BV, keep_BV
 
 
+def _stats(z_BV: jax.Array, max_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(block sums of exp(z - max) [B, N], log of their total [B]); -inf entries weigh 0."""
+  b, v = z_BV.shape
+  n = vocab_blocks(v)
+  mass_BN = jnp.exp(z_BV - max_B[:, None]).reshape(b, n, v // n).sum(axis=-1)
+  return mass_BN, jnp.log(mass_BN.sum(axis=-1))
+
+
+def _argmax(z_BV: jax.Array, max_B: jax.Array) -> jax.Array:
+  """First index of each row's maximum (jnp.argmax's answer) from two plain reductions."""
+  vocab = z_BV.shape[-1]
+  first_B = jnp.min(jnp.where(z_BV == max_B[:, None], jax.lax.iota(jnp.int32, vocab)[None, :],
+                              vocab), axis=-1)
+  return jnp.minimum(first_B, vocab - 1)  # a NaN row matches nowhere
+
+
+def _last_positive(w_BN: jax.Array) -> jax.Array:
+  """Index of each row's last entry > 0 (0 when none)."""
+  iota_N = jax.lax.iota(jnp.int32, w_BN.shape[-1])[None, :]
+  return jnp.max(jnp.where(w_BN > 0, iota_N, 0), axis=-1)
+
+
+def _inverse_cdf(z_BV: jax.Array, max_B: jax.Array, mass_BN: jax.Array,
+                 u_B: jax.Array) -> jax.Array:
+  """Index i with probability exp(z_i - max) / sum(exp(z - max)), from u ~ U[0, 1).
+
+  Two levels: the block whose cumulative mass first exceeds u * Z, then the entry inside it
+  whose cumulative weight first exceeds what is left. An entry of weight 0 (-inf, or
+  underflowed) is never chosen: rounding that would run past a row's or block's end picks
+  its last entry of positive weight instead.
+  """
+  b, v = z_BV.shape
+  n = mass_BN.shape[-1]
+  c = v // n
+  cum_BN = jnp.cumsum(mass_BN, axis=-1)
+  target_B = u_B * cum_BN[:, -1]
+  block_B = jnp.sum(cum_BN <= target_B[:, None], axis=-1, dtype=jnp.int32)
+  block_B = jnp.minimum(block_B, _last_positive(mass_BN))
+  before_B = jnp.where(block_B > 0, jnp.take_along_axis(
+      cum_BN, jnp.maximum(block_B - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
+  z_BC = jnp.take_along_axis(z_BV.reshape(b, n, c), block_B[:, None, None], axis=1)[:, 0]
+  w_BC = jnp.exp(z_BC - max_B[:, None])
+  inner_B = jnp.sum(jnp.cumsum(w_BC, axis=-1) <= (target_B - before_B)[:, None], axis=-1,
+                    dtype=jnp.int32)
+  inner_B = jnp.minimum(inner_B, _last_positive(w_BC))
+  return block_B * c + inner_B
+
+
+def _uniforms(keys_BK: jax.Array) -> jax.Array:
+  """One U[0, 1) float32 per row from its key."""
+  return jax.vmap(lambda k: jax.random.uniform(jax.random.wrap_key_data(k), (),
+                                               jnp.float32))(keys_BK)
+
+
+def _at(x_BV: jax.Array, i_B: jax.Array) -> jax.Array:
+  return jnp.take_along_axis(x_BV, i_B[:, None].astype(jnp.int32), axis=-1)[:, 0]
+
+
 def sample(logits_BV: jax.Array, keys_BK: jax.Array, temperature_B: jax.Array,
            top_k_B: jax.Array, top_p_B: jax.Array, *, truncate: bool,
-           all_greedy: bool = False) -> tuple[jax.Array, jax.Array]:
+           all_greedy: bool = False, forced_B: jax.Array | None = None,
+           ) -> tuple[jax.Array, jax.Array]:
   """Chooses one token per row and returns (tokens_B int32, logprobs_B float32).
 
   Args:
@@ -73,48 +155,41 @@ def sample(logits_BV: jax.Array, keys_BK: jax.Array, temperature_B: jax.Array,
     top_p_B: 1 = off. Only applied when `truncate`.
     truncate: static; False skips the vocabulary sort when no row uses top-k / top-p
       (the caller decides; rows with top_k > 0 or top_p < 1 need it).
-    all_greedy: static; True when every row is greedy, which skips drawing noise.
+    all_greedy: static; True when every row is greedy, which skips the draw.
+    forced_B: optional int32 token per row that replaces the choice where >= 0 (a forced
+      phrase); it records the tempered, untruncated logprob (it may lie outside the top-k /
+      top-p set, where the sampling distribution gives it -inf).
   """
-  logits_BV = logits_BV.astype(jnp.float32)
-  greedy_tok_B = jnp.argmax(logits_BV, axis=-1)
-  greedy_lp_B = jnp.take_along_axis(jax.nn.log_softmax(logits_BV, axis=-1),
-                                    greedy_tok_B[:, None], axis=-1)[:, 0]
-  if all_greedy:
-    return greedy_tok_B.astype(jnp.int32), greedy_lp_B
   greedy_B = temperature_B <= 0
-  safe_t_B = jnp.where(greedy_B, 1.0, temperature_B).astype(jnp.float32)
-  scaled_BV = logits_BV / safe_t_B[:, None]
+  z_BV = logits_BV.astype(jnp.float32)
+  if not all_greedy:
+    safe_t_B = jnp.where(greedy_B, 1.0, temperature_B).astype(jnp.float32)
+    z_BV = z_BV / safe_t_B[:, None]
+  # z is the row's own distribution before truncation: tempered, or the raw logits of a
+  # greedy row. Its normaliser serves greedy, untruncated and forced logprobs alike.
+  max_B = jnp.max(z_BV, axis=-1)
+  mass_BN, log_z_B = _stats(z_BV, max_B)
+  tokens_B = _argmax(z_BV, max_B)
+  logprobs_B = -log_z_B  # z[argmax] - max - log Z with z[argmax] == max
 
-  def draw(k, row_V):
-    return jax.random.categorical(jax.random.wrap_key_data(k), row_V)
+  if not all_greedy:
+    u_B = _uniforms(keys_BK)
+    if truncate:
+      order_BV, keep_BV = truncation_mask(z_BV, top_k_B, top_p_B)
+      kept_BV = jnp.where(keep_BV, jnp.take_along_axis(z_BV, order_BV, axis=-1), -jnp.inf)
+      kept_mass_BN, kept_log_z_B = _stats(kept_BV, max_B)  # rank 0 (the max) is always kept
+      pick_B = _inverse_cdf(kept_BV, max_B, kept_mass_BN, u_B)
+      drawn_B = _at(order_BV, pick_B)
+      drawn_lp_B = _at(kept_BV, pick_B) - max_B - kept_log_z_B
+    else:
+      drawn_B = _inverse_cdf(z_BV, max_B, mass_BN, u_B)
+      drawn_lp_B = _at(z_BV, drawn_B) - max_B - log_z_B
+    tokens_B = jnp.where(greedy_B, tokens_B, drawn_B)
+    logprobs_B = jnp.where(greedy_B, logprobs_B, drawn_lp_B)
 
-  if truncate:
-    order_BV, keep_BV = truncation_mask(scaled_BV, top_k_B, top_p_B)
-    sorted_BV = jnp.take_along_axis(scaled_BV, order_BV, axis=-1)
-    masked_BV = jnp.where(keep_BV, sorted_BV, -jnp.inf)
-    pick_B = jax.vmap(draw)(keys_BK, masked_BV)
-    sampled_B = jnp.take_along_axis(order_BV, pick_B[:, None], axis=-1)[:, 0]
-    sampled_lp_B = jnp.take_along_axis(jax.nn.log_softmax(masked_BV, axis=-1), pick_B[:, None],
-                                       axis=-1)[:, 0]
-  else:
-    sampled_B = jax.vmap(draw)(keys_BK, scaled_BV)
-    sampled_lp_B = jnp.take_along_axis(jax.nn.log_softmax(scaled_BV, axis=-1),
-                                       sampled_B[:, None], axis=-1)[:, 0]
-
-  tokens_B = jnp.where(greedy_B, greedy_tok_B, sampled_B).astype(jnp.int32)
-  logprobs_B = jnp.where(greedy_B, greedy_lp_B, sampled_lp_B)
-  return tokens_B, logprobs_B
-
-
-def forced_logprobs(logits_BV: jax.Array, tokens_B: jax.Array,
-                    temperature_B: jax.Array) -> jax.Array:
-  """Logprob of given (forced) tokens under the tempered distribution, without truncation.
-
-  A forced token may lie outside the top-k / top-p set, where the sampling distribution
-  gives it -inf. The loss excludes forced tokens, so a finite, informative value (the
-  tempered model probability) is recorded instead of an -inf that could poison sums.
-  """
-  logits_BV = logits_BV.astype(jnp.float32)
-  safe_t_B = jnp.where(temperature_B <= 0, 1.0, temperature_B).astype(jnp.float32)
-  lp_BV = jax.nn.log_softmax(logits_BV / safe_t_B[:, None], axis=-1)
-  return jnp.take_along_axis(lp_BV, tokens_B[:, None].astype(jnp.int32), axis=-1)[:, 0]
+  if forced_B is not None:
+    forcing_B = forced_B >= 0
+    tokens_B = jnp.where(forcing_B, forced_B, tokens_B)
+    forced_lp_B = _at(z_BV, jnp.maximum(forced_B, 0)) - max_B - log_z_B
+    logprobs_B = jnp.where(forcing_B, forced_lp_B, logprobs_B)
+  return tokens_B.astype(jnp.int32), logprobs_B

@@ -154,40 +154,45 @@ class Attention(nnx.Module):
 
 
 def cached_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
-                     k_LBSKH: jax.Array, v_LBSKH: jax.Array, layer: jax.Array,
+                     k_LBKSH: jax.Array, v_LBKSH: jax.Array, layer: jax.Array,
                      slot_BT: jax.Array, allowed_BTS: jax.Array,
                      ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
   """Writes the new keys/values into layer `layer` of a stacked cache, then attends over it.
 
-  The write is a scatter into the whole [L, B, S, K, H] buffer (in place inside the layer
+  The write is a scatter into the whole [L, B, K, S, H] buffer (in place inside the layer
   scan's carry) rather than into a copied-out layer slice, so a decode step moves only the
-  new tokens' bytes besides the attention read.
+  new tokens' bytes besides the attention read. The cache keeps slots next to head_dim and
+  both einsums put the small dims (G, T) before S / H in their outputs: each (row, kv head)
+  is then one plain [G*T, H] x [H, S] and [G*T, S] x [S, H] matmul over contiguous memory,
+  and XLA:CPU copies nothing per step (with [B, S, K, H] it transposed every layer's whole
+  K and V on every step).
 
   Args:
     q_BTNH, k_BTKH, v_BTKH: this layer's projections (RoPE applied).
-    k_LBSKH, v_LBSKH: the stacked cache.
+    k_LBKSH, v_LBKSH: the stacked cache.
     layer: int32 scalar, which layer.
     slot_BT: cache slot of each new token (out-of-range slots are dropped, not clamped).
     allowed_BTS: which slots each query may attend to (after the writes).
 
   Returns:
-    (out_BTNH in q's dtype, (k_LBSKH, v_LBSKH) updated).
+    (out_BTNH in q's dtype, (k_LBKSH, v_LBKSH) updated).
   """
   b_BT = jnp.broadcast_to(jnp.arange(q_BTNH.shape[0])[:, None], slot_BT.shape)
   l_BT = jnp.broadcast_to(layer, slot_BT.shape)
-  k_LBSKH = k_LBSKH.at[l_BT, b_BT, slot_BT].set(k_BTKH.astype(k_LBSKH.dtype), mode="drop")
-  v_LBSKH = v_LBSKH.at[l_BT, b_BT, slot_BT].set(v_BTKH.astype(v_LBSKH.dtype), mode="drop")
-  k_BSKH = k_LBSKH[layer].astype(q_BTNH.dtype)
-  v_BSKH = v_LBSKH[layer].astype(q_BTNH.dtype)
+  # Advanced indices around a slice: the indexed dims [B, T] lead, so updates are [B, T, K, H].
+  k_LBKSH = k_LBKSH.at[l_BT, b_BT, :, slot_BT].set(k_BTKH.astype(k_LBKSH.dtype), mode="drop")
+  v_LBKSH = v_LBKSH.at[l_BT, b_BT, :, slot_BT].set(v_BTKH.astype(v_LBKSH.dtype), mode="drop")
+  k_BKSH = k_LBKSH[layer].astype(q_BTNH.dtype)
+  v_BKSH = v_LBKSH[layer].astype(q_BTNH.dtype)
   b, t, n, h = q_BTNH.shape
-  k = k_BSKH.shape[2]
-  q_BTKGH = q_BTNH.reshape(b, t, k, n // k, h)
-  scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, k_BSKH,
+  k = k_BKSH.shape[1]
+  q_BKGTH = q_BTNH.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
+  scores_BKGTS = jnp.einsum("BKGTH,BKSH->BKGTS", q_BKGTH, k_BKSH,
                             preferred_element_type=jnp.float32) * (h ** -0.5)
   scores_BKGTS = jnp.where(allowed_BTS[:, None, None, :, :], scores_BKGTS, _MASKED)
-  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BSKH.dtype)
-  out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, v_BSKH)
-  return out_BTKGH.reshape(b, t, n, h), (k_LBSKH, v_LBSKH)
+  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BKSH.dtype)
+  out_BKGTH = jnp.einsum("BKGTS,BKSH->BKGTH", probs_BKGTS, v_BKSH)
+  return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h), (k_LBKSH, v_LBKSH)
 
 
 class MLP(nnx.Module):

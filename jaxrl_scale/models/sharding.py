@@ -36,7 +36,7 @@ DEFAULT_RULES: Rules = {
     "norm": None,
 }
 
-# Axes a KV cache [L, B, S, K, H] is split over: rows over the data-parallel axis of whichever
+# Axes a KV cache [L, B, K, S, H] is split over: rows over the data-parallel axis of whichever
 # mesh it lives on, kv heads over 'tp'.
 _BATCH_AXES = ("data", "fsdp")
 
@@ -114,7 +114,7 @@ def cache_shardings(cfg: ModelConfig, mesh: Mesh, batch: int) -> transformer.KVC
   row_axis = next((a for a in _BATCH_AXES if a in mesh.shape and batch % mesh.shape[a] == 0),
                   None)
   head_axis = "tp" if "tp" in mesh.shape and cfg.num_kv_heads % mesh.shape["tp"] == 0 else None
-  kv = NamedSharding(mesh, PartitionSpec(None, row_axis, None, head_axis, None))
+  kv = NamedSharding(mesh, PartitionSpec(None, row_axis, head_axis, None, None))
   return transformer.KVCache(k=kv, v=kv,
                              valid_BS=NamedSharding(mesh, PartitionSpec(row_axis, None)))
 

@@ -20,8 +20,9 @@ Full-sequence path (trainer)
   returning each layer's keys (RoPE applied) and values, for a sampler to put in its cache.
 
 KV-cache path (sampler)
-  `cache = init_cache(cfg, batch=B, max_len=S)` holds k and v of shape [L, B, S, K, H] (all
-  layers stacked) and a per-row slot mask `valid_BS` (all False at first).
+  `cache = init_cache(cfg, batch=B, max_len=S)` holds k and v of shape [L, B, K, S, H] (all
+  layers stacked; slots next to head_dim, so a decode step's attention reads each kv head's
+  keys as one contiguous [S, H] matrix and XLA needs no per-step transposed copy) and a per-row slot mask `valid_BS` (all False at first).
   `h_BTD, cache = model.hidden_states(tokens_BT, positions_BT, mask_BT, cache=cache,
   cache_index_B=idx_B)` (or `model(...)` for `(logits_BTV, cache)`):
     * Write: token t of row b goes to slot idx_B[b] + t, and valid_BS[b, slot] is set to
@@ -62,7 +63,7 @@ from jaxrl_scale.models.config import ModelConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class KVCache:
-  """Keys/values of every layer [L, B, S, K, H] and the written-and-real slot mask [B, S]."""
+  """Keys/values of every layer [L, B, K, S, H] and the written-and-real slot mask [B, S]."""
 
   k: jax.Array
   v: jax.Array
@@ -79,7 +80,7 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = N
   For a cache placed on a mesh see `sharding.init_sharded_cache`.
   """
   dt = jnp.dtype(dtype or cfg.dtype)
-  shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
   return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
                  valid_BS=jnp.zeros((batch, max_len), jnp.bool_))
 
@@ -165,19 +166,19 @@ class Transformer(nnx.Module):
     # The whole stacked cache rides in the carry and each layer scatters its new tokens
     # into it: scanning per-layer slices in and out instead would hold two copies.
     def body(carry, xs):
-      x_BTD, k_LBSKH, v_LBSKH = carry
+      x_BTD, k_LBKSH, v_LBKSH = carry
       layer_state, i = xs
 
       def attend(q_BTNH, k_BTKH, v_BTKH):
-        return layers.cached_attention(q_BTNH, k_BTKH, v_BTKH, k_LBSKH, v_LBSKH, i, slot_BT,
+        return layers.cached_attention(q_BTNH, k_BTKH, v_BTKH, k_LBKSH, v_LBKSH, i, slot_BT,
                                        allowed_BTS)
 
-      x_BTD, (k_LBSKH, v_LBSKH) = nnx.merge(graphdef, layer_state)(x_BTD, positions_BT, attend)
-      return (pin(x_BTD), k_LBSKH, v_LBSKH), None
+      x_BTD, (k_LBKSH, v_LBKSH) = nnx.merge(graphdef, layer_state)(x_BTD, positions_BT, attend)
+      return (pin(x_BTD), k_LBKSH, v_LBKSH), None
 
-    (x_BTD, k_LBSKH, v_LBSKH), _ = jax.lax.scan(
+    (x_BTD, k_LBKSH, v_LBKSH), _ = jax.lax.scan(
         body, (x_BTD, cache.k, cache.v), (state_L, jnp.arange(self.cfg.num_layers)))
-    return pin(self.norm(x_BTD)), KVCache(k=k_LBSKH, v=v_LBSKH, valid_BS=valid_BS)
+    return pin(self.norm(x_BTD)), KVCache(k=k_LBKSH, v=v_LBKSH, valid_BS=valid_BS)
 
   def prefill(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array, *,
               activation_sharding: jax.sharding.NamedSharding | None = None,

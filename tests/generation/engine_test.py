@@ -99,7 +99,7 @@ def test_sharded_on_generator_mesh_matches_single_device(loaded, prompts):
   mesh = jax.make_mesh((2, 2), mesh_lib.GENERATOR_AXES,
                        axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
   sharded = engine.Sampler(model, SAMPLER, mesh=mesh, eos_ids=())
-  assert sharded._state.cache.k.sharding.spec[:4] == (None, "data", None, "tp")
+  assert sharded._state.cache.k.sharding.spec[:4] == (None, "data", "tp", None)
   q_kernel = sharded.params["layers"]["self_attn"]["q_proj"]["kernel"][...]
   assert q_kernel.sharding.spec == jax.sharding.PartitionSpec(None, None, "tp", None)
   outs = sharded.generate(prompts[:4])

@@ -104,8 +104,108 @@ def test_per_row_keys_make_draws_independent_of_the_batch():
   assert not np.array_equal(np.asarray(keys), np.asarray(other))
 
 
-def test_forced_logprobs_are_tempered_and_untruncated():
-  logits = jnp.asarray([[1.0, 0.0, -1.0]], jnp.float32)
-  lp = sampling.forced_logprobs(logits, jnp.asarray([2]), jnp.asarray([2.0]))
-  np.testing.assert_allclose(float(lp[0]), float(jax.nn.log_softmax(logits[0] / 2.0)[2]),
-                             atol=1e-6)
+def test_forced_tokens_record_the_tempered_untruncated_logprob():
+  logits = jnp.asarray([[1.0, 0.0, -1.0], [1.0, 0.0, -1.0], [0.0, 2.0, 1.0]], jnp.float32)
+  forced = jnp.asarray([2, -1, 0])
+  for truncate in (False, True):
+    tokens, lp = jax.jit(sampling.sample, static_argnames=("truncate", "all_greedy"))(
+        logits, _keys(3), jnp.asarray([2.0, 2.0, 0.0]), jnp.asarray([1, 1, 0]),
+        jnp.ones((3,)), truncate=truncate, forced_B=forced)
+    assert np.asarray(tokens).tolist()[0::2] == [2, 0]
+    # Token 2 lies outside top-k 1 (truncated probability 0); forced, it gets the model's.
+    np.testing.assert_allclose(float(lp[0]), float(jax.nn.log_softmax(logits[0] / 2.0)[2]),
+                               atol=1e-6)
+    np.testing.assert_allclose(float(lp[2]), float(jax.nn.log_softmax(logits[2])[0]),
+                               atol=1e-6)
+    if truncate:  # the unforced row with top-k 1 takes its top token at logprob 0
+      assert int(tokens[1]) == 0 and float(lp[1]) == pytest.approx(0.0, abs=1e-6)
+
+
+def _chi_square_p(tokens, probs):
+  from scipy import stats
+
+  counts = np.bincount(tokens, minlength=probs.size)
+  assert counts[probs == 0].sum() == 0, "a token of probability 0 was drawn"
+  expected = probs * tokens.size
+  # Pool the rare ids into one cell so every expected count is >= 5.
+  rare = expected < 5
+  obs = np.append(counts[~rare], counts[rare].sum())
+  exp = np.append(expected[~rare], expected[rare].sum())
+  if exp[-1] == 0:
+    obs, exp = obs[:-1], exp[:-1]
+  return stats.chisquare(obs, exp).pvalue
+
+
+@pytest.mark.parametrize("vocab", [300, 97, 48])  # 15 blocks of 20; prime: one block; 6 x 8
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_draws_follow_the_tempered_softmax(vocab, temperature):
+  """Chi-square of 40,000 draws from one row's logits against softmax(logits / T), with a
+  spread of logits (a few likely ids, a long tail, some masked to -inf and some whose
+  weight underflows to exactly 0 in float32). A biased inverse CDF (an off-by-one block,
+  a missing renormalisation, a wrong temperature) fails it at p < 1e-4; unbiased draws
+  pass with probability 0.9999."""
+  rng = np.random.default_rng(vocab)
+  logits = rng.normal(size=vocab).astype(np.float32) * 2.5
+  logits[rng.choice(vocab, 5, replace=False)] = -np.inf
+  logits[rng.choice(vocab, 3, replace=False)] = -200.0  # exp(-200 / T) underflows: weight 0
+  n = 40_000
+  z = logits.astype(np.float64) / temperature
+  probs = np.exp(z - z.max())
+  probs /= probs.sum()
+  tokens, lps = _sample(jnp.tile(jnp.asarray(logits), (n, 1)), _keys(n, vocab),
+                        jnp.full((n,), temperature), jnp.zeros((n,), jnp.int32),
+                        jnp.ones((n,)), truncate=False)
+  tokens = np.asarray(tokens)
+  assert _chi_square_p(tokens, probs) > 1e-4
+  np.testing.assert_allclose(np.asarray(lps), np.log(probs[tokens]), atol=2e-5)
+
+
+def test_truncated_draws_follow_the_renormalised_top_p_set():
+  rng = np.random.default_rng(7)
+  vocab, temperature, top_k, top_p = 120, 0.8, 40, 0.9
+  logits = rng.normal(size=vocab).astype(np.float32) * 2
+  n = 40_000
+  tokens, lps = _sample(jnp.tile(jnp.asarray(logits), (n, 1)), _keys(n, 5),
+                        jnp.full((n,), temperature), jnp.full((n,), top_k, jnp.int32),
+                        jnp.full((n,), top_p), truncate=True)
+  z = logits.astype(np.float64) / temperature
+  order = np.argsort(-z, kind="stable")[:top_k]
+  p = np.exp(z[order] - z[order].max())
+  p /= p.sum()
+  kept = order[(np.cumsum(p) - p) < top_p]
+  probs = np.zeros(vocab)
+  probs[kept] = np.exp(z[kept] - z[kept].max())
+  probs /= probs.sum()
+  tokens = np.asarray(tokens)
+  assert _chi_square_p(tokens, probs) > 1e-4
+  np.testing.assert_allclose(np.asarray(lps), np.log(probs[tokens]), atol=2e-5)
+
+
+def test_the_chi_square_check_catches_a_biased_sampler():
+  """The guard above can fail: draws from a distribution off by one block are rejected."""
+  rng = np.random.default_rng(3)
+  probs = np.exp(rng.normal(size=300) * 2.5)
+  probs /= probs.sum()
+  biased = np.roll(probs, 20)
+  tokens = rng.choice(300, size=40_000, p=biased)
+  assert _chi_square_p(tokens, probs) < 1e-4
+  tempered = probs ** (1 / 0.6)
+  tokens = rng.choice(300, size=40_000, p=tempered / tempered.sum())
+  assert _chi_square_p(tokens, probs) < 1e-4
+
+
+def test_fast_argmax_matches_jnp_argmax_with_ties_and_nan():
+  logits = jnp.asarray([[0.0, 3.0, 3.0, 1.0], [-jnp.inf, -1.0, -jnp.inf, -1.0],
+                        [jnp.nan, 0.0, 1.0, 2.0]], jnp.float32)
+  tokens, lp = _sample(logits, _keys(3), jnp.zeros((3,)), jnp.zeros((3,), jnp.int32),
+                       jnp.ones((3,)), truncate=False)
+  assert np.asarray(tokens).tolist()[:2] == [1, 1]  # first of the tied maxima, like argmax
+  assert 0 <= int(tokens[2]) < 4  # a NaN row yields some in-vocabulary id, never out of range
+  np.testing.assert_allclose(float(lp[0]), float(jax.nn.log_softmax(logits[0])[1]), atol=1e-6)
+
+
+def test_vocab_blocks():
+  assert sampling.vocab_blocks(32000) == 160
+  assert sampling.vocab_blocks(151936) == 128
+  assert sampling.vocab_blocks(97) == 1
+  assert all(v % sampling.vocab_blocks(v) == 0 for v in range(1, 400))

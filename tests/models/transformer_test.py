@@ -348,7 +348,7 @@ def test_prefill_returns_the_cache_paths_keys_and_values(qwen3_model_cfg):
   m = np.asarray(mask)
   assert k_LBTKH.shape == (cfg.num_layers, ROWS, BUCKET, cfg.num_kv_heads, cfg.head_dim)
   for got, ref in ((k_LBTKH, cache.k), (v_LBTKH, cache.v)):
-    np.testing.assert_allclose(np.asarray(got)[:, m], np.asarray(ref)[:, :, :BUCKET][:, m],
+    np.testing.assert_allclose(np.asarray(got)[:, m], np.swapaxes(np.asarray(ref), 2, 3)[:, :, :BUCKET][:, m],
                                atol=1e-5, rtol=0)
   logits = np.asarray(nnx.jit(lambda m_, x: m_.logits(x))(model, h))
   np.testing.assert_allclose(logits[m], np.asarray(h_ref)[m], atol=1e-5, rtol=0)
