@@ -1,29 +1,42 @@
 """Sampler throughput: ours vs transformers generate, and continuous vs static batching.
 
-    python benchmarks/sampler_bench.py            # full run (a few minutes on CPU)
-    python benchmarks/sampler_bench.py --quick    # small shapes, seconds
+    python benchmarks/sampler_bench.py                          # issue-13 shape, text report
+    python benchmarks/sampler_bench.py --temperature 1 --json   # one JSON line on stdout
+    python benchmarks/sampler_bench.py --model HF_DIR --batch 32 --prompt-len 32 \
+        --new-tokens 256 --temperature 0 --json
+    python benchmarks/sampler_bench.py --quick                  # small shapes, seconds
 
-One random Llama-family checkpoint is written with transformers and loaded by both sides,
-so both run the same weights. Printed, all measured in this run on this machine:
+Without --model a random Qwen3 checkpoint is written with transformers (hidden 512, 4
+layers, 8 heads of 64, 2 kv heads, MLP 1024, vocab 32000, untied: 41.7M params) and loaded
+by both sides, so both run the same weights. Measured in this run on this machine:
 
-1. Decode throughput at a fixed batch (default 32 sequences x 256 new tokens, greedy, no
-   early stop): ours (jitted decode chunks, compile excluded by a warm-up run with the
+1. Decode throughput at a fixed batch (default 32 random 32-token prompts x 256 new tokens,
+   no early stop): ours (jitted decode chunks, compile excluded by a warm-up run with the
    same shapes) vs `transformers` generate on torch CPU (also after a warm-up, in its own
-   process, best of 1 thread and torch's default thread count). The sides alternate and
-   the best of --repeats runs of each is kept: on a shared machine torch's OpenMP threads
-   slow down badly whenever the cores are oversubscribed, and one run can be off by 10x.
-   Goal >= 2x.
-2. Continuous vs static batching on a mixed-length workload: per-request token budgets
+   process, best of 1 thread and torch's default thread count). At temperature T > 0 both
+   sample from softmax(logits / T) with top-k and top-p off. The sides alternate and the
+   best of --repeats runs of each is kept: on a shared machine torch's OpenMP threads slow
+   down badly whenever the cores are oversubscribed. At temperature 0, greedy_match is the
+   fraction of generated tokens equal to transformers' (position by position).
+2. The compute limit: the best float32 matmul FLOP/s measured here with JAX (a 2048^3 dot)
+   over 2 N FLOPs per token, N the parameters that take part in a matmul (all but an
+   untied input embedding); our tokens/s as a fraction of it. Attention's own FLOPs (a few
+   percent at these lengths) are not counted, so the fraction is slightly understated.
+3. Continuous vs static batching on a mixed-length workload: per-request token budgets
    spread over 10x. Static = waves of `slots` requests, each wave waits for its longest
    sequence; continuous = the same sampler and slots refilled as sequences finish.
    Goal >= 1.5x.
-3. On a GPU/TPU: the decode step's achieved fraction of the HBM-bandwidth roofline (bytes
+4. On a GPU/TPU: the decode step's achieved fraction of the HBM-bandwidth roofline (bytes
    of weights and live KV cache read per step / step time / peak bandwidth).
+
+Goals (issue 13, 2-core CPU, float32): >= 2.0x transformers greedy, >= 2.5x at temperature
+1, >= 35% of the compute limit, greedy tokens identical.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import sys
@@ -40,13 +53,19 @@ _PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "TPU v4": 1200.0,
 def _parse() -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--quick", action="store_true", help="small shapes for a fast check")
-  p.add_argument("--hidden", type=int, default=256)
+  p.add_argument("--model", default=None,
+                 help="a Hugging Face checkpoint directory (default: a random Qwen3)")
+  p.add_argument("--hidden", type=int, default=512)
   p.add_argument("--layers", type=int, default=4)
-  p.add_argument("--vocab", type=int, default=8192)
+  p.add_argument("--heads", type=int, default=8)
+  p.add_argument("--kv-heads", type=int, default=2)
+  p.add_argument("--intermediate", type=int, default=1024)
+  p.add_argument("--vocab", type=int, default=32000)
   p.add_argument("--batch", type=int, default=32)
   p.add_argument("--new-tokens", type=int, default=256)
   p.add_argument("--prompt-len", type=int, default=32)
-  p.add_argument("--chunk", type=int, default=16, help="decode steps per jitted chunk")
+  p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+  p.add_argument("--chunk", type=int, default=32, help="decode steps per jitted chunk")
   p.add_argument("--requests", type=int, default=256, help="mixed workload size")
   p.add_argument("--slots", type=int, default=32, help="slots for the mixed workload")
   p.add_argument("--min-tokens", type=int, default=24, help="mixed workload shortest budget")
@@ -57,11 +76,18 @@ def _parse() -> argparse.Namespace:
                  help="torch threads (default: the best of 1 and torch's default)")
   p.add_argument("--skip-mixed", action="store_true", help="skip the mixed-length workload")
   p.add_argument("--hbm-gbps", type=float, default=None, help="peak HBM bandwidth, GB/s")
+  p.add_argument("--json", action="store_true",
+                 help="print one JSON line on stdout (the report goes to stderr)")
   args = p.parse_args()
   if args.quick:
-    args.hidden, args.layers, args.vocab = 128, 2, 2048
-    args.batch, args.new_tokens, args.requests, args.slots = 8, 128, 64, 8
+    args.hidden, args.layers, args.vocab, args.intermediate = 128, 2, 2048, 256
+    args.heads, args.kv_heads = 4, 2
+    args.batch, args.new_tokens, args.requests, args.slots = 8, 64, 64, 8
     args.prompt_len, args.min_tokens, args.chunk, args.repeats = 8, 12, 8, 2
+  if args.temperature < 0:
+    p.error("--temperature must be >= 0")
+  if args.model is not None and not os.path.isdir(args.model):
+    p.error(f"--model {args.model}: not a directory")
   return args
 
 
@@ -69,10 +95,10 @@ def _write_checkpoint(args, path: str) -> None:
   import torch
   import transformers
 
-  heads = max(2, args.hidden // 64)
-  cfg = transformers.LlamaConfig(
-      vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
-      num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
+  cfg = transformers.Qwen3Config(
+      vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+      num_hidden_layers=args.layers, num_attention_heads=args.heads,
+      num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads,
       max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
       tie_word_embeddings=False)
   torch.manual_seed(0)
@@ -80,44 +106,49 @@ def _write_checkpoint(args, path: str) -> None:
   model.save_pretrained(path)
 
 
-def _hf_worker(path: str, conn) -> None:
+def _hf_worker(path: str, dtype: str, conn) -> None:
   """transformers side, in its own process: torch's and XLA's CPU thread pools would
   otherwise spin against each other in one process and distort both timings."""
   import torch
   import transformers
 
-  model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      path, dtype=getattr(torch, dtype)).eval()
   conn.send(torch.get_num_threads())
   while True:
     msg = conn.recv()
     if msg is None:
       return
-    prompts, new_tokens, threads = msg
+    prompts, new_tokens, threads, temperature = msg
     torch.set_num_threads(threads)
+    torch.manual_seed(0)
     ids = torch.tensor(prompts)
+    sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+                if temperature > 0 else dict(do_sample=False))
     with torch.no_grad():
       start = time.perf_counter()
       out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                           do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
+                           pad_token_id=0, attention_mask=torch.ones_like(ids), **sampling)
       seconds = time.perf_counter() - start
-    conn.send((seconds, int(out.shape[1])))
+    conn.send((seconds, out[:, ids.shape[1]:].numpy()))
 
 
 class _HF:
-  """Greedy batched `generate` of exactly N new tokens per row, timed in a worker process."""
+  """Batched `generate` of exactly N new tokens per row, timed in a worker process."""
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, dtype: str):
     ctx = multiprocessing.get_context("spawn")
     self.conn, child = ctx.Pipe()
-    self.proc = ctx.Process(target=_hf_worker, args=(path, child), daemon=True)
+    self.proc = ctx.Process(target=_hf_worker, args=(path, dtype, child), daemon=True)
     self.proc.start()
     self.default_threads = self.conn.recv()
 
-  def generate(self, prompts: np.ndarray, new_tokens: int, threads: int) -> float:
-    self.conn.send((prompts, new_tokens, threads))
-    seconds, length = self.conn.recv()
-    assert length == prompts.shape[1] + new_tokens
-    return seconds
+  def generate(self, prompts: np.ndarray, new_tokens: int, threads: int,
+               temperature: float) -> tuple[float, np.ndarray]:
+    self.conn.send((prompts, new_tokens, threads, temperature))
+    seconds, tokens = self.conn.recv()
+    assert tokens.shape == (prompts.shape[0], new_tokens)
+    return seconds, tokens
 
   def close(self) -> None:
     self.conn.send(None)
@@ -129,8 +160,8 @@ def _sampler(model, args, slots: int, max_new: int):
   from jaxrl_scale.generation import engine
 
   bucket = 1 << (args.prompt_len - 1).bit_length()
-  cfg = SamplerConfig(num_slots=slots, max_new_tokens=max_new, temperature=0.0,
-                      decode_chunk=args.chunk, prompt_buckets=(bucket,))
+  cfg = SamplerConfig(num_slots=slots, max_new_tokens=max_new, temperature=args.temperature,
+                      top_k=0, top_p=1.0, decode_chunk=args.chunk, prompt_buckets=(bucket,))
   return engine.Sampler(model, cfg, eos_ids=())  # no EOS: every row runs its full budget
 
 
@@ -143,6 +174,23 @@ def _timed(sampler, requests, repeats: int = 1) -> tuple[float, list]:
     outs = sampler.generate(requests)
     best = min(best, time.perf_counter() - start)
   return best, outs
+
+
+def _matmul_flops(dtype: str, size: int = 2048, repeats: int = 5) -> float:
+  """Best FLOP/s of one size^3 matmul in JAX on the default device."""
+  import jax
+  import jax.numpy as jnp
+
+  a = jax.random.normal(jax.random.key(0), (size, size), dtype)
+  b = jax.random.normal(jax.random.key(1), (size, size), dtype)
+  dot = jax.jit(jnp.dot)
+  dot(a, b).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    dot(a, b).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * size ** 3 / best
 
 
 def _roofline(sampler, model_cfg, args, step_seconds: float, live_len: float) -> str:
@@ -174,55 +222,98 @@ def main() -> int:
   from jaxrl_scale.generation import records
   from jaxrl_scale.models import hf_io
 
-  tmp = tempfile.mkdtemp(prefix="sampler_bench_")
-  _write_checkpoint(args, tmp)
-  model, model_cfg = hf_io.load_hf_model(tmp, param_dtype=args.dtype)
+  report: dict = {}
+  log_file = sys.stderr if args.json else sys.stdout
+
+  def log(line: str) -> None:
+    print(line, file=log_file, flush=True)
+
+  path = args.model
+  if path is None:
+    path = tempfile.mkdtemp(prefix="sampler_bench_")
+    _write_checkpoint(args, path)
+  model, model_cfg = hf_io.load_hf_model(path, param_dtype=args.dtype)
   n_params = model_cfg.num_params()
-  print(f"device: {jax.devices()[0].device_kind} x{len(jax.devices())}; model: llama "
-        f"hidden={args.hidden} layers={args.layers} vocab={args.vocab} "
-        f"({n_params / 1e6:.1f}M params, {args.dtype})")
+  embed = model_cfg.vocab_size * model_cfg.hidden_size
+  matmul_params = n_params - (0 if model_cfg.tie_embeddings else embed)
+  device = f"{jax.devices()[0].device_kind} x{len(jax.devices())}"
+  report.update(device=device, cpu_cores=os.cpu_count(), model=args.model or "random qwen3",
+                params=n_params, dtype=args.dtype, batch=args.batch,
+                prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                temperature=args.temperature, chunk=args.chunk)
+  log(f"device: {device}; model: {args.model or 'random qwen3'} hidden={model_cfg.hidden_size} "
+      f"layers={model_cfg.num_layers} vocab={model_cfg.vocab_size} "
+      f"({n_params / 1e6:.1f}M params, {args.dtype}); temperature {args.temperature}")
 
   rng = np.random.default_rng(0)
-  prompts = rng.integers(3, args.vocab, size=(args.batch, args.prompt_len)).astype(np.int64)
+  prompts = rng.integers(3, model_cfg.vocab_size, size=(args.batch, args.prompt_len))
+  prompts = prompts.astype(np.int64)
 
   # 1. Fixed-batch decode throughput. Ours and transformers alternate, best of each kept, so
   # both sides see the same background load on a shared machine.
   sampler = _sampler(model, args, args.batch, args.new_tokens)
   reqs = [records.Request(p.tolist(), prompt_id=i) for i, p in enumerate(prompts)]
   _timed(sampler, reqs)  # compile
-  hf = None if args.skip_hf else _HF(tmp)
+  hf = None if args.skip_hf else _HF(path, args.dtype)
   # torch gets its best of one thread and its default count: with the cores oversubscribed
   # (a shared machine), one thread is often several times faster than OpenMP's default.
   hf_threads = [] if hf is None else (
       [args.hf_threads] if args.hf_threads else sorted({1, hf.default_threads}))
   for t in hf_threads:
-    hf.generate(prompts, 4, t)  # warm-up
+    hf.generate(prompts, 4, t, args.temperature)  # warm-up
   ours_s = float("inf")
   hf_s = {t: float("inf") for t in hf_threads}
+  hf_tokens = None
   for _ in range(args.repeats):
     seconds, outs = _timed(sampler, reqs)
     ours_s = min(ours_s, seconds)
     for t in hf_threads:
-      hf_s[t] = min(hf_s[t], hf.generate(prompts, args.new_tokens, t))
+      seconds, hf_tokens = hf.generate(prompts, args.new_tokens, t, args.temperature)
+      hf_s[t] = min(hf_s[t], seconds)
   assert all(o.num_tokens == args.new_tokens for o in outs)
   total = args.batch * args.new_tokens
   ours_tps = total / ours_s
-  print(f"[decode] ours: {total} tokens in {ours_s:.2f} s = {ours_tps:.0f} tokens/s "
-        f"(batch {args.batch}, {args.new_tokens} new tokens, chunk {args.chunk})")
+  report["ours_tok_s"] = round(ours_tps, 1)
+  log(f"[decode] ours: {total} tokens in {ours_s:.2f} s = {ours_tps:.0f} tokens/s "
+      f"(batch {args.batch}, {args.new_tokens} new tokens, chunk {args.chunk})")
   if hf is not None:
     hf.close()
     for t in hf_threads:
-      print(f"[decode] transformers generate (torch CPU, {t} thread(s), own process): "
-            f"{hf_s[t]:.2f} s = {total / hf_s[t]:.0f} tokens/s")
+      log(f"[decode] transformers generate (torch CPU, {t} thread(s), own process): "
+          f"{hf_s[t]:.2f} s = {total / hf_s[t]:.0f} tokens/s")
     hf_tps = total / min(hf_s.values())
-    print(f"[decode] RATIO ours / best transformers = {ours_tps / hf_tps:.2f}x (goal >= 2x)")
+    goal = 2.5 if args.temperature > 0 else 2.0
+    report.update(hf_tok_s=round(hf_tps, 1), ratio=round(ours_tps / hf_tps, 3),
+                  hf_threads=min(hf_s, key=hf_s.get))
+    log(f"[decode] RATIO ours / best transformers = {ours_tps / hf_tps:.2f}x "
+        f"(goal >= {goal}x)")
+    if args.temperature == 0:
+      ours_tokens = np.asarray([o.tokens for o in outs])
+      match = float(np.mean(ours_tokens == hf_tokens))
+      report["greedy_match"] = round(match, 5)
+      log(f"[decode] greedy tokens equal to transformers': {match:.2%} (goal 100%)")
+  flops = _matmul_flops(args.dtype)
+  limit = flops / (2 * matmul_params)
+  report.update(matmul_gflop_s=round(flops / 1e9, 1), compute_limit_tok_s=round(limit, 1),
+                fraction_of_limit=round(ours_tps / limit, 4))
+  log(f"[decode] compute limit: {flops / 1e9:.0f} GFLOP/s (best {args.dtype} 2048^3 matmul) / "
+      f"(2 x {matmul_params / 1e6:.1f}M matmul params) = {limit:.0f} tokens/s; "
+      f"ours = {ours_tps / limit:.1%} of it (goal >= 35%)")
   steps = sampler.stats.chunks * args.chunk
-  print(_roofline(sampler, model_cfg, args, ours_s / max(steps, 1),
-                  args.prompt_len + args.new_tokens / 2))
+  log(_roofline(sampler, model_cfg, args, ours_s / max(steps, 1),
+                args.prompt_len + args.new_tokens / 2))
 
-  if args.skip_mixed:
-    return 0
-  # 2. Mixed-length workload: continuous vs static batching, same sampler and slots.
+  if not args.skip_mixed:
+    report.update(_mixed(args, model, prompts, rng, log))
+  if args.json:
+    print(json.dumps(report), flush=True)
+  return 0
+
+
+def _mixed(args, model, prompts, rng, log) -> dict:
+  """Continuous vs static batching, same sampler and slots, on a mixed-length workload."""
+  from jaxrl_scale.generation import records
+
   budgets = np.exp(rng.uniform(np.log(args.min_tokens), np.log(args.new_tokens),
                                size=args.requests)).astype(int)
   work = [records.Request(prompts[i % args.batch].tolist(), prompt_id=i,
@@ -246,14 +337,14 @@ def main() -> int:
     static_s = min(static_s, time.perf_counter() - start)
   tokens = int(budgets.sum())
   assert sum(o.num_tokens for o in cont) == tokens
-  print(f"[mixed] {args.requests} requests, budgets {budgets.min()}..{budgets.max()} tokens "
-        f"(mean {budgets.mean():.0f}), {args.slots} slots")
-  print(f"[mixed] continuous: {cont_s:.2f} s = {tokens / cont_s:.0f} tokens/s, "
-        f"slot utilisation {cont_util:.0%}")
-  print(f"[mixed] static:     {static_s:.2f} s = {tokens / static_s:.0f} tokens/s, "
-        f"slot utilisation {static_tokens / max(static_capacity, 1):.0%}")
-  print(f"[mixed] RATIO continuous / static = {static_s / cont_s:.2f}x (goal >= 1.5x)")
-  return 0
+  log(f"[mixed] {args.requests} requests, budgets {budgets.min()}..{budgets.max()} tokens "
+      f"(mean {budgets.mean():.0f}), {args.slots} slots")
+  log(f"[mixed] continuous: {cont_s:.2f} s = {tokens / cont_s:.0f} tokens/s, "
+      f"slot utilisation {cont_util:.0%}")
+  log(f"[mixed] static:     {static_s:.2f} s = {tokens / static_s:.0f} tokens/s, "
+      f"slot utilisation {static_tokens / max(static_capacity, 1):.0%}")
+  log(f"[mixed] RATIO continuous / static = {static_s / cont_s:.2f}x (goal >= 1.5x)")
+  return {"continuous_over_static": round(static_s / cont_s, 3)}
 
 
 if __name__ == "__main__":
