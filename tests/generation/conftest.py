@@ -1,6 +1,7 @@
-"""Tiny random Hugging Face checkpoints (Qwen2, Llama) with a byte-level tokenizer.json.
+"""Tiny random Hugging Face checkpoints (Qwen2 with q/k/v bias, Llama, Qwen3) with a
+byte-level tokenizer.json.
 
-Every engine test uses these two directories and one sampler shape (SAMPLER below), so the
+Every engine test uses these directories and one sampler shape (SAMPLER below), so the
 jitted prefill and decode programs compile once per family and are shared across tests.
 """
 
@@ -20,6 +21,7 @@ SPECS = {
     "llama": dict(model_type="llama", tie_word_embeddings=False, rope_theta=10000.0,
                   rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                     high_freq_factor=4.0, original_max_position_embeddings=16)),
+    "qwen3": dict(model_type="qwen3", tie_word_embeddings=False, rope_theta=1e6, head_dim=8),
 }
 SPECIALS = ["<s>", "</s>", "<pad>", "<think>", "</think>"]
 
@@ -30,8 +32,8 @@ def make_hf_model(spec: dict, seed: int):
   import transformers
 
   spec = dict(spec)
-  config_cls = {"llama": transformers.LlamaConfig,
-                "qwen2": transformers.Qwen2Config}[spec.pop("model_type")]
+  config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                "qwen3": transformers.Qwen3Config}[spec.pop("model_type")]
   hf_cfg = config_cls(**_COMMON, **spec)
   hf_cfg._attn_implementation = "eager"
   torch.manual_seed(seed)
@@ -65,7 +67,7 @@ def write_byte_tokenizer(directory: str) -> None:
 
 @pytest.fixture(scope="session")
 def hf_checkpoints(tmp_path_factory):
-  """family -> SimpleNamespace(path, hf_model) for Qwen2 and Llama."""
+  """family -> SimpleNamespace(path, hf_model) for every entry of SPECS."""
   out = {}
   for i, (name, spec) in enumerate(SPECS.items()):
     hf_model = make_hf_model(spec, seed=10 + i)
@@ -78,12 +80,17 @@ def hf_checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def loaded(hf_checkpoints):
-  """family -> (our model, tokenizer), loaded once per session."""
+  """family -> (our model, tokenizer), each loaded once per session when first used."""
   from jaxrl_scale.models import hf_io
   from jaxrl_scale.models import tokenizer as tokenizer_lib
 
-  return {name: (hf_io.load_hf_model(ck.path)[0], tokenizer_lib.load_tokenizer(ck.path))
-          for name, ck in hf_checkpoints.items()}
+  class Loaded(dict):
+    def __missing__(self, name):
+      ck = hf_checkpoints[name]
+      self[name] = (hf_io.load_hf_model(ck.path)[0], tokenizer_lib.load_tokenizer(ck.path))
+      return self[name]
+
+  return Loaded()
 
 
 @pytest.fixture(scope="session")

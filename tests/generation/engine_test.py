@@ -54,7 +54,7 @@ def _pick_eos(outputs):
   return max(counts, key=lambda t: (counts[t], -t))
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3"])
 def test_greedy_matches_transformers_static_and_continuous(family, hf_checkpoints, loaded,
                                                            prompts):
   model, _ = loaded[family]
