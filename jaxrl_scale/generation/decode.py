@@ -1,7 +1,7 @@
 """The sampler's device side: per-slot state, prefill into slots, and jitted decode chunks.
 
-Shapes: S slots, L cache slots per row, N decode steps per chunk, n rows admitted at once,
-T prompt bucket length, E eos ids, F forced-phrase tokens, V vocab.
+Shapes: S slots, L cache slots per row, N decode steps per chunk, n rows admitted at once
+from u distinct prompts, T prompt bucket length, E eos ids, F forced-phrase tokens, V vocab.
 
 A slot holds one sequence. Its cache row has the prompt's first P-1 tokens at slots
 [0, P-1); `token_S` is the newest token not yet in the cache (the last prompt token right
@@ -59,10 +59,13 @@ class SlotState:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Admission:
-  """Rows to place into slots (n rows; padding rows carry slot index S, which is dropped)."""
+  """Rows to place into slots: u distinct prompts, prefilled once each, and n destination
+  rows, each taking the keys/values of prompt source_n (the G completions of one prompt
+  share one prefill). Padding rows carry slot index S, which is dropped."""
 
-  tokens_nT: jax.Array  # int32 right-padded prompts
-  length_n: jax.Array  # int32 prompt lengths (>= 1)
+  tokens_uT: jax.Array  # int32 right-padded distinct prompts
+  length_u: jax.Array  # int32 their lengths (>= 1)
+  source_n: jax.Array  # int32 prompt row in [0, u) of each destination row
   slot_n: jax.Array  # int32 destination slot
   seed_n: jax.Array
   temperature_n: jax.Array
@@ -138,44 +141,49 @@ def empty_state(cfg: ModelConfig, num_slots: int, max_len: int,
 
 def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
           adm: Admission, mesh: Mesh | None = None) -> SlotState:
-  """Prefills the admitted prompts and writes their keys/values into their slots.
+  """Prefills the admitted prompts once each and writes their keys/values into the slots
+  of every row that takes them.
 
   With the generator's `mesh`, the prefill's activations are split by rows over its 'data'
-  axis (when it divides n), which also lets `attention.causal_attention` pick the TPU kernel.
+  axis (when it divides u), which also lets `attention.causal_attention` pick the TPU kernel.
   """
   model = nnx.merge(graphdef, params)
-  n, t = adm.tokens_nT.shape
+  u, t = adm.tokens_uT.shape
   act_sharding = None
   if mesh is not None:
     data = mesh.shape.get("data", 1)
-    row_axis = "data" if data > 1 and n % data == 0 else None
+    row_axis = "data" if data > 1 and u % data == 0 else None
     act_sharding = NamedSharding(mesh, PartitionSpec(row_axis, None, None))
   max_len = state.cache.max_len
-  positions_nT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (n, t))
+  positions_uT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (u, t))
   # The last prompt token is fed by the first decode step, so only P-1 tokens go in now.
-  mask_nT = positions_nT < (adm.length_n - 1)[:, None]
+  mask_uT = positions_uT < (adm.length_u - 1)[:, None]
   # The full-sequence pass (the TPU attention kernel where there is one) rather than the
   # cache path, whose dense [n, K, G, T, T] float32 scores grow with the bucket squared.
-  _, k_LnTKH, v_LnTKH = model.prefill(adm.tokens_nT, positions_nT, mask_nT,
+  _, k_LuTKH, v_LuTKH = model.prefill(adm.tokens_uT, positions_uT, mask_uT,
                                       activation_sharding=act_sharding)
 
-  def put(big_LBKSH, small_LnTKH):  # rows slot_n, slots [0, T) of every layer
-    small_LnKTH = jnp.swapaxes(small_LnTKH, 2, 3).astype(big_LBKSH.dtype)
+  def put(big_LBKSH, small_LuTKH):  # rows slot_n, slots [0, T) of every layer
+    small_LnKTH = jnp.swapaxes(small_LuTKH[:, adm.source_n], 2, 3).astype(big_LBKSH.dtype)
     return big_LBKSH.at[:, adm.slot_n, :, :t].set(small_LnKTH, mode="drop")
 
-  valid_nL = jnp.zeros((n, max_len), jnp.bool_).at[:, :t].set(mask_nT)
+  length_n = adm.length_u[adm.source_n]
+  valid_nL = jnp.zeros((adm.slot_n.shape[0], max_len), jnp.bool_).at[:, :t].set(
+      mask_uT[adm.source_n])
   cache = transformer.KVCache(
-      k=put(state.cache.k, k_LnTKH), v=put(state.cache.v, v_LnTKH),
+      k=put(state.cache.k, k_LuTKH), v=put(state.cache.v, v_LuTKH),
       valid_BS=state.cache.valid_BS.at[adm.slot_n].set(valid_nL, mode="drop"))
 
   def row(old, new):
     return old.at[adm.slot_n].set(new.astype(old.dtype), mode="drop")
 
-  last_n = jnp.take_along_axis(adm.tokens_nT, (adm.length_n - 1)[:, None], axis=1)[:, 0]
+  last_n = jnp.take_along_axis(adm.tokens_uT[adm.source_n], (length_n - 1)[:, None],
+                               axis=1)[:, 0]
+  n = adm.slot_n.shape[0]
   return SlotState(
       cache=cache,
       token_S=row(state.token_S, last_n),
-      pos_S=row(state.pos_S, adm.length_n - 1),
+      pos_S=row(state.pos_S, length_n - 1),
       num_gen_S=row(state.num_gen_S, jnp.zeros((n,), jnp.int32)),
       active_S=row(state.active_S, jnp.ones((n,), jnp.bool_)),
       seed_S=row(state.seed_S, adm.seed_n),

@@ -11,8 +11,10 @@ Host loop, one iteration per decode chunk:
      the swap). Until then the live slots decode on with the weights they have (double
      buffer: the trainer's next step and the generator overlap); with nothing live the
      loop waits for them;
-  2. admit waiting requests into free slots (one prefill per prompt-length bucket), never
-     while a posted update is still pending, so a new sequence starts on the newest weights;
+  2. admit waiting requests into free slots (one prefill per prompt-length bucket, each
+     distinct prompt computed once: the G completions of an RL prompt admitted together
+     share it), never while a posted update is still pending, so a new sequence starts on
+     the newest weights;
   3. dispatch the next jitted chunk of N decode steps;
   4. read back the chunk dispatched before it and hand out finished sequences.
 Step 4 lags step 3 by one chunk, so the device always has queued work while the host reads
@@ -22,7 +24,8 @@ the host) runs one chunk too long on the device; its extra tokens are dropped. A
 sequence must reach its token budget within the dispatched chunks is known to be free
 without reading anything back, and is refilled for the very next chunk.
 
-Compiled programs: one prefill per (prompt bucket, power-of-two admission count); one
+Compiled programs: one prefill per (prompt bucket, power-of-two admission count, power-of-two
+distinct-prompt count); one
 decode chunk per sampling mode (all greedy; sampling; sampling with top-k/top-p) and cache
 view length (attention reads only the first slots while every live sequence is short; a
 few lengths, each about an eighth of the cache). Weights are sharded over the mesh's 'tp'
@@ -67,6 +70,8 @@ class Stats:
   chunks: int = 0
   admissions: int = 0
   slot_steps: int = 0  # num_slots * decode steps dispatched (capacity)
+  prefill_tokens: int = 0  # prompt positions the prefill programs computed (padding included)
+  unshared_prefill_tokens: int = 0  # what they would have been with one prefill per row
   seconds: float = 0.0  # wall time inside stream()
 
   @property
@@ -341,19 +346,26 @@ class Sampler:
       n = len(buf.request.prompt_tokens)
       groups[next(b for b in self.buckets if b >= n)].append((slot, buf))
     for bucket, rows in sorted(groups.items()):
+      # Rows with the same prompt (the G completions of one RL prompt) share one prefill.
+      sources: dict[tuple[int, ...], int] = {}
+      for _, buf in rows:
+        sources.setdefault(tuple(buf.request.prompt_tokens), len(sources))
       n = min(decode.next_pow2(len(rows)), self.num_slots)
-      tokens = np.zeros((n, bucket), np.int32)
+      u = min(decode.next_pow2(len(sources)), n)
+      tokens = np.zeros((u, bucket), np.int32)
+      length = np.ones((u,), np.int32)
+      for prompt, i in sources.items():
+        tokens[i, :len(prompt)] = prompt
+        length[i] = len(prompt)
       cols = {k: np.zeros((n,), dt) for k, dt in (
-          ("length", np.int32), ("seed", np.int32), ("temperature", np.float32),
+          ("source", np.int32), ("seed", np.int32), ("temperature", np.float32),
           ("top_k", np.int32), ("top_p", np.float32), ("limit", np.int32),
           ("force_at", np.int32), ("answer_budget", np.int32))}
-      cols["length"][:] = 1
       slots = np.full((n,), self.num_slots, np.int32)  # padding rows are dropped
       for i, (slot, buf) in enumerate(rows):
         req = buf.request
-        tokens[i, :len(req.prompt_tokens)] = req.prompt_tokens
         slots[i] = slot
-        cols["length"][i] = len(req.prompt_tokens)
+        cols["source"][i] = sources[tuple(req.prompt_tokens)]
         cols["seed"][i] = buf.seed
         cols["temperature"][i] = cfg.temperature if req.temperature is None else req.temperature
         cols["top_k"][i] = cfg.top_k if req.top_k is None else req.top_k
@@ -362,12 +374,14 @@ class Sampler:
         cols["force_at"][i] = buf.force_at
         cols["answer_budget"][i] = cfg.answer_budget
       adm = decode.Admission(
-          tokens_nT=tokens, length_n=cols["length"], slot_n=slots, seed_n=cols["seed"],
-          temperature_n=cols["temperature"], top_k_n=cols["top_k"], top_p_n=cols["top_p"],
-          limit_n=cols["limit"], force_at_n=cols["force_at"],
+          tokens_uT=tokens, length_u=length, source_n=cols["source"], slot_n=slots,
+          seed_n=cols["seed"], temperature_n=cols["temperature"], top_k_n=cols["top_k"],
+          top_p_n=cols["top_p"], limit_n=cols["limit"], force_at_n=cols["force_at"],
           answer_budget_n=cols["answer_budget"])
       self._state = self._admit_fn(self._param_leaves, self._state, adm)
       self.stats.admissions += 1
+      self.stats.prefill_tokens += u * bucket
+      self.stats.unshared_prefill_tokens += n * bucket
 
   def _decode_fn(self, truncate: bool, all_greedy: bool, view_len: int) -> Callable:
     key = (truncate, all_greedy, view_len)

@@ -212,7 +212,9 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
   n, bucket = slots, buckets[-1]
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)  # noqa: E731
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=rep)  # noqa: E731
-  adm = decode.Admission(tokens_nT=i32(n, bucket), length_n=i32(n), slot_n=i32(n),
+  # Every admitted prompt distinct: the prefill's worst case (u = n).
+  adm = decode.Admission(tokens_uT=i32(n, bucket), length_u=i32(n), source_n=i32(n),
+                         slot_n=i32(n),
                          seed_n=i32(n), temperature_n=f32(n), top_k_n=i32(n), top_p_n=f32(n),
                          limit_n=i32(n), force_at_n=i32(n), answer_budget_n=i32(n))
   cache_bytes = _per_chip(state.cache)

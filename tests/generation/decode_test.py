@@ -15,7 +15,8 @@ def _admission(n: int, t: int) -> decode.Admission:
   i32 = jax.ShapeDtypeStruct((n,), jnp.int32)
   f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
   return decode.Admission(
-      tokens_nT=jax.ShapeDtypeStruct((n, t), jnp.int32), length_n=i32, slot_n=i32, seed_n=i32,
+      tokens_uT=jax.ShapeDtypeStruct((n, t), jnp.int32), length_u=i32, source_n=i32,
+      slot_n=i32, seed_n=i32,
       temperature_n=f32, top_k_n=i32, top_p_n=f32, limit_n=i32, force_at_n=i32,
       answer_budget_n=i32)
 

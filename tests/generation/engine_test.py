@@ -244,6 +244,25 @@ def test_sampling_reproducible_and_logprobs_under_truncation(loaded, prompts):
       np.testing.assert_allclose(out.logprobs[j], ref[tok], atol=1e-4)
 
 
+def test_completions_of_one_prompt_share_one_prefill(loaded, prompts):
+  model, _ = loaded["qwen3"]
+  kw = dict(temperature=1.0, max_new_tokens=8)
+  # Two prompts x 2 samples in one admission: 2 distinct prompts are prefilled, not 4.
+  reqs = [records.Request(p, prompt_id=i, sample_index=j) for i, p in enumerate(prompts[1:3])
+          for j in range(2)]
+  sampler = _sampler(model, **kw)
+  shared = sampler.generate(reqs)
+  assert sampler.stats.admissions == 1
+  assert sampler.stats.prefill_tokens == 2 * 16
+  assert sampler.stats.unshared_prefill_tokens == 4 * 16
+  # Each request admitted alone (its own prefill) gives the same tokens and logprobs.
+  alone = [_sampler(model, **kw).generate([r])[0] for r in reqs]
+  for a, b in zip(shared, alone):
+    assert a.tokens.tolist() == b.tokens.tolist()
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+  assert shared[0].tokens.tolist() != shared[1].tokens.tolist()  # samples still differ
+
+
 def test_forced_interruption(loaded, prompts):
   model, tok = loaded["qwen2"]
   phrase = tok.encode("Stop</think>")
