@@ -1,0 +1,31 @@
+"""The sampler benchmarks run end to end at small shapes and print what they promise."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _json(script, *args):
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
+                       capture_output=True, text=True, timeout=600, check=True)
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # spawns torch; the engine tests check greedy parity in the default run
+def test_sampler_bench_quick_matches_transformers_greedy():
+  r = _json("sampler_bench.py", "--quick", "--skip-mixed", "--repeats", "1", "--json")
+  assert r["greedy_match"] == 1.0  # same checkpoint, same tokens as transformers generate
+  for key in ("ours_tok_s", "hf_tok_s", "ratio", "compute_limit_tok_s", "fraction_of_limit"):
+    assert r[key] > 0
+
+
+def test_kv_bench_quick_shares_the_prefill():
+  r = _json("kv_bench.py", "--quick", "--json")
+  # 8 distinct prompts x 4 samples: one prefill row per prompt, four rows unshared.
+  assert r["prefill_tokens"] * 4 == r["unshared_prefill_tokens"]
+  assert 0 < r["kv_bytes_live_peak"] < r["kv_bytes_held"]
