@@ -55,6 +55,7 @@ class PagePool:
     self._refs = np.zeros((shards, pages_per_shard), np.int32)
     self._free = [collections.deque(range(pages_per_shard)) for _ in range(shards)]
     self.peak_pages = 0
+    self.version = 0  # bumped on every change of the table
 
   # ----------------------------------------------------------------------------------------
   # Queries.
@@ -77,21 +78,27 @@ class PagePool:
     """Table entries the slot holds (its positions [0, held * page_size) have pages)."""
     return self._held[slot]
 
-  def group_cost(self, prompt_len: int, first_positions: int, group: int) -> int:
-    """Fresh pages G sequences of one prompt need to hold `first_positions` positions each:
-    the prompt-only pages once, every later page once per sequence."""
+  def group_cost(self, prompt_len: int, first_positions: int | Sequence[int],
+                 group: int = 1) -> int:
+    """Fresh pages G sequences of one prompt need to hold `first_positions` positions each
+    (one number for all, or one per sequence): the prompt-only pages once, every later page
+    once per sequence."""
     shared = (prompt_len - 1) // self.page_size  # pages before the one decoding writes into
-    return shared + group * (self.pages_for(first_positions) - shared)
+    firsts = _per_slot(first_positions, group)
+    return shared + sum(min(self.pages_for(f), self.width) - shared for f in firsts)
 
-  def can_admit(self, shard: int, prompt_len: int, first_positions: int, group: int) -> bool:
+  def can_admit(self, shard: int, prompt_len: int, first_positions: int | Sequence[int],
+                group: int = 1) -> bool:
     return self.group_cost(prompt_len, first_positions, group) <= self.free_pages(shard)
 
   # ----------------------------------------------------------------------------------------
   # Changes.
 
-  def admit_group(self, slots: Sequence[int], prompt_len: int, first_positions: int) -> None:
+  def admit_group(self, slots: Sequence[int], prompt_len: int,
+                  first_positions: int | Sequence[int]) -> None:
     """Gives the slots (all on one shard, all free) pages for positions [0,
-    first_positions), sharing the pages that hold only prompt positions.
+    first_positions) (one number for all or one per slot), sharing the pages that hold only
+    prompt positions.
 
     The prompt's positions [0, prompt_len - 1) go into the cache at admission (the last
     prompt token is fed by the first decode step, at position prompt_len - 1): the pages
@@ -104,17 +111,18 @@ class PagePool:
       raise ValueError("admit_group: a slot still holds pages")
     if not self.can_admit(shard, prompt_len, first_positions, len(slots)):
       raise RuntimeError("admit_group: not enough free pages (check can_admit first)")
-    shared = (prompt_len - 1) // self.page_size
+    shared = min((prompt_len - 1) // self.page_size, self.width)
     pages = [self._take(shard) for _ in range(shared)]
-    for slot in slots:
+    for slot, first in zip(slots, _per_slot(first_positions, len(slots))):
       for j, page in enumerate(pages):
         self._refs[shard, page] += 1
         self.table[slot, j] = page
       self._held[slot] = shared
-      self._extend(slot, self.pages_for(first_positions))
+      self._extend(slot, self.pages_for(first))
     for page in pages:  # _take counted one holder already
       self._refs[shard, page] -= 1
     self._note_peak()
+    self.version += 1
 
   def grow(self, slot: int, positions: int) -> bool:
     """Pages for positions [0, positions); False (and nothing taken) when the shard lacks them."""
@@ -125,6 +133,7 @@ class PagePool:
       return False
     self._extend(slot, self._held[slot] + need)
     self._note_peak()
+    self.version += 1
     return True
 
   def release(self, slot: int) -> None:
@@ -137,6 +146,7 @@ class PagePool:
         self._free[shard].append(page)
     self.table[slot, :] = self.null
     self._held[slot] = 0
+    self.version += 1
 
   def check(self) -> None:
     """Asserts the invariants (tests): refcounts match the table, nothing leaked or shared
@@ -169,3 +179,11 @@ class PagePool:
 
   def _note_peak(self) -> None:
     self.peak_pages = max(self.peak_pages, self.used_pages)
+
+
+def _per_slot(value: int | Sequence[int], n: int) -> list[int]:
+  if isinstance(value, int):
+    return [value] * n
+  if len(value) != n:
+    raise ValueError(f"{len(value)} first_positions for {n} slots")
+  return [int(v) for v in value]
