@@ -5,31 +5,48 @@
       ...
     sampler.update_params(new_params, version=7)   # from any thread, at any time
 
+KV cache: paged (generation/pages.py). Each generator group holds a pool of pages of
+`sampler.page_size` positions per data shard; a slot's sequence holds the pages its
+positions so far need, taken as it grows and given back when it ends, so memory follows the
+live tokens rather than slots x the longest possible completion. `sampler.kv_cache_tokens`
+sizes the pool (0: every slot at its full length).
+
 Host loop, one iteration per decode chunk:
   1. swap in params posted by `update_params` once they are computed (only here, between
      chunks, so every chunk runs with one policy version; slots keep their KV cache across
      the swap). Until then the live slots decode on with the weights they have (double
      buffer: the trainer's next step and the generator overlap); with nothing live the
      loop waits for them;
-  2. admit waiting requests into free slots (one prefill per prompt-length bucket, each
-     distinct prompt computed once: the G completions of an RL prompt admitted together
-     share it), never while a posted update is still pending, so a new sequence starts on
-     the newest weights;
-  3. dispatch the next jitted chunk of N decode steps;
-  4. read back the chunk dispatched before it and hand out finished sequences.
-Step 4 lags step 3 by one chunk, so the device always has queued work while the host reads
+  2. admit requests into free slots while their data shard has free pages for the prompt
+     and the first chunk (a request waits, never fails, when the pool is full; preempted
+     requests go first). One prefill per prompt-length bucket; each distinct prompt is
+     computed once, and the G completions of an RL prompt admitted together on one shard
+     share its prompt-only pages (each gets its own copy of the page decoding writes
+     into). Never while a posted update is still pending, so a new sequence starts on the
+     newest weights;
+  3. give every live sequence the pages its next chunk writes; where a shard has too few,
+     preempt its most recently admitted sequences: their pages go back and their requests
+     restart from the prompt later (same seed: with the same weights, the same tokens;
+     Stats.preemptions counts them). The alternative, reserving every sequence's whole
+     budget at admission, would give back the memory paging saves;
+  4. dispatch the next jitted chunk of N decode steps;
+  5. read back the chunk dispatched before it, hand out finished sequences and free their
+     pages.
+Step 5 lags step 4 by one chunk, so the device always has queued work while the host reads
 results, matches stop strings and admits prompts. The price is that a slot freed by EOS in
 chunk k is refilled from chunk k+2 on, and a sequence stopped by a stop string (matched on
-the host) runs one chunk too long on the device; its extra tokens are dropped. A slot whose
-sequence must reach its token budget within the dispatched chunks is known to be free
-without reading anything back, and is refilled for the very next chunk.
+the host) runs one chunk too long on the device; its extra tokens are dropped (and its
+writes too, once its pages are given back). A slot whose sequence must reach its token
+budget within the dispatched chunks is known to be free without reading anything back:
+its pages go back and it is refilled for the very next chunk (the device runs programs in
+order, so the old sequence's last writes land before the new owner's).
 
-Compiled programs: one prefill per (prompt bucket, power-of-two admission count, power-of-two
-distinct-prompt count); one
-decode chunk per sampling mode (all greedy; sampling; sampling with top-k/top-p) and cache
-view length (attention reads only the first slots while every live sequence is short; a
-few lengths, each about an eighth of the cache). Weights are sharded over the mesh's 'tp'
-axis (models.sharding rules) and slots over 'data'.
+Compiled programs: one prefill per (prompt bucket, power-of-two admission count, distinct-
+prompt count rounded to 1, 2, 3, 4, 6, 8, 12, ...); one decode chunk per sampling mode (all
+greedy; sampling; sampling with top-k/top-p) and number of pages read per row (attention
+reads only the first pages while every live sequence is short; a few counts, each about an
+eighth of the longest). Weights are sharded over the mesh's 'tp' axis (models.sharding
+rules), slots and the page pool over 'data'.
 
 A Sampler runs one generate/stream at a time; update_params is the only method meant to
 be called from other threads.

@@ -283,6 +283,25 @@ def test_completions_of_one_prompt_share_one_prefill(loaded, prompts):
   assert shared[0].tokens.tolist() != shared[1].tokens.tolist()  # samples still differ
 
 
+def test_a_small_page_pool_waits_preempts_and_restarts_to_the_same_tokens(loaded, prompts):
+  model, _ = loaded["llama"]
+  free = _sampler(model, page_size=4).generate(prompts)
+  # 12 pages of 4 positions for 4 slots that each reach 8 pages (16 + 16 positions): new
+  # sequences wait for pages, and growing ones preempt the newest, which restart later.
+  sampler = _sampler(model, page_size=4, kv_cache_tokens=48)
+  small = sampler.generate(prompts)
+  assert sampler.stats.preemptions > 0
+  for a, b in zip(free, small):
+    assert a.tokens.tolist() == b.tokens.tolist()
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+  assert sampler.stats.tokens == sum(c.num_tokens for c in small)  # restarts not counted twice
+  pool = sampler._pool
+  pool.check()
+  assert pool.used_pages == 0 and pool.peak_pages == 12  # every page back; the pool was full
+  with pytest.raises(UserError, match="sampler.kv_cache_tokens"):
+    _sampler(model, page_size=4, kv_cache_tokens=16)  # less than one full sequence
+
+
 def test_forced_interruption(loaded, prompts):
   model, tok = loaded["qwen2"]
   phrase = tok.encode("Stop</think>")
