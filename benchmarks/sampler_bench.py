@@ -44,6 +44,7 @@ import tempfile
 import time
 
 import numpy as np
+from train_step_bench import matmul_peak  # benchmarks/ is on sys.path when run
 
 # Peak HBM bandwidth (GB/s) of common accelerators, for the roofline line; --hbm-gbps wins.
 _PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "TPU v4": 1200.0,
@@ -176,23 +177,6 @@ def _timed(sampler, requests, repeats: int = 1) -> tuple[float, list]:
   return best, outs
 
 
-def _matmul_flops(dtype: str, size: int = 2048, repeats: int = 5) -> float:
-  """Best FLOP/s of one size^3 matmul in JAX on the default device."""
-  import jax
-  import jax.numpy as jnp
-
-  a = jax.random.normal(jax.random.key(0), (size, size), dtype)
-  b = jax.random.normal(jax.random.key(1), (size, size), dtype)
-  dot = jax.jit(jnp.dot)
-  dot(a, b).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    dot(a, b).block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return 2 * size ** 3 / best
-
-
 def _roofline(sampler, model_cfg, args, step_seconds: float, live_len: float) -> str:
   import jax
 
@@ -292,7 +276,7 @@ def main() -> int:
       match = float(np.mean(ours_tokens == hf_tokens))
       report["greedy_match"] = round(match, 5)
       log(f"[decode] greedy tokens equal to transformers': {match:.2%} (goal 100%)")
-  flops = _matmul_flops(args.dtype)
+  flops = matmul_peak(2048, dtype=args.dtype)
   limit = flops / (2 * matmul_params)
   report.update(matmul_gflop_s=round(flops / 1e9, 1), compute_limit_tok_s=round(limit, 1),
                 fraction_of_limit=round(ours_tps / limit, 4))

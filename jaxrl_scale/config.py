@@ -154,6 +154,12 @@ class SamplerConfig:
   decode_chunk: int = 8  # decode steps per jitted call; weight swaps happen between chunks
   prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
   stop_strings: tuple[str, ...] = ()
+  # Paged KV cache: positions per page, and the positions the page pool of one generator
+  # group holds (0 = every slot at its full length, so nothing is ever preempted). A pool
+  # sized for the average length holds more slots in the same memory; when it runs out, the
+  # newest sequence is preempted and restarts later (see generation/pages.py).
+  page_size: int = 16
+  kv_cache_tokens: int = 0
   # Forced length interruption (paper sec. 4): at a thinking budget drawn uniformly from
   # [interrupt_min, interrupt_max] tokens, force the phrase, then answer within answer_budget.
   interrupt: bool = False
@@ -170,6 +176,8 @@ class SamplerConfig:
     _check(0 < self.top_p <= 1, "sampler.top_p", f"must be in (0, 1], got {self.top_p}")
     _check(self.top_k >= 0, "sampler.top_k", "must be >= 0")
     _check(self.decode_chunk >= 1, "sampler.decode_chunk", "must be >= 1")
+    _check(self.page_size >= 1, "sampler.page_size", "must be >= 1")
+    _check(self.kv_cache_tokens >= 0, "sampler.kv_cache_tokens", "must be >= 0")
     _check(self.interrupt_min <= self.interrupt_max, "sampler.interrupt_min",
            "must be <= sampler.interrupt_max")
     _check(self.answer_budget >= 0, "sampler.answer_budget", "must be >= 0")

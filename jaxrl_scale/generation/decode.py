@@ -1,12 +1,15 @@
 """The sampler's device side: per-slot state, prefill into slots, and jitted decode chunks.
 
-Shapes: S slots, L cache slots per row, N decode steps per chunk, n rows admitted at once
-from u distinct prompts, T prompt bucket length, E eos ids, F forced-phrase tokens, V vocab.
+Shapes: S slots, M page-table entries per slot, N decode steps per chunk, n rows admitted at
+once from u distinct prompts, T prompt bucket length, E eos ids, F forced-phrase tokens,
+V vocab.
 
-A slot holds one sequence. Its cache row has the prompt's first P-1 tokens at slots
-[0, P-1); `token_S` is the newest token not yet in the cache (the last prompt token right
-after admission) and `pos_S` its slot and RoPE position. Each decode step feeds `token_S`,
-writes it at `pos_S`, and picks the next token from the resulting logits. Admission thus
+A slot holds one sequence. Its keys and values live in the pages its row of the page table
+lists (generation/pages.py keeps the table on the host and passes it to every program): the
+prompt's first P-1 tokens at positions [0, P-1); `token_S` is the newest token not yet in
+the cache (the last prompt token right after admission) and `pos_S` its position. Each
+decode step feeds `token_S`, writes it at `pos_S`, and picks the next token from the
+resulting logits. Admission thus
 needs no logits at all (XLA drops the LM head from the prefill program), and the first
 generated token goes through the same sampling, forcing and stopping code as every other.
 
@@ -42,7 +45,7 @@ RUNNING, END_EOS, END_LENGTH = 0, 1, 2
 class SlotState:
   """Everything a slot carries between decode steps (all leading dims are S)."""
 
-  cache: transformer.KVCache
+  cache: transformer.PagedKVCache
   token_S: jax.Array  # int32: next token to feed
   pos_S: jax.Array  # int32: its slot / RoPE position
   num_gen_S: jax.Array  # int32: tokens generated so far
@@ -104,10 +107,10 @@ def next_pow2(n: int) -> int:
 
 
 def state_shardings(model_cfg: ModelConfig, mesh: Mesh, num_slots: int) -> SlotState:
-  """Slots over the mesh's 'data' axis (cache kv heads over 'tp', per models.sharding)."""
+  """Slots and the page pool's shards over the mesh's 'data' axis (kv heads over 'tp')."""
   data = mesh.shape.get("data", 1)
   vec = NamedSharding(mesh, PartitionSpec("data" if data > 1 else None))
-  return SlotState(cache=sharding.cache_shardings(model_cfg, mesh, num_slots),
+  return SlotState(cache=sharding.cache_shardings(model_cfg, mesh),
                    token_S=vec, pos_S=vec, num_gen_S=vec, active_S=vec, seed_S=vec,
                    temperature_S=vec, top_k_S=vec, top_p_S=vec, limit_S=vec, force_at_S=vec,
                    answer_budget_S=vec)
@@ -125,13 +128,20 @@ def constants(eos_ids: Sequence[int], phrase: Sequence[int], think_end: int) -> 
                    think_end=np.asarray(think_end, np.int32))
 
 
-def empty_state(cfg: ModelConfig, num_slots: int, max_len: int,
-                cache_dtype: str | None) -> SlotState:
-  """All slots free (trace under jit with out_shardings so it is born sharded)."""
+def table_sharding(mesh: Mesh) -> NamedSharding:
+  """The page table [S, M]: rows with their slots over 'data'."""
+  data = mesh.shape.get("data", 1)
+  return NamedSharding(mesh, PartitionSpec("data" if data > 1 else None, None))
+
+
+def empty_state(cfg: ModelConfig, num_slots: int, shards: int, pages_per_shard: int,
+                page_size: int, cache_dtype: str | None) -> SlotState:
+  """All slots free, an empty page pool (trace under jit with out_shardings so it is born
+  sharded)."""
   s = num_slots
   zeros_i = jnp.zeros((s,), jnp.int32)
   return SlotState(
-      cache=transformer.init_cache(cfg, s, max_len, cache_dtype),
+      cache=transformer.init_pages(cfg, shards, pages_per_shard, page_size, cache_dtype),
       token_S=zeros_i, pos_S=zeros_i, num_gen_S=zeros_i,
       active_S=jnp.zeros((s,), jnp.bool_), seed_S=zeros_i,
       temperature_S=jnp.ones((s,), jnp.float32), top_k_S=zeros_i,
@@ -140,9 +150,9 @@ def empty_state(cfg: ModelConfig, num_slots: int, max_len: int,
 
 
 def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
-          adm: Admission, mesh: Mesh | None = None) -> SlotState:
-  """Prefills the admitted prompts once each and writes their keys/values into the slots
-  of every row that takes them.
+          adm: Admission, table_SM: jax.Array, mesh: Mesh | None = None) -> SlotState:
+  """Prefills the admitted prompts once each and writes their keys/values into the pages
+  of every row that takes them (rows sharing a prompt write its shared pages alike).
 
   With the generator's `mesh`, the prefill's activations are split by rows over its 'data'
   axis (when it divides u), which also lets `attention.causal_attention` pick the TPU kernel.
@@ -154,25 +164,35 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
     data = mesh.shape.get("data", 1)
     row_axis = "data" if data > 1 and u % data == 0 else None
     act_sharding = NamedSharding(mesh, PartitionSpec(row_axis, None, None))
-  max_len = state.cache.max_len
   positions_uT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (u, t))
   # The last prompt token is fed by the first decode step, so only P-1 tokens go in now.
   mask_uT = positions_uT < (adm.length_u - 1)[:, None]
-  # The full-sequence pass (the TPU attention kernel where there is one) rather than the
-  # cache path, whose dense [n, K, G, T, T] float32 scores grow with the bucket squared.
+  # The full-sequence pass (the TPU attention kernel where there is one).
   _, k_LuTKH, v_LuTKH = model.prefill(adm.tokens_uT, positions_uT, mask_uT,
                                       activation_sharding=act_sharding)
 
-  def put(big_LBKSH, small_LuTKH):  # rows slot_n, slots [0, T) of every layer
-    small_LnKTH = jnp.swapaxes(small_LuTKH[:, adm.source_n], 2, 3).astype(big_LBKSH.dtype)
-    return big_LBKSH.at[:, adm.slot_n, :, :t].set(small_LnKTH, mode="drop")
-
+  num_slots, width = table_SM.shape
+  pool = state.cache.k
+  # Index pool.shape[2] is past the pool, so the scatter drops it: padding, the last prompt
+  # token (the first decode step writes it) and unassigned entries (the null page) go there.
+  shards, past = pool.shape[1], pool.shape[2]
   length_n = adm.length_u[adm.source_n]
-  valid_nL = jnp.zeros((adm.slot_n.shape[0], max_len), jnp.bool_).at[:, :t].set(
-      mask_uT[adm.source_n])
-  cache = transformer.KVCache(
-      k=put(state.cache.k, k_LuTKH), v=put(state.cache.v, v_LuTKH),
-      valid_BS=state.cache.valid_BS.at[adm.slot_n].set(valid_nL, mode="drop"))
+  t_T = jnp.arange(t, dtype=jnp.int32)
+  real_n = adm.slot_n < num_slots
+  slot_n = jnp.minimum(adm.slot_n, num_slots - 1)
+  page_nT = table_SM[slot_n][:, jnp.minimum(t_T // pool.shape[4], width - 1)]
+  write_nT = (real_n[:, None] & (t_T[None, :] < (length_n - 1)[:, None])
+              & (t_T[None, :] // pool.shape[4] < width) & (page_nT < past - 1))
+  page_nT = jnp.where(write_nT, page_nT, past)
+  shard_nT = jnp.broadcast_to((slot_n // (num_slots // shards))[:, None], page_nT.shape)
+  off_nT = jnp.broadcast_to(t_T[None, :] % pool.shape[4], page_nT.shape)
+
+  def put(pool_LDPKCH, small_LuTKH):  # updates [n, T, L, K, H]
+    small_nTLKH = small_LuTKH[:, adm.source_n].transpose(1, 2, 0, 3, 4)
+    return pool_LDPKCH.at[:, shard_nT, page_nT, :, off_nT].set(
+        small_nTLKH.astype(pool_LDPKCH.dtype), mode="drop")
+
+  cache = transformer.PagedKVCache(k=put(state.cache.k, k_LuTKH), v=put(state.cache.v, v_LuTKH))
 
   def row(old, new):
     return old.at[adm.slot_n].set(new.astype(old.dtype), mode="drop")
@@ -195,12 +215,13 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
       answer_budget_S=row(state.answer_budget_S, adm.answer_budget_n))
 
 
-def _step(model: transformer.Transformer, st: SlotState, consts: Constants, truncate: bool,
-          all_greedy: bool) -> tuple[SlotState, tuple[jax.Array, ...]]:
+def _step(model: transformer.Transformer, st: SlotState, consts: Constants, table_SM: jax.Array,
+          view_pages: int, truncate: bool, all_greedy: bool,
+          ) -> tuple[SlotState, tuple[jax.Array, ...]]:
   """One decode step for every slot."""
   active_S = st.active_S
-  logits_S1V, cache = model(st.token_S[:, None], st.pos_S[:, None], active_S[:, None],
-                            cache=st.cache, cache_index_B=st.pos_S)
+  logits_S1V, cache = model.decode(st.token_S[:, None], st.pos_S, active_S, st.cache, table_SM,
+                                   view_pages=view_pages)
   logits_SV = logits_S1V[:, 0].astype(jnp.float32)
   seed_keys_SK = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(st.seed_S)
   keys_SK = sampling.step_keys(seed_keys_SK, st.num_gen_S)
@@ -241,16 +262,18 @@ def _step(model: transformer.Transformer, st: SlotState, consts: Constants, trun
 
 
 def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
-                 consts: Constants, *, num_steps: int, truncate: bool,
-                 all_greedy: bool = False) -> tuple[SlotState, ChunkOutput]:
+                 consts: Constants, table_SM: jax.Array, *, num_steps: int, view_pages: int,
+                 truncate: bool, all_greedy: bool = False) -> tuple[SlotState, ChunkOutput]:
   """`num_steps` decode steps for all slots in one program (lax.scan).
 
+  Attention reads each slot's first `view_pages` pages: the caller guarantees they cover
+  every live row's positions for the whole chunk (the engine grows the page table first).
   `truncate` and `all_greedy` are static sampling modes (see `sampling.sample`).
   """
   model = nnx.merge(graphdef, params)
 
   def body(st, _):
-    return _step(model, st, consts, truncate, all_greedy)
+    return _step(model, st, consts, table_SM, view_pages, truncate, all_greedy)
 
   state, (tok, lp, forced, valid, end) = jax.lax.scan(body, state, None, length=num_steps)
   return state, ChunkOutput(tokens_NS=tok, logprobs_NS=lp, forced_NS=forced, valid_NS=valid,
@@ -265,50 +288,28 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
 
 @functools.lru_cache(maxsize=None)
 def admit_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState) -> Callable:
-  """jit(admit) taking (param_leaves, state, admission); the state is donated."""
+  """jit(admit) taking (param_leaves, state, admission, page table); the state is donated."""
 
-  def run(param_leaves, state, adm):
+  def run(param_leaves, state, adm, table_SM):
     params = jax.tree.unflatten(param_treedef, param_leaves)
-    new = admit(graphdef, params, state, adm, mesh=shardings.token_S.mesh)
+    new = admit(graphdef, params, state, adm, table_SM, mesh=shardings.token_S.mesh)
     return jax.lax.with_sharding_constraint(new, shardings)
 
   return jax.jit(run, donate_argnums=(1,))
 
 
-def _cache_view(cache: transformer.KVCache, view_len: int) -> transformer.KVCache:
-  return transformer.KVCache(k=cache.k[:, :, :, :view_len], v=cache.v[:, :, :, :view_len],
-                             valid_BS=cache.valid_BS[:, :view_len])
-
-
-def _write_view(cache: transformer.KVCache, view: transformer.KVCache) -> transformer.KVCache:
-  n = view.max_len
-  return transformer.KVCache(k=cache.k.at[:, :, :, :n].set(view.k),
-                             v=cache.v.at[:, :, :, :n].set(view.v),
-                             valid_BS=cache.valid_BS.at[:, :n].set(view.valid_BS))
-
-
 @functools.lru_cache(maxsize=None)
 def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState,
                    num_steps: int, truncate: bool, all_greedy: bool,
-                   view_len: int) -> Callable:
-  """jit(decode_chunk) taking (param_leaves, state, consts); the state is donated.
+                   view_pages: int) -> Callable:
+  """jit(decode_chunk) taking (param_leaves, state, consts, page table); the state is
+  donated. `view_pages` bounds the attention read (see `decode_chunk`); the engine compiles
+  a few values of it, so short sequences do not pay for reading the longest."""
 
-  The chunk runs on the first `view_len` cache slots only: every step's attention reads
-  the whole cache it is given, so while all live sequences are short, a view cuts the
-  per-step cache traffic for the price of one copy out and back per chunk. The caller
-  guarantees that no live row writes at or past `view_len` during the chunk (the model
-  drops such writes; rows it is wrong about are finished ones, whose output is unused).
-  """
-
-  def run(param_leaves, state, consts):
+  def run(param_leaves, state, consts, table_SM):
     params = jax.tree.unflatten(param_treedef, param_leaves)
-    full_cache = state.cache
-    if view_len < full_cache.max_len:
-      state = dataclasses.replace(state, cache=_cache_view(full_cache, view_len))
-    state, out = decode_chunk(graphdef, params, state, consts, num_steps=num_steps,
-                              truncate=truncate, all_greedy=all_greedy)
-    if view_len < full_cache.max_len:
-      state = dataclasses.replace(state, cache=_write_view(full_cache, state.cache))
+    state, out = decode_chunk(graphdef, params, state, consts, table_SM, num_steps=num_steps,
+                              view_pages=view_pages, truncate=truncate, all_greedy=all_greedy)
     return jax.lax.with_sharding_constraint(state, shardings), out
 
   return jax.jit(run, donate_argnums=(1,))

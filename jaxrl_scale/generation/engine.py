@@ -5,31 +5,48 @@
       ...
     sampler.update_params(new_params, version=7)   # from any thread, at any time
 
+KV cache: paged (generation/pages.py). Each generator group holds a pool of pages of
+`sampler.page_size` positions per data shard; a slot's sequence holds the pages its
+positions so far need, taken as it grows and given back when it ends, so memory follows the
+live tokens rather than slots x the longest possible completion. `sampler.kv_cache_tokens`
+sizes the pool (0: every slot at its full length).
+
 Host loop, one iteration per decode chunk:
   1. swap in params posted by `update_params` once they are computed (only here, between
      chunks, so every chunk runs with one policy version; slots keep their KV cache across
      the swap). Until then the live slots decode on with the weights they have (double
      buffer: the trainer's next step and the generator overlap); with nothing live the
      loop waits for them;
-  2. admit waiting requests into free slots (one prefill per prompt-length bucket, each
-     distinct prompt computed once: the G completions of an RL prompt admitted together
-     share it), never while a posted update is still pending, so a new sequence starts on
-     the newest weights;
-  3. dispatch the next jitted chunk of N decode steps;
-  4. read back the chunk dispatched before it and hand out finished sequences.
-Step 4 lags step 3 by one chunk, so the device always has queued work while the host reads
+  2. admit requests into free slots while their data shard has free pages for the prompt
+     and the first chunk (a request waits, never fails, when the pool is full; preempted
+     requests go first). One prefill per prompt-length bucket; each distinct prompt is
+     computed once, and the G completions of an RL prompt admitted together on one shard
+     share its prompt-only pages (each gets its own copy of the page decoding writes
+     into). Never while a posted update is still pending, so a new sequence starts on the
+     newest weights;
+  3. give every live sequence the pages its next chunk writes; where a shard has too few,
+     preempt its most recently admitted sequences: their pages go back and their requests
+     restart from the prompt later (same seed: with the same weights, the same tokens;
+     Stats.preemptions counts them). The alternative, reserving every sequence's whole
+     budget at admission, would give back the memory paging saves;
+  4. dispatch the next jitted chunk of N decode steps;
+  5. read back the chunk dispatched before it, hand out finished sequences and free their
+     pages.
+Step 5 lags step 4 by one chunk, so the device always has queued work while the host reads
 results, matches stop strings and admits prompts. The price is that a slot freed by EOS in
 chunk k is refilled from chunk k+2 on, and a sequence stopped by a stop string (matched on
-the host) runs one chunk too long on the device; its extra tokens are dropped. A slot whose
-sequence must reach its token budget within the dispatched chunks is known to be free
-without reading anything back, and is refilled for the very next chunk.
+the host) runs one chunk too long on the device; its extra tokens are dropped (and its
+writes too, once its pages are given back). A slot whose sequence must reach its token
+budget within the dispatched chunks is known to be free without reading anything back:
+its pages go back and it is refilled for the very next chunk (the device runs programs in
+order, so the old sequence's last writes land before the new owner's).
 
-Compiled programs: one prefill per (prompt bucket, power-of-two admission count, power-of-two
-distinct-prompt count); one
-decode chunk per sampling mode (all greedy; sampling; sampling with top-k/top-p) and cache
-view length (attention reads only the first slots while every live sequence is short; a
-few lengths, each about an eighth of the cache). Weights are sharded over the mesh's 'tp'
-axis (models.sharding rules) and slots over 'data'.
+Compiled programs: one prefill per (prompt bucket, power-of-two admission count, distinct-
+prompt count rounded to 1, 2, 3, 4, 6, 8, 12, ...); one decode chunk per sampling mode (all
+greedy; sampling; sampling with top-k/top-p) and number of pages read per row (attention
+reads only the first pages while every live sequence is short; a few counts, each about an
+eighth of the longest). Weights are sharded over the mesh's 'tp' axis (models.sharding
+rules), slots and the page pool over 'data'.
 
 A Sampler runs one generate/stream at a time; update_params is the only method meant to
 be called from other threads.
@@ -52,6 +69,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxrl_scale.config import SamplerConfig
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import decode, records
+from jaxrl_scale.generation import pages as pages_lib
 from jaxrl_scale.models import sharding, transformer
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.parallel import transfer
@@ -70,6 +88,7 @@ class Stats:
   chunks: int = 0
   admissions: int = 0
   slot_steps: int = 0  # num_slots * decode steps dispatched (capacity)
+  preemptions: int = 0  # sequences stopped for want of pages, restarted later
   prefill_tokens: int = 0  # prompt positions the prefill programs computed (padding included)
   unshared_prefill_tokens: int = 0  # what they would have been with one prefill per row
   seconds: float = 0.0  # wall time inside stream()
@@ -106,6 +125,26 @@ def cache_geometry(cfg: SamplerConfig, max_prompt_len: int | None) -> tuple[list
                     f"need a bucket that long (largest is {buckets[-1]})")
   top = next(b for b in buckets if b >= longest)
   return [b for b in buckets if b <= top], top + cfg.max_new_tokens
+
+
+def pool_geometry(cfg: SamplerConfig, num_slots: int, shards: int, max_len: int,
+                  ) -> tuple[int, int]:
+  """(page_size, pages per data shard) of a generator group's page pool.
+
+  `sampler.kv_cache_tokens` = 0 gives every slot room for its full length; otherwise the
+  pool holds that many positions over the group (rounded up to whole pages per shard), and
+  must hold at least one full-length sequence per shard.
+  """
+  page = cfg.page_size
+  per_seq = -(-max_len // page)
+  if cfg.kv_cache_tokens == 0:
+    return page, (num_slots // shards) * per_seq
+  pages = -(-cfg.kv_cache_tokens // (page * shards))
+  if pages < per_seq:
+    raise UserError(f"config key 'sampler.kv_cache_tokens': {cfg.kv_cache_tokens} positions "
+                    f"over {shards} data shards give {pages} pages of {page} per shard; one "
+                    f"sequence of up to {max_len} positions needs {per_seq}")
+  return page, pages
 
 
 def _prompt_rows(n: int) -> int:
@@ -207,9 +246,19 @@ class Sampler:
         decode.constants(self.eos_ids, self.phrase_tokens, think_end),
         NamedSharding(self.mesh, PartitionSpec()))
 
-    mcfg, n_slots, max_len = model.cfg, self.num_slots, self.max_len
-    self._init_fn = jax.jit(lambda: decode.empty_state(mcfg, n_slots, max_len, cache_dtype),
-                            out_shardings=self._state_shardings)
+    page_size, pages = pool_geometry(cfg, self.num_slots, data, self.max_len)
+    self._pool = pages_lib.PagePool(page_size, pages, data, self.num_slots // data, self.max_len)
+    self._table_sharding = decode.table_sharding(self.mesh)
+    self._table: tuple[int, jax.Array] | None = None  # (pool version, device copy)
+    mcfg, n_slots = model.cfg, self.num_slots
+    self._init_fn = jax.jit(
+        lambda: decode.empty_state(mcfg, n_slots, data, pages, page_size, cache_dtype),
+        out_shardings=self._state_shardings)
+    self._deactivate_fn = jax.jit(
+        lambda state, keep_S: dataclasses.replace(state, active_S=state.active_S & keep_S),
+        donate_argnums=(0,))
+    self._waiting: collections.deque = collections.deque()  # pulled, not yet admitted
+    self._admissions = 0
     self._admit_fn = decode.admit_program(graphdef, self._param_treedef, self._state_shardings)
     self._decode_fns: dict[tuple[bool, bool, int], Callable] = {}
     self._state = self._init_fn()
@@ -347,8 +396,16 @@ class Sampler:
     return records.TokenBuffer(req, seed=seed & 0x7FFFFFFF, force_at=force_at, limit=limit)
 
   def _admit(self, placed: list[tuple[int, records.TokenBuffer]]) -> None:
-    """Prefills newly placed sequences, one call per prompt-length bucket."""
+    """Gives newly placed sequences their pages (the completions of one prompt on one shard
+    share its prompt pages) and prefills them, one call per prompt-length bucket."""
     cfg = self.cfg
+    by_prompt: dict[tuple, list[tuple[int, records.TokenBuffer]]] = collections.defaultdict(list)
+    for slot, buf in placed:
+      by_prompt[(self._pool.shard_of(slot), tuple(buf.request.prompt_tokens))].append(
+          (slot, buf))
+    for (_, prompt), rows in by_prompt.items():
+      self._pool.admit_group([slot for slot, _ in rows], len(prompt),
+                             [self._positions_after_chunk(buf) for _, buf in rows])
     groups: dict[int, list[tuple[int, records.TokenBuffer]]] = collections.defaultdict(list)
     for slot, buf in placed:
       n = len(buf.request.prompt_tokens)
@@ -386,26 +443,37 @@ class Sampler:
           seed_n=cols["seed"], temperature_n=cols["temperature"], top_k_n=cols["top_k"],
           top_p_n=cols["top_p"], limit_n=cols["limit"], force_at_n=cols["force_at"],
           answer_budget_n=cols["answer_budget"])
-      self._state = self._admit_fn(self._param_leaves, self._state, adm)
+      self._state = self._admit_fn(self._param_leaves, self._state, adm, self._device_table())
       self.stats.admissions += 1
       self.stats.prefill_tokens += u * bucket
       self.stats.unshared_prefill_tokens += n * bucket
 
-  def _decode_fn(self, truncate: bool, all_greedy: bool, view_len: int) -> Callable:
-    key = (truncate, all_greedy, view_len)
+  def _decode_fn(self, truncate: bool, all_greedy: bool, view_pages: int) -> Callable:
+    key = (truncate, all_greedy, view_pages)
     if key not in self._decode_fns:
       self._decode_fns[key] = decode.decode_program(
           self._graphdef, self._param_treedef, self._state_shardings, self.cfg.decode_chunk,
-          truncate, all_greedy, view_len)
+          truncate, all_greedy, view_pages)
     return self._decode_fns[key]
 
-  def _view_len(self, live: list[records.TokenBuffer]) -> int:
-    """Cache slots the next chunk needs, rounded up to one of a few compiled lengths."""
-    need = max(len(b.request.prompt_tokens) - 1 + min(b.steps_dispatched + self.cfg.decode_chunk,
-                                                      b.limit)
-               for b in live)
+  def _device_table(self) -> jax.Array:
+    """The page table on the generator mesh, re-sent only after it changed."""
+    if self._table is None or self._table[0] != self._pool.version:
+      self._table = (self._pool.version,
+                     jax.device_put(self._pool.table.copy(), self._table_sharding))
+    return self._table[1]
+
+  def _positions_after_chunk(self, buf: records.TokenBuffer) -> int:
+    """Positions [0, n) the sequence has written once its next chunk has run."""
+    return (len(buf.request.prompt_tokens) - 1
+            + min(buf.steps_dispatched + self.cfg.decode_chunk, buf.limit))
+
+  def _view_pages(self, live: list[records.TokenBuffer]) -> int:
+    """Pages the next chunk reads per row, rounded up to one of a few compiled counts."""
+    need = max(self._positions_after_chunk(b) for b in live)
     step = max(64, decode.next_pow2(self.max_len) // 8)
-    return min(self.max_len, -(-need // step) * step)
+    positions = min(self.max_len, -(-need // step) * step)
+    return min(self._pool.width, self._pool.pages_for(positions))
 
   def _modes(self, owners: list[records.TokenBuffer | None]) -> tuple[bool, bool]:
     """Static sampling modes of the next chunk: (truncate, all_greedy) over live slots."""
@@ -427,7 +495,12 @@ class Sampler:
     if self._running:
       raise RuntimeError("Sampler.generate/stream is already running: the slots are in use")
     self._running = True
+    pool = self._pool
+    for slot in range(self.num_slots):  # whatever an interrupted run left behind
+      pool.release(slot)
+    self._waiting.clear()
     owners: list[records.TokenBuffer | None] = [None] * self.num_slots
+    admitted_at = [0] * self.num_slots  # admission order, for choosing whom to preempt
     inflight: collections.deque = collections.deque()
     exhausted = False
     chunk_index = 0
@@ -436,40 +509,35 @@ class Sampler:
       while True:
         running = any(o is not None and not o.surely_done for o in owners)
         self._apply_pending(wait=not running)
+        # A sequence that has surely hit its token budget on the device gives its pages
+        # back now, before its last chunk is read back: anything dispatched later (an
+        # admission reusing the pages) runs after that chunk on the device.
+        for slot, buf in enumerate(owners):
+          if buf is not None and buf.surely_done and pool.held(slot):
+            pool.release(slot)
         # A request admitted now starts on the newest posted weights: while they are still
         # being computed the live slots decode on, and free slots wait for them.
-        admit = not exhausted and not self.update_pending
+        admit = (self._waiting or not exhausted) and not self.update_pending
         placed = []
-        for slot in range(self.num_slots):
-          if not admit:
-            break
-          # A slot whose sequence has surely hit its token budget on the device is
-          # refilled now, before its last chunk is read back: admission runs after that
-          # chunk on the device, and the old sequence is finished from the chunk snapshot.
-          if owners[slot] is not None and not owners[slot].surely_done:
-            continue
-          req = next(requests, _END)
-          if req is _END:
-            exhausted = True
-            break
-          if req is None:  # nothing to admit right now: keep decoding, ask next chunk
-            break
-          owners[slot] = self._new_buffer(req)
-          placed.append((slot, owners[slot]))
+        if admit:
+          placed, ended = self._place(requests, owners, admitted_at)
+          exhausted |= ended
         if placed:
           self._admit(placed)
+        live_slots = [s for s, o in enumerate(owners) if o is not None and not o.surely_done]
+        self._grow(live_slots, owners, admitted_at)
         live = [o for o in owners if o is not None and not o.surely_done]
         if live:
           truncate, all_greedy = self._modes(live)
-          self._state, out = self._decode_fn(truncate, all_greedy, self._view_len(live))(
-              self._param_leaves, self._state, self._consts)
+          self._state, out = self._decode_fn(truncate, all_greedy, self._view_pages(live))(
+              self._param_leaves, self._state, self._consts, self._device_table())
           inflight.append((out, self.version, list(owners)))
           for buf in live:
             buf.steps_dispatched += self.cfg.decode_chunk
           self.stats.chunks += 1
           self.stats.slot_steps += self.num_slots * self.cfg.decode_chunk
         elif not inflight:
-          if exhausted:
+          if exhausted and not self._waiting:
             break
           continue  # nothing live and nothing admitted: ask the iterator again
         while inflight and (len(inflight) > self.pipeline_depth or not live):
@@ -481,6 +549,77 @@ class Sampler:
     finally:
       self._running = False
       self.stats.seconds += time.perf_counter() - start
+
+  def _place(self, requests: Iterator[records.Request],
+             owners: list[records.TokenBuffer | None], admitted_at: list[int],
+             ) -> tuple[list[tuple[int, records.TokenBuffer]], bool]:
+    """Puts waiting requests (preempted ones first), then new ones, into free slots while
+    their shard has the pages for their prompt and first chunk.
+
+    Returns (placed (slot, buffer) pairs, whether the request iterator is exhausted).
+    """
+    pool = self._pool
+    budget = [pool.free_pages(d) for d in range(pool.shards)]
+    charged: set = set()  # (shard, prompt) groups whose shared prompt pages are paid for
+    placed: list[tuple[int, records.TokenBuffer]] = []
+    for slot in range(self.num_slots):
+      if owners[slot] is not None and not owners[slot].surely_done:
+        continue
+      if self._waiting:
+        req = self._waiting.popleft()
+      else:
+        req = next(requests, _END)
+        if req is _END:
+          return placed, True
+        if req is None:  # nothing to admit right now: keep decoding, ask next chunk
+          break
+      buf = self._new_buffer(req)
+      shard = pool.shard_of(slot)
+      key = (shard, tuple(req.prompt_tokens))
+      prompt_pages = (len(req.prompt_tokens) - 1) // pool.page_size
+      cost = pool.pages_for(self._positions_after_chunk(buf)) - prompt_pages
+      cost += prompt_pages if key not in charged else 0
+      if cost > budget[shard]:
+        self._waiting.appendleft(req)  # the pool is full: it waits for pages
+        break
+      budget[shard] -= cost
+      charged.add(key)
+      owners[slot] = buf
+      self._admissions += 1
+      admitted_at[slot] = self._admissions
+      placed.append((slot, buf))
+    return placed, False
+
+  def _grow(self, live_slots: list[int], owners: list[records.TokenBuffer | None],
+            admitted_at: list[int]) -> None:
+    """Gives every live sequence the pages its next chunk writes; where a shard has too
+    few, preempts its most recently admitted sequences (they restart later)."""
+    pool = self._pool
+    keep = np.ones((self.num_slots,), bool)
+    for slot in live_slots:
+      buf = owners[slot]
+      if buf is None:  # preempted in this loop
+        continue
+      need = self._positions_after_chunk(buf)
+      while not pool.grow(slot, need):
+        shard = pool.shard_of(slot)
+        victim = max((s for s in live_slots if owners[s] is not None
+                      and pool.shard_of(s) == shard), key=lambda s: admitted_at[s])
+        self._preempt(victim, owners)
+        keep[victim] = False
+        if victim == slot:
+          break
+    if not keep.all():
+      self._state = self._deactivate_fn(self._state, keep)
+
+  def _preempt(self, slot: int, owners: list[records.TokenBuffer | None]) -> None:
+    buf = owners[slot]
+    self._pool.release(slot)
+    buf.done = True  # chunks still in flight skip it
+    self.stats.tokens -= len(buf.tokens)
+    self.stats.preemptions += 1
+    owners[slot] = None
+    self._waiting.appendleft(buf.request)
 
   def _read_chunk(self, out: decode.ChunkOutput, version: int,
                   snapshot: list[records.TokenBuffer | None],
@@ -514,6 +653,7 @@ class Sampler:
       if reason is not None:
         if owners[slot] is buf:
           owners[slot] = None
+          self._pool.release(slot)
         self.stats.sequences += 1
         yield buf.request, buf.finish(reason, self._decode_text)
 

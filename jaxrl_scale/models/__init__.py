@@ -1,11 +1,11 @@
 """The policy model: an nnx Llama 3 / Qwen2 / Qwen3 decoder, its sharding, HF checkpoints I/O.
 
   config       ModelConfig, named presets, Hugging Face config.json conversion
-  layers       RMSNorm, RoPE, GQA attention projections and the KV-cache read/write, SwiGLU MLP
+  layers       RMSNorm, RoPE, GQA attention projections, paged KV attention, SwiGLU MLP
   attention    full-sequence causal attention: einsum path and the Pallas TPU kernel
-  transformer  Transformer (stacked, scanned layers; full-sequence, prefill and KV-cache
-               paths; remat policies), KVCache, init_cache
-  sharding     logical-axis rules, create_sharded_model, sharded caches
+  transformer  Transformer (stacked, scanned layers; full-sequence, prefill and paged
+               decode paths; remat policies), PagedKVCache, init_pages
+  sharding     logical-axis rules, create_sharded_model, page pool shardings
   hf_io        load_hf_model / save_hf_model (safetensors, sharded, no unsharded copy)
   tokenizer    built-in byte tokenizer and Hugging Face tokenizers
 

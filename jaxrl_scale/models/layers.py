@@ -153,46 +153,62 @@ class Attention(nnx.Module):
     return self.o_proj(out_BTNH.astype(q_BTNH.dtype)), aux
 
 
-def cached_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
-                     k_LBKSH: jax.Array, v_LBKSH: jax.Array, layer: jax.Array,
-                     slot_BT: jax.Array, allowed_BTS: jax.Array,
-                     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-  """Writes the new keys/values into layer `layer` of a stacked cache, then attends over it.
+def paged_attention(q_B1NH: jax.Array, k_B1KH: jax.Array, v_B1KH: jax.Array,
+                    k_LDPKCH: jax.Array, v_LDPKCH: jax.Array, layer: jax.Array,
+                    table_BM: jax.Array, pos_B: jax.Array, write_B: jax.Array,
+                    view_pages: int) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+  """One decode token per row: writes its key/value into its page, then attends over the
+  row's first `view_pages` pages (the XLA path for CPU and GPU).
 
-  The write is a scatter into the whole [L, B, K, S, H] buffer (in place inside the layer
-  scan's carry) rather than into a copied-out layer slice, so a decode step moves only the
-  new tokens' bytes besides the attention read. The cache keeps slots next to head_dim and
-  both einsums put the small dims (G, T) before S / H in their outputs: each (row, kv head)
-  is then one plain [G*T, H] x [H, S] and [G*T, S] x [S, H] matmul over contiguous memory,
-  and XLA:CPU copies nothing per step (with [B, S, K, H] it transposed every layer's whole
-  K and V on every step).
+  The pool is [L, D, P, K, C, H]: L layers, D data shards, P pages per shard (the last one
+  the null page), K kv heads, C positions per page, H head_dim. Row b lives on shard
+  b // (B / D) and its table row lists local page ids in position order, so position p is
+  at page table_BM[b, p // C], offset p % C. The read gathers the view's pages into
+  [B, K, V*C, H] (kv heads before positions, so each (row, head) is one contiguous matmul
+  operand) and lets the query at pos_B see positions <= pos_B.
 
   Args:
-    q_BTNH, k_BTKH, v_BTKH: this layer's projections (RoPE applied).
-    k_LBKSH, v_LBKSH: the stacked cache.
+    q_B1NH, k_B1KH, v_B1KH: this layer's projections of the one new token (RoPE applied).
+    k_LDPKCH, v_LDPKCH: the stacked page pool.
     layer: int32 scalar, which layer.
-    slot_BT: cache slot of each new token (out-of-range slots are dropped, not clamped).
-    allowed_BTS: which slots each query may attend to (after the writes).
+    table_BM: int32 page table, local page ids.
+    pos_B: int32 position of the new token.
+    write_B: bool, whether the row writes (inactive rows write nothing: their pages may
+      already belong to another sequence).
+    view_pages: static; pages read per row (covering every live row's positions).
 
   Returns:
-    (out_BTNH in q's dtype, (k_LBKSH, v_LBKSH) updated).
+    (out_B1NH in q's dtype, (k_LDPKCH, v_LDPKCH) updated).
   """
-  b_BT = jnp.broadcast_to(jnp.arange(q_BTNH.shape[0])[:, None], slot_BT.shape)
-  l_BT = jnp.broadcast_to(layer, slot_BT.shape)
-  # Advanced indices around a slice: the indexed dims [B, T] lead, so updates are [B, T, K, H].
-  k_LBKSH = k_LBKSH.at[l_BT, b_BT, :, slot_BT].set(k_BTKH.astype(k_LBKSH.dtype), mode="drop")
-  v_LBKSH = v_LBKSH.at[l_BT, b_BT, :, slot_BT].set(v_BTKH.astype(v_LBKSH.dtype), mode="drop")
-  k_BKSH = k_LBKSH[layer].astype(q_BTNH.dtype)
-  v_BKSH = v_LBKSH[layer].astype(q_BTNH.dtype)
-  b, t, n, h = q_BTNH.shape
-  k = k_BKSH.shape[1]
-  q_BKGTH = q_BTNH.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
-  scores_BKGTS = jnp.einsum("BKGTH,BKSH->BKGTS", q_BKGTH, k_BKSH,
-                            preferred_element_type=jnp.float32) * (h ** -0.5)
-  scores_BKGTS = jnp.where(allowed_BTS[:, None, None, :, :], scores_BKGTS, _MASKED)
-  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(v_BKSH.dtype)
-  out_BKGTH = jnp.einsum("BKGTS,BKSH->BKGTH", probs_BKGTS, v_BKSH)
-  return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h), (k_LBKSH, v_LBKSH)
+  b, _, n, h = q_B1NH.shape
+  _, d, p, k, c, _ = k_LDPKCH.shape
+  shard_B = jnp.arange(b, dtype=jnp.int32) // (b // d)
+  col_B = pos_B // c
+  page_B = jnp.take_along_axis(table_BM, jnp.minimum(col_B, table_BM.shape[1] - 1)[:, None],
+                               axis=1)[:, 0]
+  # Index p is past the pool, so the scatter drops it: inactive rows, positions past the
+  # table, and the null page (p - 1: an unassigned entry) are never written.
+  page_B = jnp.where(write_B & (col_B < table_BM.shape[1]) & (page_B < p - 1), page_B, p)
+  at = (layer, shard_B, page_B, slice(None), pos_B % c)  # updates [B, K, H]
+  k_LDPKCH = k_LDPKCH.at[at].set(k_B1KH[:, 0].astype(k_LDPKCH.dtype), mode="drop")
+  v_LDPKCH = v_LDPKCH.at[at].set(v_B1KH[:, 0].astype(v_LDPKCH.dtype), mode="drop")
+
+  pages_BV = table_BM[:, :view_pages]
+
+  def gather(pool_LDPKCH):  # [B, V, K, C, H] -> [B, K, V*C, H]
+    got_BVKCH = pool_LDPKCH[layer][shard_B[:, None], pages_BV]
+    return got_BVKCH.transpose(0, 2, 1, 3, 4).reshape(b, k, view_pages * c, h)
+
+  k_BKSH = gather(k_LDPKCH).astype(q_B1NH.dtype)
+  v_BKSH = gather(v_LDPKCH).astype(q_B1NH.dtype)
+  q_BKGH = q_B1NH[:, 0].reshape(b, k, n // k, h)
+  scores_BKGS = jnp.einsum("BKGH,BKSH->BKGS", q_BKGH, k_BKSH,
+                           preferred_element_type=jnp.float32) * (h ** -0.5)
+  allowed_BS = jnp.arange(view_pages * c, dtype=jnp.int32)[None, :] <= pos_B[:, None]
+  scores_BKGS = jnp.where(allowed_BS[:, None, None, :], scores_BKGS, _MASKED)
+  probs_BKGS = jax.nn.softmax(scores_BKGS, axis=-1).astype(v_BKSH.dtype)
+  out_BKGH = jnp.einsum("BKGS,BKSH->BKGH", probs_BKGS, v_BKSH)
+  return out_BKGH.reshape(b, 1, n, h), (k_LDPKCH, v_LDPKCH)
 
 
 class MLP(nnx.Module):

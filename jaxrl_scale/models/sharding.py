@@ -36,10 +36,6 @@ DEFAULT_RULES: Rules = {
     "norm": None,
 }
 
-# Axes a KV cache [L, B, K, S, H] is split over: rows over the data-parallel axis of whichever
-# mesh it lives on, kv heads over 'tp'.
-_BATCH_AXES = ("data", "fsdp")
-
 
 def logical_to_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh,
                     rules: Rules = DEFAULT_RULES) -> PartitionSpec:
@@ -109,22 +105,14 @@ def shard_model(model: transformer.Transformer, mesh: Mesh,
   return nnx.merge(graphdef, state)
 
 
-def cache_shardings(cfg: ModelConfig, mesh: Mesh, batch: int) -> transformer.KVCache:
-  """Shardings for a KVCache on `mesh`: rows over 'data'/'fsdp', kv heads over 'tp'."""
-  row_axis = next((a for a in _BATCH_AXES if a in mesh.shape and batch % mesh.shape[a] == 0),
-                  None)
+def cache_shardings(cfg: ModelConfig, mesh: Mesh) -> transformer.PagedKVCache:
+  """Shardings for a page pool [L, D, P + 1, K, C, H] on `mesh`: its D shards over 'data'
+  (D is the data axis size), kv heads over 'tp' (when it divides them)."""
+  data = mesh.shape.get("data", 1)
   head_axis = "tp" if "tp" in mesh.shape and cfg.num_kv_heads % mesh.shape["tp"] == 0 else None
-  kv = NamedSharding(mesh, PartitionSpec(None, row_axis, head_axis, None, None))
-  return transformer.KVCache(k=kv, v=kv,
-                             valid_BS=NamedSharding(mesh, PartitionSpec(row_axis, None)))
-
-
-def init_sharded_cache(cfg: ModelConfig, mesh: Mesh, batch: int, max_len: int,
-                       dtype: str | None = None) -> transformer.KVCache:
-  """`transformer.init_cache`, created directly in `cache_shardings`."""
-  init = jax.jit(lambda: transformer.init_cache(cfg, batch, max_len, dtype),
-                 out_shardings=cache_shardings(cfg, mesh, batch))
-  return init()
+  kv = NamedSharding(mesh, PartitionSpec(None, "data" if data > 1 else None, None, head_axis,
+                                         None, None))
+  return transformer.PagedKVCache(k=kv, v=kv)
 
 
 def param_count(state: Any) -> int:

@@ -19,28 +19,16 @@ Full-sequence path (trainer)
   `prefill(tokens_BT, positions_BT, mask_BT) -> (h_BTD, k_LBTKH, v_LBTKH)` is the same pass
   returning each layer's keys (RoPE applied) and values, for a sampler to put in its cache.
 
-KV-cache path (sampler)
-  `cache = init_cache(cfg, batch=B, max_len=S)` holds k and v of shape [L, B, K, S, H] (all
-  layers stacked; slots next to head_dim, so a decode step's attention reads each kv head's
-  keys as one contiguous [S, H] matrix and XLA needs no per-step transposed copy) and a per-row slot mask `valid_BS` (all False at first).
-  `h_BTD, cache = model.hidden_states(tokens_BT, positions_BT, mask_BT, cache=cache,
-  cache_index_B=idx_B)` (or `model(...)` for `(logits_BTV, cache)`):
-    * Write: token t of row b goes to slot idx_B[b] + t, and valid_BS[b, slot] is set to
-      mask_BT[b, t] (padding is written but marked invalid). Slots >= S are dropped, never
-      clamped, so idx_B[b] = S leaves row b's cache untouched. idx_B must be >= 0.
-    * Read: token t of row b attends to slot s iff valid_BS[b, s] (after this call's writes)
-      and s <= idx_B[b] + t. Rows are independent: one call may prefill row 0 from slot 0
-      while row 1 decodes at slot 57 (its one real token first, T - 1 masked after it; the
-      invalid slots it writes past its head are overwritten by its next steps).
-    * Slots are storage order, positions are RoPE angles; the sampler usually keeps
-      position == slot for the real tokens. Prefill: T = bucket length, right padded, idx = 0,
-      mask marks the prompt's L real tokens; decode then continues at slot L, position L,
-      overwriting the invalid padding slots. Decode: T = 1, each row at its own slot.
-    * Valid bits are only cleared by overwriting or by `clear_rows`. Reads never look past the
-      current slot, so a new sequence that starts at slot 0 and writes contiguously never
-      sees an old one; `clear_rows` is for anything else.
-  The result at a token with mask False is garbage; the row's logits for the next token are
-  those at its last real token. `sharding.init_sharded_cache` builds the cache on a mesh.
+Paged KV-cache path (sampler decode)
+  `cache = init_pages(cfg, shards=D, pages=P, page_size=C)` is a pool of P pages per data
+  shard (plus a null page), each holding C positions of every layer's keys and values:
+  k and v of shape [L, D, P + 1, K, C, H]. Which pages a row holds is the caller's page
+  table (generation/pages.py), passed to every call.
+  `logits_B1V, cache = model.decode(tokens_B1, pos_B, active_B, cache, table_BM,
+  view_pages=V)` feeds one token per row at position pos_B: it is written into the row's
+  page for that position (not for inactive rows) and attends to the row's positions
+  <= pos_B, read from its first V pages. Prompts go in through `prefill` (below), whose keys
+  and values the sampler scatters into the pages.
 
 Dtypes: params in cfg.param_dtype, activations in cfg.dtype, softmax of attention in float32.
 With cfg.lm_head_fp32 the LM head matmul and log-softmax run in float32 (ScaleRL "FP32
@@ -62,32 +50,28 @@ from jaxrl_scale.models.config import ModelConfig
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class KVCache:
-  """Keys/values of every layer [L, B, K, S, H] and the written-and-real slot mask [B, S]."""
+class PagedKVCache:
+  """Keys/values of every layer in pages: [L, D, P + 1, K, C, H] (the last page is null)."""
 
   k: jax.Array
   v: jax.Array
-  valid_BS: jax.Array
 
   @property
-  def max_len(self) -> int:
-    return self.valid_BS.shape[1]
+  def page_size(self) -> int:
+    return self.k.shape[4]
+
+  @property
+  def pages_per_shard(self) -> int:
+    return self.k.shape[2] - 1
 
 
-def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: str | None = None) -> KVCache:
-  """An empty cache (zeros, nothing valid); dtype defaults to cfg.dtype.
-
-  For a cache placed on a mesh see `sharding.init_sharded_cache`.
-  """
+def init_pages(cfg: ModelConfig, shards: int, pages: int, page_size: int,
+               dtype: str | None = None) -> PagedKVCache:
+  """An empty page pool (zeros); dtype defaults to cfg.dtype. Trace it under jit with
+  out_shardings (`sharding.cache_shardings`) to create it on a mesh."""
   dt = jnp.dtype(dtype or cfg.dtype)
-  shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
-  return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
-                 valid_BS=jnp.zeros((batch, max_len), jnp.bool_))
-
-
-def clear_rows(cache: KVCache, rows_B: jax.Array) -> KVCache:
-  """Marks every slot of the rows where rows_B is True as unwritten."""
-  return dataclasses.replace(cache, valid_BS=cache.valid_BS & ~rows_B[:, None])
+  shape = (cfg.num_layers, shards, pages + 1, cfg.num_kv_heads, page_size, cfg.head_dim)
+  return PagedKVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt))
 
 
 class Embedder(nnx.Module):
@@ -133,52 +117,51 @@ class Transformer(nnx.Module):
           param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype))
 
   def hidden_states(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
-                    cache: KVCache | None = None, cache_index_B: jax.Array | None = None,
                     *, remat: str = "none",
                     activation_sharding: jax.sharding.NamedSharding | None = None,
-                    ) -> jax.Array | tuple[jax.Array, KVCache]:
-    """Final-norm hidden states h_BTD; with a cache, (h_BTD, new_cache).
+                    ) -> jax.Array:
+    """Final-norm hidden states h_BTD.
 
     Args:
-      remat: a name from `REMAT_POLICIES` (full-sequence path only): what each layer keeps
-        for the backward pass; the rest is recomputed.
+      remat: a name from `REMAT_POLICIES`: what each layer keeps for the backward pass; the
+        rest is recomputed.
       activation_sharding: a NamedSharding for [B, T, D] activations, e.g. batch rows over
         'fsdp'. Without it the compiler may replicate the micro-batch on every chip.
     """
-    if (cache is None) != (cache_index_B is None):
-      raise ValueError("cache and cache_index_B must be given together")
     policy = _remat_policy(remat)
     pin = _pinner(activation_sharding)
     mask_BT = mask_BT.astype(jnp.bool_)
     x_BTD = pin(self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype)))
-    if cache is None:
-      x_BTD, _ = self._scan(x_BTD, positions_BT, mask_BT, policy, activation_sharding)
-      return pin(self.norm(x_BTD))
+    x_BTD, _ = self._scan(x_BTD, positions_BT, mask_BT, policy, activation_sharding)
+    return pin(self.norm(x_BTD))
 
-    _, t = tokens_BT.shape
-    slot_BT = cache_index_B.astype(jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-    b_BT = jnp.broadcast_to(jnp.arange(tokens_BT.shape[0])[:, None], slot_BT.shape)
-    valid_BS = cache.valid_BS.at[b_BT, slot_BT].set(mask_BT, mode="drop")
-    slots_S = jnp.arange(cache.max_len, dtype=jnp.int32)
-    allowed_BTS = valid_BS[:, None, :] & (slots_S[None, None, :] <= slot_BT[:, :, None])
+  def decode(self, tokens_B1: jax.Array, pos_B: jax.Array, active_B: jax.Array,
+             cache: PagedKVCache, table_BM: jax.Array, *, view_pages: int,
+             ) -> tuple[jax.Array, PagedKVCache]:
+    """One token per row through the paged cache: (logits_B1V, updated cache).
+
+    See the module docstring. The whole page pool rides in the layer scan's carry and each
+    layer scatters its new keys/values into it in place.
+    """
+    x_B1D = self.embed_tokens(tokens_B1).astype(jnp.dtype(self.cfg.dtype))
     graphdef, state_L = nnx.split(self.layers)
+    pos_B = pos_B.astype(jnp.int32)
 
-    # The whole stacked cache rides in the carry and each layer scatters its new tokens
-    # into it: scanning per-layer slices in and out instead would hold two copies.
     def body(carry, xs):
-      x_BTD, k_LBKSH, v_LBKSH = carry
+      x_B1D, k_pool, v_pool = carry
       layer_state, i = xs
 
-      def attend(q_BTNH, k_BTKH, v_BTKH):
-        return layers.cached_attention(q_BTNH, k_BTKH, v_BTKH, k_LBKSH, v_LBKSH, i, slot_BT,
-                                       allowed_BTS)
+      def attend(q_B1NH, k_B1KH, v_B1KH):
+        return layers.paged_attention(q_B1NH, k_B1KH, v_B1KH, k_pool, v_pool, i, table_BM,
+                                      pos_B, active_B, view_pages)
 
-      x_BTD, (k_LBKSH, v_LBKSH) = nnx.merge(graphdef, layer_state)(x_BTD, positions_BT, attend)
-      return (pin(x_BTD), k_LBKSH, v_LBKSH), None
+      x_B1D, (k_pool, v_pool) = nnx.merge(graphdef, layer_state)(x_B1D, pos_B[:, None],
+                                                                  attend)
+      return (x_B1D, k_pool, v_pool), None
 
-    (x_BTD, k_LBKSH, v_LBKSH), _ = jax.lax.scan(
-        body, (x_BTD, cache.k, cache.v), (state_L, jnp.arange(self.cfg.num_layers)))
-    return pin(self.norm(x_BTD)), KVCache(k=k_LBKSH, v=v_LBKSH, valid_BS=valid_BS)
+    (x_B1D, k_pool, v_pool), _ = jax.lax.scan(
+        body, (x_B1D, cache.k, cache.v), (state_L, jnp.arange(self.cfg.num_layers)))
+    return self.logits(self.norm(x_B1D)), PagedKVCache(k=k_pool, v=v_pool)
 
   def prefill(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array, *,
               activation_sharding: jax.sharding.NamedSharding | None = None,
@@ -260,14 +243,9 @@ class Transformer(nnx.Module):
     return out_NBt.transpose(1, 0, 2).reshape(b, t).astype(jnp.float32)
 
   def __call__(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
-               cache: KVCache | None = None, cache_index_B: jax.Array | None = None,
-               ) -> jax.Array | tuple[jax.Array, KVCache]:
-    """logits_BTV; with a cache, (logits_BTV, new_cache)."""
-    out = self.hidden_states(tokens_BT, positions_BT, mask_BT, cache, cache_index_B)
-    if cache is None:
-      return self.logits(out)
-    h_BTD, new_cache = out
-    return self.logits(h_BTD), new_cache
+               ) -> jax.Array:
+    """logits_BTV."""
+    return self.logits(self.hidden_states(tokens_BT, positions_BT, mask_BT))
 
 
 # What a layer keeps for the backward pass: "none" stores every activation, "full" stores only

@@ -204,7 +204,9 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
   param_leaves, treedef = jax.tree.flatten(params)
   param_leaves = tuple(param_leaves)
   shardings = decode.state_shardings(mcfg, mesh, slots)
-  state = jax.eval_shape(lambda: decode.empty_state(mcfg, slots, max_len, None))
+  page, pages = engine.pool_geometry(scfg, slots, data, max_len)
+  width = -(-max_len // page)
+  state = jax.eval_shape(lambda: decode.empty_state(mcfg, slots, data, pages, page, None))
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        state, shardings)
   rep = NamedSharding(mesh, PartitionSpec())
@@ -217,6 +219,7 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
                          slot_n=i32(n),
                          seed_n=i32(n), temperature_n=f32(n), top_k_n=i32(n), top_p_n=f32(n),
                          limit_n=i32(n), force_at_n=i32(n), answer_budget_n=i32(n))
+  table = jax.ShapeDtypeStruct((slots, width), jnp.int32, sharding=decode.table_sharding(mesh))
   cache_bytes = _per_chip(state.cache)
   resident = {"params": _per_chip(param_leaves), "kv_cache": cache_bytes,
               "batch": _per_chip(state) - cache_bytes}
@@ -224,18 +227,18 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
   truncate = scfg.top_p < 1.0 or scfg.top_k > 0
   steps = scfg.decode_chunk
   chunk = decode.decode_program(graphdef, treedef, shardings, steps, truncate,
-                                scfg.temperature == 0, max_len)
+                                scfg.temperature == 0, width)
   n_mat = matmul_params(mcfg)
   prefill_tokens = n * bucket
   decode_tokens = slots * steps
   groups = slices.generator_groups
   return [
-      Program("prefill", mesh, lambda: admit.lower(param_leaves, state, adm),
+      Program("prefill", mesh, lambda: admit.lower(param_leaves, state, adm, table),
               # The prefill computes no logits (XLA drops the unused LM head).
               2.0 * (n_mat - mcfg.vocab_size * mcfg.hidden_size) * prefill_tokens
               + attention_flops(mcfg, prefill_tokens, bucket / 2),
               prefill_tokens, groups, dict(resident)),
-      Program("decode", mesh, lambda: chunk.lower(param_leaves, state, consts),
+      Program("decode", mesh, lambda: chunk.lower(param_leaves, state, consts, table),
               2.0 * n_mat * decode_tokens + attention_flops(mcfg, decode_tokens, max_len),
               decode_tokens, groups, dict(resident)),
   ]

@@ -33,17 +33,20 @@ def test_admit_prefills_with_the_tpu_kernel_on_a_tpu_generator_mesh():
   param_leaves, treedef = jax.tree.flatten(abs_state)
   params = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for x, s in
             zip(param_leaves, jax.tree.leaves(sharding.state_shardings(abs_state, mesh)))]
-  slots, max_len = 8, 1024
+  slots, max_len, page = 8, 1024, 16
   shardings = decode.state_shardings(cfg, mesh, slots)
-  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                       jax.eval_shape(lambda: decode.empty_state(cfg, slots, max_len, None)),
-                       shardings)
+  state = jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+      jax.eval_shape(lambda: decode.empty_state(cfg, slots, 2, 4 * max_len // page, page, None)),
+      shardings)
+  table = jax.ShapeDtypeStruct((slots, max_len // page), jnp.int32,
+                               sharding=decode.table_sharding(mesh))
   program = decode.admit_program(graphdef, treedef, shardings)
   with jax.set_mesh(mesh):
-    lowered = program.lower(params, state, _admission(4, 512))
+    lowered = program.lower(params, state, _admission(4, 512), table)
     compiled = lowered.compile()
   # The prefill's attention is the Pallas kernel (a Mosaic custom call), not the dense
-  # einsum over the bucket; the cache keeps its [L, S, ...] sharding.
+  # einsum over the bucket; the page pool keeps its sharding.
   assert "tpu_custom_call" in lowered.as_text()
   assert compiled.memory_analysis() is not None
   assert compiled.output_shardings.cache.k.is_equivalent_to(shardings.cache.k, 5)

@@ -80,12 +80,12 @@ def test_greedy_matches_transformers_static_and_continuous(family, hf_checkpoint
 
 def test_long_generation_through_cache_views_matches_transformers(hf_checkpoints, loaded,
                                                                  prompts):
-  # Cache length 16 + 80 = 96: early chunks run on a 64-slot view of the cache, later
-  # ones on all of it; tokens and logprobs must not notice.
+  # Cache length 16 + 80 = 96: early chunks read the first 4 pages of 16 positions, later
+  # ones all 6; tokens and logprobs must not notice.
   model, _ = loaded["llama"]
   sampler = _sampler(model, max_new_tokens=80)
   outs = sampler.generate(prompts[:2])
-  assert set(k[2] for k in sampler._decode_fns) == {64, 96}
+  assert set(k[2] for k in sampler._decode_fns) == {4, 6}
   for prompt, out in zip(prompts, outs):
     tokens, logprobs = _hf_greedy(hf_checkpoints["llama"].hf_model, prompt, 80, None)
     assert out.tokens.tolist() == tokens
@@ -99,7 +99,8 @@ def test_sharded_on_generator_mesh_matches_single_device(loaded, prompts):
   mesh = jax.make_mesh((2, 2), mesh_lib.GENERATOR_AXES,
                        axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
   sharded = engine.Sampler(model, SAMPLER, mesh=mesh, eos_ids=())
-  assert sharded._state.cache.k.sharding.spec[:4] == (None, "data", "tp", None)
+  # The page pool [L, D, P, K, C, H]: its D shards over 'data', kv heads over 'tp'.
+  assert sharded._state.cache.k.sharding.spec[:4] == (None, "data", None, "tp")
   q_kernel = sharded.params["layers"]["self_attn"]["q_proj"]["kernel"][...]
   assert q_kernel.sharding.spec == jax.sharding.PartitionSpec(None, None, "tp", None)
   outs = sharded.generate(prompts[:4])
@@ -128,9 +129,28 @@ def _perturbed(model, seed):
   return nnx.merge(graphdef, noisy)
 
 
+_PAGE = 8
+
+
 @jax.jit
-def _forward(model, tokens_BT, positions_BT, mask_BT, cache, index_B):
-  return model(tokens_BT, positions_BT, mask_BT, cache=cache, cache_index_B=index_B)
+def _prefill_pages(model, tokens_1T, t, cache):
+  """Keys/values of model's full pass over tokens_1T[:, :t] into pages 0.. of shard 0."""
+  width = tokens_1T.shape[1]
+  pos_1T = jnp.arange(width)[None]
+  _, k_L1TKH, v_L1TKH = model.prefill(tokens_1T, pos_1T, pos_1T < t)
+
+  def put(pool, new_L1TKH):
+    l, _, _, kv, h = new_L1TKH.shape
+    pages_LMKCH = new_L1TKH[:, 0].reshape(l, width // _PAGE, _PAGE, kv, h).swapaxes(2, 3)
+    return pool.at[:, 0, :width // _PAGE].set(pages_LMKCH)
+
+  return transformer.PagedKVCache(k=put(cache.k, k_L1TKH), v=put(cache.v, v_L1TKH))
+
+
+@jax.jit
+def _decode_one(model, token, pos, cache, table):
+  return model.decode(jnp.asarray([[token]]), jnp.asarray([pos]), jnp.ones((1,), bool), cache,
+                      table, view_pages=table.shape[1])
 
 
 def _continue_greedy(model_a, model_b, prompt, tokens, k, n, width=32):
@@ -138,13 +158,13 @@ def _continue_greedy(model_a, model_b, prompt, tokens, k, n, width=32):
   inputs = list(prompt) + list(tokens[:k - 1])
   t = len(inputs)
   padded = jnp.asarray([inputs + [0] * (width - t)])  # one compiled shape for every prompt
-  cache = transformer.init_cache(model_a.cfg, 1, width + n)
-  _, cache = _forward(model_a, padded, jnp.arange(width)[None], jnp.arange(width)[None] < t,
-                      cache, jnp.zeros((1,), jnp.int32))
+  pages = (width + n) // _PAGE
+  cache = transformer.init_pages(model_a.cfg, shards=1, pages=pages, page_size=_PAGE)
+  table = jnp.arange(pages, dtype=jnp.int32)[None]
+  cache = _prefill_pages(model_a, padded, t, cache)
   out, last = [], tokens[k - 1]
   for pos in range(t, t + n - k):
-    logits, cache = _forward(model_b, jnp.asarray([[last]]), jnp.asarray([[pos]]),
-                             jnp.ones((1, 1), bool), cache, jnp.asarray([pos]))
+    logits, cache = _decode_one(model_b, last, pos, cache, table)
     last = int(jnp.argmax(logits[0, -1]))
     out.append(last)
   return out
@@ -261,6 +281,25 @@ def test_completions_of_one_prompt_share_one_prefill(loaded, prompts):
     assert a.tokens.tolist() == b.tokens.tolist()
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
   assert shared[0].tokens.tolist() != shared[1].tokens.tolist()  # samples still differ
+
+
+def test_a_small_page_pool_waits_preempts_and_restarts_to_the_same_tokens(loaded, prompts):
+  model, _ = loaded["llama"]
+  free = _sampler(model, page_size=4).generate(prompts)
+  # 12 pages of 4 positions for 4 slots that each reach 8 pages (16 + 16 positions): new
+  # sequences wait for pages, and growing ones preempt the newest, which restart later.
+  sampler = _sampler(model, page_size=4, kv_cache_tokens=48)
+  small = sampler.generate(prompts)
+  assert sampler.stats.preemptions > 0
+  for a, b in zip(free, small):
+    assert a.tokens.tolist() == b.tokens.tolist()
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+  assert sampler.stats.tokens == sum(c.num_tokens for c in small)  # restarts not counted twice
+  pool = sampler._pool
+  pool.check()
+  assert pool.used_pages == 0 and pool.peak_pages == 12  # every page back; the pool was full
+  with pytest.raises(UserError, match="sampler.kv_cache_tokens"):
+    _sampler(model, page_size=4, kv_cache_tokens=16)  # less than one full sequence
 
 
 def test_forced_interruption(loaded, prompts):

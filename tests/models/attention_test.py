@@ -244,3 +244,47 @@ def test_splash_backward_compiles_for_tpu(tpu_mesh, t, fused):
     assert text.count("tpu_custom_call") == 2 and "splash_mha_dq" not in text
   else:  # T beyond 16 kv tiles: separate dq and dkv kernels
     assert "splash_mha_dq" in text
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_paged_attention_matches_the_ragged_kernels_reference(shards):
+  """layers.paged_attention against jax's reference for the TPU ragged paged attention
+  kernel (decode rows: one query each, kv length = position + 1), on shuffled page tables,
+  one or two data shards, GQA 4 query heads over 2 kv heads."""
+  from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+
+  from jaxrl_scale.models import layers
+
+  rng = np.random.default_rng(0)
+  num_layers, rows, page, kv, groups, h, width = 2, 6, 4, 2, 2, 16, 5
+  per_shard = rows // shards
+  pages = per_shard * width + 3  # a few pages no row holds
+  pool_k = rng.normal(size=(num_layers, shards, pages + 1, kv, page, h)).astype(np.float32)
+  pool_v = rng.normal(size=pool_k.shape).astype(np.float32)
+  # Each shard's rows hold distinct, shuffled pages of that shard (local ids).
+  table = np.concatenate([rng.permutation(pages)[:per_shard * width].reshape(per_shard, width)
+                          for _ in range(shards)]).astype(np.int32)
+  pos = np.array([0, 3, 4, 9, 17, 19])[:rows].astype(np.int32)  # page-boundary cases
+  q = rng.normal(size=(rows, 1, kv * groups, h)).astype(np.float32)
+  k_new = rng.normal(size=(rows, 1, kv, h)).astype(np.float32)
+  v_new = rng.normal(size=(rows, 1, kv, h)).astype(np.float32)
+  layer = 1
+  out, (k_pool, v_pool) = jax.jit(layers.paged_attention, static_argnums=9)(
+      q, k_new, v_new, pool_k, pool_v, jnp.int32(layer), table, pos, jnp.ones((rows,), bool),
+      width)
+  k_pool, v_pool = np.asarray(k_pool), np.asarray(v_pool)
+  for b in range(rows):  # the new key/value landed at its page and offset
+    shard = b // per_shard
+    page_id = table[b, pos[b] // page]
+    np.testing.assert_array_equal(k_pool[layer, shard, page_id, :, pos[b] % page], k_new[b, 0])
+    np.testing.assert_array_equal(v_pool[layer, shard, page_id, :, pos[b] % page], v_new[b, 0])
+  for s in range(shards):
+    sl = slice(s * per_shard, (s + 1) * per_shard)
+    # The kernel's layout: [pages, page, 2K, H] with k and v heads interleaved.
+    combined = np.stack([k_pool[layer, s], v_pool[layer, s]], axis=2)  # [P, K, 2, C, H]
+    combined = combined.transpose(0, 3, 1, 2, 4).reshape(pages + 1, page, 2 * kv, h)
+    ref = rpa.ref_ragged_paged_attention(
+        jnp.asarray(q[sl, 0]), jnp.asarray(combined), jnp.asarray(pos[sl] + 1),
+        jnp.asarray(table[sl]), jnp.arange(per_shard + 1, dtype=jnp.int32),
+        jnp.asarray([per_shard], jnp.int32), sm_scale=h ** -0.5)
+    np.testing.assert_allclose(np.asarray(out)[sl, 0], np.asarray(ref), atol=2e-5, rtol=0)

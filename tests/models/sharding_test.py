@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import AxisType, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from jaxrl_scale.models import config, sharding
+from jaxrl_scale.models import config, sharding, transformer
 
 
 def _mesh(shape, axes=("fsdp", "tp")):
@@ -49,21 +49,29 @@ def test_create_sharded_model_places_and_matches_unsharded(tiny_model):
                                atol=1e-7, rtol=0, err_msg=str(p))
 
 
-def test_sharded_cache_path_matches_full_forward(tiny_model):
+def test_sharded_paged_decode_matches_full_forward(tiny_model):
   cfg = config.tiny_llama()
   mesh = _mesh((2, 2), ("data", "tp"))
   model = sharding.shard_model(tiny_model("tiny_llama"), mesh)
-  cache = sharding.init_sharded_cache(cfg, mesh, batch=2, max_len=8)
-  assert cache.k.shape == (cfg.num_layers, 2, cfg.num_kv_heads, 8, cfg.head_dim)
-  assert cache.k.sharding.spec == P(None, "data", "tp", None, None)
-  assert cache.valid_BS.sharding.spec == P("data", None)
+  shardings = sharding.cache_shardings(cfg, mesh)
+  cache = jax.jit(lambda: transformer.init_pages(cfg, shards=2, pages=3, page_size=2),
+                  out_shardings=shardings)()
+  assert cache.k.shape == (cfg.num_layers, 2, 4, cfg.num_kv_heads, 2, cfg.head_dim)
+  assert cache.k.sharding.spec == P(None, "data", None, "tp", None, None)
+  # Rows 0 and 1 sit on data shards 0 and 1; both hold local pages [2, 0] of their shard.
+  table = jax.device_put(np.array([[2, 0], [2, 0]], np.int32),
+                         NamedSharding(mesh, P("data", None)))
   tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 4)), jnp.int32)
+  step = nnx.jit(lambda m, t, p, c: m.decode(t, p, jnp.ones((2,), bool), c, table,
+                                             view_pages=2))
+  got = []
+  for n in range(4):
+    logits, cache = step(model, tokens[:, n:n + 1], jnp.full((2,), n, jnp.int32), cache)
+    got.append(np.asarray(logits)[:, 0])
   pos, mask = jnp.broadcast_to(jnp.arange(4), (2, 4)), jnp.ones((2, 4), bool)
-  step = nnx.jit(lambda m, t, p, k, c, i: m(t, p, k, cache=c, cache_index_B=i))
-  logits, cache = step(model, tokens, pos, mask, cache, jnp.zeros((2,), jnp.int32))
   full = nnx.jit(lambda m, t, p, k: m(t, p, k))(model, tokens, pos, mask)
-  np.testing.assert_allclose(np.asarray(logits), np.asarray(full), atol=1e-5, rtol=0)
-  assert np.asarray(cache.valid_BS).sum() == 8
+  np.testing.assert_allclose(np.stack(got, axis=1), np.asarray(full), atol=1e-5, rtol=0)
+  assert cache.k.sharding.is_equivalent_to(shardings.k, 6)
 
 
 def test_shard_model_moves_params_onto_a_mesh(tiny_model):

@@ -1,4 +1,4 @@
-"""The KV-cache path reproduces the full-sequence forward; dtype policy; log-probs."""
+"""The paged decode path reproduces the full-sequence forward; dtype policy; log-probs."""
 
 import dataclasses
 import functools
@@ -11,8 +11,7 @@ from flax import nnx
 
 from jaxrl_scale.models import config, transformer
 
-S_MAX = 16
-# Every test uses the same shapes (sequences of L, caches of ROWS rows, prefill buckets of
+# Every test uses the same shapes (sequences of L, pools of ROWS rows, prefill buckets of
 # BUCKET) so that each model compiles each path once.
 L, ROWS, BUCKET = 12, 3, 8
 
@@ -22,11 +21,6 @@ def _full(model, tokens, positions, mask):
   return model(tokens, positions, mask)
 
 
-@nnx.jit
-def _cached(model, tokens, positions, mask, cache, index):
-  return model(tokens, positions, mask, cache=cache, cache_index_B=index)
-
-
 def _full_logits(model, seq: np.ndarray) -> np.ndarray:
   """Logits of one unpadded sequence of length L, [L, V]."""
   assert len(seq) == L
@@ -34,25 +28,54 @@ def _full_logits(model, seq: np.ndarray) -> np.ndarray:
                           jnp.ones((1, L), bool)))[0]
 
 
-class Driver:
-  """Feeds rows of a cache the way a continuous-batching sampler does."""
+PAGE, PAGES = 4, 16  # L = 12 positions take 3 pages per row
 
-  def __init__(self, model, cfg):
-    self.model, self.batch = model, ROWS
-    self.cache = transformer.init_cache(cfg, ROWS, S_MAX)
 
-  def call(self, rows: dict[int, tuple[list[int], list[int], int, list[bool]]], width: int):
-    """rows: b -> (tokens, positions, start slot, mask); absent rows are left untouched."""
-    assert width in (1, BUCKET)
-    tok = np.zeros((self.batch, width), np.int32)
-    pos = np.zeros((self.batch, width), np.int32)
-    mask = np.zeros((self.batch, width), bool)
-    idx = np.full((self.batch,), S_MAX, np.int32)  # past the end: writes are dropped
-    for b, (t, p, start, m) in rows.items():
-      tok[b], pos[b], mask[b], idx[b] = t, p, m, start
-    logits, self.cache = _cached(self.model, jnp.asarray(tok), jnp.asarray(pos),
-                                 jnp.asarray(mask), self.cache, jnp.asarray(idx))
-    return np.asarray(logits)
+@nnx.jit
+def _decode(model, tokens_B1, pos_B, active_B, cache, table_BM):
+  return model.decode(tokens_B1, pos_B, active_B, cache, table_BM, view_pages=L // PAGE)
+
+
+@nnx.jit
+def _prefill(model, tokens_BT, lengths_B):
+  t = tokens_BT.shape[1]
+  pos_BT = jnp.broadcast_to(jnp.arange(t), tokens_BT.shape)
+  return model.prefill(tokens_BT, pos_BT, pos_BT < lengths_B[:, None])
+
+
+class Pages:
+  """A one-shard page pool fed the way the sampler feeds it: prompts through `prefill`
+  (their keys/values scattered into each row's pages on the host), then one token per row
+  and call through `decode`. Rows hold shuffled, non-contiguous pages."""
+
+  def __init__(self, model, cfg, seed=0):
+    self.model = model
+    self.cache = transformer.init_pages(cfg, shards=1, pages=PAGES, page_size=PAGE)
+    order = np.random.default_rng(seed).permutation(PAGES)
+    self.table = order[:ROWS * (L // PAGE)].reshape(ROWS, L // PAGE).astype(np.int32)
+
+  def prefill(self, tokens_BT: np.ndarray, lengths: list[int]):
+    """Writes positions [0, length) of each row; returns the prefill's logits [B, T, V]."""
+    h, k_LBTKH, v_LBTKH = _prefill(self.model, jnp.asarray(tokens_BT), jnp.asarray(lengths))
+    k, v = np.array(self.cache.k), np.array(self.cache.v)
+    for b, n in enumerate(lengths):
+      for t in range(n):
+        page, off = self.table[b, t // PAGE], t % PAGE
+        k[:, 0, page, :, off] = np.asarray(k_LBTKH)[:, b, t]
+        v[:, 0, page, :, off] = np.asarray(v_LBTKH)[:, b, t]
+    self.cache = transformer.PagedKVCache(k=jnp.asarray(k), v=jnp.asarray(v))
+    return np.asarray(nnx.jit(lambda m, x: m.logits(x))(self.model, h))
+
+  def decode(self, rows: dict[int, tuple[int, int]]) -> np.ndarray:
+    """rows: b -> (token, position); other rows are inactive. Returns logits [B, V]."""
+    tok = np.zeros((ROWS, 1), np.int32)
+    pos = np.zeros((ROWS,), np.int32)
+    active = np.zeros((ROWS,), bool)
+    for b, (t, p) in rows.items():
+      tok[b, 0], pos[b], active[b] = t, p, True
+    logits, self.cache = _decode(self.model, jnp.asarray(tok), jnp.asarray(pos),
+                                 jnp.asarray(active), self.cache, jnp.asarray(self.table))
+    return np.asarray(logits)[:, 0]
 
 
 @pytest.fixture(params=["tiny_llama", "tiny_qwen2", "tiny_qwen3"])
@@ -70,69 +93,45 @@ def _seqs(cfg, n, length, seed=0):
   return np.random.default_rng(seed).integers(0, cfg.vocab_size, size=(n, length)).astype(np.int32)
 
 
-def test_prefill_then_decode_matches_full_forward(model_cfg):
+def test_prefill_then_paged_decode_matches_full_forward(model_cfg):
   model, cfg = model_cfg
   seqs = _seqs(cfg, ROWS, L)
-  prompt_lens, bucket = [5, 3, 8], BUCKET
+  prompt_lens = [5, 3, 8]
   full = [_full_logits(model, s) for s in seqs]
-  drv = Driver(model, cfg)
-  out = drv.call({b: (seqs[b, :bucket], list(range(bucket)), 0,
-                      [j < prompt_lens[b] for j in range(bucket)]) for b in range(3)}, bucket)
-  for b in range(3):
-    np.testing.assert_allclose(out[b, :prompt_lens[b]], full[b][:prompt_lens[b]], atol=1e-5,
-                               rtol=0)
-  for step in range(12 - min(prompt_lens)):
-    active = {b: (seqs[b, [n]], [n], n, [True]) for b in range(3)
-              if (n := prompt_lens[b] + step) < 12}
-    out = drv.call(active, 1)
-    for b, (_, (n,), _, _) in active.items():
-      np.testing.assert_allclose(out[b, 0], full[b][n], atol=1e-5, rtol=0)
+  pages = Pages(model, cfg)
+  # Like the sampler: prompt positions [0, P - 1) by prefill, position P - 1 by decode.
+  out = pages.prefill(seqs[:, :BUCKET], [n - 1 for n in prompt_lens])
+  for b, n in enumerate(prompt_lens):
+    np.testing.assert_allclose(out[b, :n - 1], full[b][:n - 1], atol=1e-5, rtol=0)
+  for step in range(L - min(prompt_lens) + 1):
+    active = {b: (seqs[b, n], n) for b in range(ROWS) if (n := prompt_lens[b] - 1 + step) < L}
+    out = pages.decode(active)
+    for b, (_, n) in active.items():
+      np.testing.assert_allclose(out[b], full[b][n], atol=1e-5, rtol=0)
 
 
-def test_rows_prefill_while_others_decode_and_rows_are_reused(qwen3_model_cfg):
+def test_reused_pages_and_inactive_rows(qwen3_model_cfg):
   model, cfg = qwen3_model_cfg
   a, c, new = _seqs(cfg, 3, L, seed=1)
   full_a, full_c, full_new = (_full_logits(model, s) for s in (a, c, new))
-  drv = Driver(model, cfg)
-  pad = lambda toks: list(toks) + [0] * (BUCKET - len(toks))  # noqa: E731
-  real = lambda n: [True] * n + [False] * (BUCKET - n)  # noqa: E731
-  # Row 0 fills most of its cache (a long sequence the row is later reused after).
-  out = drv.call({0: (a[:BUCKET], list(range(BUCKET)), 0, real(6))}, BUCKET)
-  np.testing.assert_allclose(out[0, :6], full_a[:6], atol=1e-5, rtol=0)
-  for n in range(6, 9):
-    out = drv.call({0: (a[[n]], [n], n, [True])}, 1)
-    np.testing.assert_allclose(out[0, 0], full_a[n], atol=1e-5, rtol=0)
-  # Row 1 prefills (4 real tokens) while row 0 is mid-sequence.
-  out = drv.call({1: (pad(c[:4]), list(range(BUCKET)), 0, real(4))}, BUCKET)
-  np.testing.assert_allclose(out[1, :4], full_c[:4], atol=1e-5, rtol=0)
-  for step in range(3):  # joint decode, each row at its own slot
-    n0, n1 = 9 + step, 4 + step
-    out = drv.call({0: (a[[n0]], [n0], n0, [True]), 1: (c[[n1]], [n1], n1, [True])}, 1)
-    np.testing.assert_allclose(out[0, 0], full_a[n0], atol=1e-5, rtol=0)
-    np.testing.assert_allclose(out[1, 0], full_c[n1], atol=1e-5, rtol=0)
-  # Row 0 restarts with a new sequence from slot 0 (its stale slots 3..11 must stay
-  # invisible) in the same call that extends row 1 by 5 tokens from slot 7.
-  out = drv.call({0: (pad(new[:3]), list(range(BUCKET)), 0, real(3)),
-                  1: (pad(c[7:12]), list(range(7, 7 + BUCKET)), 7, real(5))}, BUCKET)
-  np.testing.assert_allclose(out[0, :3], full_new[:3], atol=1e-5, rtol=0)
-  np.testing.assert_allclose(out[1, :5], full_c[7:12], atol=1e-5, rtol=0)
-  for n in range(3, 6):
-    out = drv.call({0: (new[[n]], [n], n, [True])}, 1)
-    np.testing.assert_allclose(out[0, 0], full_new[n], atol=1e-5, rtol=0)
-
-
-def test_left_padded_prefill_then_decode(qwen3_model_cfg):
-  model, cfg = qwen3_model_cfg
-  seq = _seqs(cfg, 1, L, seed=2)[0]
-  full = _full_logits(model, seq)
-  drv = Driver(model, cfg)
-  # 5 prompt tokens left padded to 8: pads take slots 0..2, positions come from the mask.
-  out = drv.call({0: ([0, 0, 0] + seq[:5].tolist(), [0, 0, 0, 0, 1, 2, 3, 4], 0,
-                      [False] * 3 + [True] * 5)}, BUCKET)
-  np.testing.assert_allclose(out[0, 3:], full[:5], atol=1e-5, rtol=0)
-  for k in range(4):  # slots continue at 8, positions at 5
-    out = drv.call({0: (seq[[5 + k]], [5 + k], 8 + k, [True])}, 1)
-    np.testing.assert_allclose(out[0, 0], full[5 + k], atol=1e-5, rtol=0)
+  pages = Pages(model, cfg, seed=3)
+  # Row 0 fills all its pages by decoding alone; rows 1 and 2 are inactive and write nothing.
+  before = np.array(pages.cache.k)
+  for n in range(L):
+    np.testing.assert_allclose(pages.decode({0: (a[n], n)})[0], full_a[n], atol=1e-5, rtol=0)
+  after = np.array(pages.cache.k)
+  mine = np.zeros(PAGES + 1, bool)
+  mine[pages.table[0]] = True
+  assert (after[:, :, ~mine] == before[:, :, ~mine]).all()  # no other page was touched
+  assert (after[:, :, mine] != 0).any()
+  # Row 1 takes over row 0's pages (stale keys of `a` everywhere) for a new sequence, while
+  # row 2 decodes `c` in its own pages: the stale positions past row 1's head stay unseen.
+  pages.table[1] = pages.table[0]
+  pages.table[0] = PAGES  # the null page: row 0 holds nothing now
+  for n in range(L):
+    out = pages.decode({1: (new[n], n), 2: (c[n], n)})
+    np.testing.assert_allclose(out[1], full_new[n], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(out[2], full_c[n], atol=1e-5, rtol=0)
 
 
 def test_padding_does_not_leak_into_real_tokens(qwen3_model_cfg):
@@ -153,14 +152,6 @@ def test_padding_does_not_leak_into_real_tokens(qwen3_model_cfg):
   out_nomask = np.asarray(_full(model, jnp.asarray(left), jnp.asarray(pos_l),
                                 jnp.ones_like(jnp.asarray(mask_l))))
   assert np.abs(out_nomask[0, 3:] - ref).max() > 1e-3
-
-
-def test_clear_rows_hides_a_rows_slots():
-  cfg = config.tiny_llama()
-  cache = transformer.init_cache(cfg, 2, 4)
-  cache = dataclasses.replace(cache, valid_BS=jnp.ones((2, 4), bool))
-  cleared = transformer.clear_rows(cache, jnp.array([True, False]))
-  np.testing.assert_array_equal(np.asarray(cleared.valid_BS), [[False] * 4, [True] * 4])
 
 
 def test_dtype_policy_and_fp32_logits(tiny_model):
@@ -337,26 +328,17 @@ def test_activation_sharding_cuts_the_train_programs_memory():
           < 0.8 * free.memory_analysis().temp_size_in_bytes)
 
 
-def test_prefill_returns_the_cache_paths_keys_and_values(qwen3_model_cfg):
+def test_prefill_returns_what_decoding_writes_into_the_pages(qwen3_model_cfg):
   model, cfg = qwen3_model_cfg
-  tokens = jnp.asarray(_seqs(cfg, ROWS, BUCKET, seed=6))
-  mask = jnp.asarray(np.arange(BUCKET)[None, :] < np.array([5, 8, 1])[:, None])
-  pos = jnp.broadcast_to(jnp.arange(BUCKET), (ROWS, BUCKET))
-  h, k_LBTKH, v_LBTKH = nnx.jit(lambda m: m.prefill(tokens, pos, mask))(model)
-  cache = transformer.init_cache(cfg, ROWS, S_MAX)
-  h_ref, cache = _cached(model, tokens, pos, mask, cache, jnp.zeros((ROWS,), jnp.int32))
-  m = np.asarray(mask)
-  assert k_LBTKH.shape == (cfg.num_layers, ROWS, BUCKET, cfg.num_kv_heads, cfg.head_dim)
-  for got, ref in ((k_LBTKH, cache.k), (v_LBTKH, cache.v)):
-    np.testing.assert_allclose(np.asarray(got)[:, m], np.swapaxes(np.asarray(ref), 2, 3)[:, :, :BUCKET][:, m],
-                               atol=1e-5, rtol=0)
-  logits = np.asarray(nnx.jit(lambda m_, x: m_.logits(x))(model, h))
-  np.testing.assert_allclose(logits[m], np.asarray(h_ref)[m], atol=1e-5, rtol=0)
-
-
-def test_cache_arguments_go_together(tiny_model):
-  cfg = config.tiny_llama()
-  model = tiny_model("tiny_llama")
-  with pytest.raises(ValueError, match="together"):
-    model(jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2), bool),
-          cache=transformer.init_cache(cfg, 1, 4))
+  seqs = _seqs(cfg, ROWS, L, seed=6)
+  _, k_LBTKH, v_LBTKH = _prefill(model, jnp.asarray(seqs), jnp.full((ROWS,), L))
+  pages = Pages(model, cfg, seed=7)
+  for n in range(L):
+    pages.decode({b: (seqs[b, n], n) for b in range(ROWS)})
+  assert k_LBTKH.shape == (cfg.num_layers, ROWS, L, cfg.num_kv_heads, cfg.head_dim)
+  for got, pool in ((k_LBTKH, pages.cache.k), (v_LBTKH, pages.cache.v)):
+    for b in range(ROWS):
+      # [L, 3 pages, K, C, H] in table order -> [L, 12 positions, K, H]
+      written = np.asarray(pool)[:, 0, pages.table[b]].swapaxes(2, 3).reshape(
+          cfg.num_layers, L, cfg.num_kv_heads, cfg.head_dim)
+      np.testing.assert_allclose(np.asarray(got)[:, b], written, atol=1e-5, rtol=0)
