@@ -24,6 +24,7 @@ def test_sampler_bench_quick_matches_transformers_greedy():
     assert r[key] > 0
 
 
+@pytest.mark.slow  # two sampler runs in subprocesses; the engine tests cover sharing and pools
 def test_kv_bench_quick_shares_the_prefill_and_bounds_the_pool():
   # A pool as large as the dense cache: everything is admitted at once.
   r = _json("kv_bench.py", "--quick", "--json", "--pool-fraction", "1")
