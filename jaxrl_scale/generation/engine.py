@@ -41,11 +41,10 @@ budget within the dispatched chunks is known to be free without reading anything
 its pages go back and it is refilled for the very next chunk (the device runs programs in
 order, so the old sequence's last writes land before the new owner's).
 
-Compiled programs: one prefill per (prompt bucket, power-of-two admission count, distinct-
-prompt count rounded to 1, 2, 3, 4, 6, 8, 12, ...); one decode chunk per sampling mode (all
-greedy; sampling; sampling with top-k/top-p) and number of pages read per row (attention
-reads only the first pages while every live sequence is short; a few counts, each about an
-eighth of the longest). Weights are sharded over the mesh's 'tp' axis (models.sharding
+Compiled programs: one prefill per (prompt bucket, power-of-two admission count, distinct
+prompts rounded to 1, 2, 3, 4, 6, 8, 12, ...); one decode chunk per sampling mode (greedy;
+sampling; top-k/top-p) and pages read per row (only the first while every live sequence is
+short: a few counts, each about an eighth of the longest). Weights are sharded over the mesh's 'tp' axis (models.sharding
 rules), slots and the page pool over 'data'.
 
 A Sampler runs one generate/stream at a time; update_params is the only method meant to
@@ -77,30 +76,7 @@ from jaxrl_scale.parallel import transfer
 # Re-exported so callers need one import: engine.Sampler(...).generate([engine.Request(...)]).
 Request = records.Request
 Completion = records.Completion
-
-
-@dataclasses.dataclass
-class Stats:
-  """Counters over the sampler's lifetime (reset with `Sampler.reset_stats`)."""
-
-  tokens: int = 0  # valid generated tokens read back
-  sequences: int = 0
-  chunks: int = 0
-  admissions: int = 0
-  slot_steps: int = 0  # num_slots * decode steps dispatched (capacity)
-  preemptions: int = 0  # sequences stopped for want of pages, restarted later
-  prefill_tokens: int = 0  # prompt positions the prefill programs computed (padding included)
-  unshared_prefill_tokens: int = 0  # what they would have been with one prefill per row
-  seconds: float = 0.0  # wall time inside stream()
-
-  @property
-  def tokens_per_second(self) -> float:
-    return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-  @property
-  def slot_utilisation(self) -> float:
-    return self.tokens / self.slot_steps if self.slot_steps else 0.0
-
+Stats = records.Stats
 
 _END = object()  # sentinel: the request iterator is exhausted
 
@@ -110,41 +86,6 @@ def _paths_and_leaves(tree: Any) -> tuple[list[str], list[Any]]:
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
   paths = [jax.tree_util.keystr(p).removesuffix(".value") for p, _ in flat]
   return paths, [x for _, x in flat]
-
-
-def cache_geometry(cfg: SamplerConfig, max_prompt_len: int | None) -> tuple[list[int], int]:
-  """(prompt buckets in use, KV cache length per slot) for prompts up to `max_prompt_len`.
-
-  The cache holds the largest bucket the prompts need plus `max_new_tokens`; `jaxrl-scale
-  plan` sizes its programs with this too.
-  """
-  buckets = sorted(set(cfg.prompt_buckets))
-  longest = max_prompt_len if max_prompt_len is not None else buckets[-1]
-  if longest > buckets[-1]:
-    raise UserError(f"config key 'sampler.prompt_buckets': prompts up to {longest} tokens "
-                    f"need a bucket that long (largest is {buckets[-1]})")
-  top = next(b for b in buckets if b >= longest)
-  return [b for b in buckets if b <= top], top + cfg.max_new_tokens
-
-
-def pool_geometry(cfg: SamplerConfig, num_slots: int, shards: int, max_len: int,
-                  ) -> tuple[int, int]:
-  """(page_size, pages per data shard) of a generator group's page pool.
-
-  `sampler.kv_cache_tokens` = 0 gives every slot room for its full length; otherwise the
-  pool holds that many positions over the group (rounded up to whole pages per shard), and
-  must hold at least one full-length sequence per shard.
-  """
-  page = cfg.page_size
-  per_seq = -(-max_len // page)
-  if cfg.kv_cache_tokens == 0:
-    return page, (num_slots // shards) * per_seq
-  pages = -(-cfg.kv_cache_tokens // (page * shards))
-  if pages < per_seq:
-    raise UserError(f"config key 'sampler.kv_cache_tokens': {cfg.kv_cache_tokens} positions "
-                    f"over {shards} data shards give {pages} pages of {page} per shard; one "
-                    f"sequence of up to {max_len} positions needs {per_seq}")
-  return page, pages
 
 
 def _prompt_rows(n: int) -> int:
@@ -203,7 +144,7 @@ class Sampler:
       eos_ids = tokenizer.eos_ids if tokenizer is not None else model.cfg.eos_token_ids
     self.eos_ids = tuple(int(i) for i in eos_ids)
 
-    self.buckets, self.max_len = cache_geometry(cfg, max_prompt_len)
+    self.buckets, self.max_len = pages_lib.cache_geometry(cfg, max_prompt_len)
 
     # Completion.text drops special tokens (EOS, padding); stop strings see the raw text.
     self._decode_text = ((lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
@@ -246,7 +187,7 @@ class Sampler:
         decode.constants(self.eos_ids, self.phrase_tokens, think_end),
         NamedSharding(self.mesh, PartitionSpec()))
 
-    page_size, pages = pool_geometry(cfg, self.num_slots, data, self.max_len)
+    page_size, pages = pages_lib.pool_geometry(cfg, self.num_slots, data, self.max_len)
     self._pool = pages_lib.PagePool(page_size, pages, data, self.num_slots // data, self.max_len)
     self._table_sharding = decode.table_sharding(self.mesh)
     self._table: tuple[int, jax.Array] | None = None  # (pool version, device copy)

@@ -27,6 +27,44 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from jaxrl_scale.config import SamplerConfig
+from jaxrl_scale.errors import UserError
+
+
+def cache_geometry(cfg: SamplerConfig, max_prompt_len: int | None) -> tuple[list[int], int]:
+  """(prompt buckets in use, KV cache length per slot) for prompts up to `max_prompt_len`.
+
+  The cache holds the largest bucket the prompts need plus `max_new_tokens`; `jaxrl-scale
+  plan` sizes its programs with this too.
+  """
+  buckets = sorted(set(cfg.prompt_buckets))
+  longest = max_prompt_len if max_prompt_len is not None else buckets[-1]
+  if longest > buckets[-1]:
+    raise UserError(f"config key 'sampler.prompt_buckets': prompts up to {longest} tokens "
+                    f"need a bucket that long (largest is {buckets[-1]})")
+  top = next(b for b in buckets if b >= longest)
+  return [b for b in buckets if b <= top], top + cfg.max_new_tokens
+
+
+def pool_geometry(cfg: SamplerConfig, num_slots: int, shards: int, max_len: int,
+                  ) -> tuple[int, int]:
+  """(page_size, pages per data shard) of a generator group's page pool.
+
+  `sampler.kv_cache_tokens` = 0 gives every slot room for its full length; otherwise the
+  pool holds that many positions over the group (rounded up to whole pages per shard), and
+  must hold at least one full-length sequence per shard.
+  """
+  page = cfg.page_size
+  per_seq = -(-max_len // page)
+  if cfg.kv_cache_tokens == 0:
+    return page, (num_slots // shards) * per_seq
+  pages = -(-cfg.kv_cache_tokens // (page * shards))
+  if pages < per_seq:
+    raise UserError(f"config key 'sampler.kv_cache_tokens': {cfg.kv_cache_tokens} positions "
+                    f"over {shards} data shards give {pages} pages of {page} per shard; one "
+                    f"sequence of up to {max_len} positions needs {per_seq}")
+  return page, pages
+
 
 class PagePool:
   """Page bookkeeping for one generator group (all its data shards).

@@ -131,6 +131,29 @@ class TokenBuffer:
     )
 
 
+@dataclasses.dataclass
+class Stats:
+  """Counters over the sampler's lifetime (reset with `Sampler.reset_stats`)."""
+
+  tokens: int = 0  # valid generated tokens read back
+  sequences: int = 0
+  chunks: int = 0
+  admissions: int = 0
+  slot_steps: int = 0  # num_slots * decode steps dispatched (capacity)
+  preemptions: int = 0  # sequences stopped for want of pages, restarted later
+  prefill_tokens: int = 0  # prompt positions the prefill programs computed (padding included)
+  unshared_prefill_tokens: int = 0  # what they would have been with one prefill per row
+  seconds: float = 0.0  # wall time inside stream()
+
+  @property
+  def tokens_per_second(self) -> float:
+    return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+  @property
+  def slot_utilisation(self) -> float:
+    return self.tokens / self.slot_steps if self.slot_steps else 0.0
+
+
 class StopStrings:
   """Finds the first token at which a stop string completes in the generated text.
 

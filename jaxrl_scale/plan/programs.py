@@ -32,7 +32,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_scale.config import Config
 from jaxrl_scale.errors import UserError
-from jaxrl_scale.generation import decode, engine
+from jaxrl_scale.generation import decode
+from jaxrl_scale.generation import pages as pages_lib
 from jaxrl_scale.models import sharding
 from jaxrl_scale.models.config import ModelConfig
 from jaxrl_scale.parallel import mesh as mesh_lib
@@ -199,12 +200,12 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
   if slots % data:
     raise UserError(f"config key 'sampler.num_slots': {slots} slots per generator group are "
                     f"not a multiple of its data axis ({data} devices)")
-  buckets, max_len = engine.cache_geometry(scfg, cfg.data.max_prompt_tokens)
+  buckets, max_len = pages_lib.cache_geometry(scfg, cfg.data.max_prompt_tokens)
   graphdef, params = abstract_params(mcfg, mesh, dtype=mcfg.param_dtype)
   param_leaves, treedef = jax.tree.flatten(params)
   param_leaves = tuple(param_leaves)
   shardings = decode.state_shardings(mcfg, mesh, slots)
-  page, pages = engine.pool_geometry(scfg, slots, data, max_len)
+  page, pages = pages_lib.pool_geometry(scfg, slots, data, max_len)
   width = -(-max_len // page)
   state = jax.eval_shape(lambda: decode.empty_state(mcfg, slots, data, pages, page, None))
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
