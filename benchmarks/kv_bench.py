@@ -87,7 +87,7 @@ def main() -> int:
   assert [o.num_tokens for o in outs] == lengths.tolist(), "a completion missed its budget"
 
   st = sampler.stats
-  held = sum(x.nbytes for x in (sampler._state.cache.k, sampler._state.cache.v))
+  held = sampler._state.cache.kv.nbytes
   per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4  # float32 k and v
   dense = dense_positions * per_token
   peak_used = sampler._pool.peak_pages * args.page_size * per_token

@@ -190,7 +190,7 @@ def _roofline(sampler, model_cfg, args, step_seconds: float, live_len: float) ->
   if peak is None:
     return f"roofline: unknown peak bandwidth for {device.device_kind}; pass --hbm-gbps"
   param_bytes = sum(x.nbytes for x in jax.tree.leaves(sampler.params))
-  itemsize = sampler._state.cache.k.dtype.itemsize
+  itemsize = sampler._state.cache.kv.dtype.itemsize
   kv_bytes = (2 * model_cfg.num_layers * sampler.num_slots * live_len * model_cfg.num_kv_heads
               * model_cfg.head_dim * itemsize)
   achieved = (param_bytes + kv_bytes) / step_seconds / 1e9

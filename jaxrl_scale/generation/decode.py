@@ -172,27 +172,29 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
                                       activation_sharding=act_sharding)
 
   num_slots, width = table_SM.shape
-  pool = state.cache.k
+  pool = state.cache.kv  # [L, D, P + 1, C, 2K, H]
   # Index pool.shape[2] is past the pool, so the scatter drops it: padding, the last prompt
   # token (the first decode step writes it) and unassigned entries (the null page) go there.
-  shards, past = pool.shape[1], pool.shape[2]
+  shards, past, page = pool.shape[1], pool.shape[2], pool.shape[3]
   length_n = adm.length_u[adm.source_n]
   t_T = jnp.arange(t, dtype=jnp.int32)
   real_n = adm.slot_n < num_slots
   slot_n = jnp.minimum(adm.slot_n, num_slots - 1)
-  page_nT = table_SM[slot_n][:, jnp.minimum(t_T // pool.shape[4], width - 1)]
+  page_nT = table_SM[slot_n][:, jnp.minimum(t_T // page, width - 1)]
   write_nT = (real_n[:, None] & (t_T[None, :] < (length_n - 1)[:, None])
-              & (t_T[None, :] // pool.shape[4] < width) & (page_nT < past - 1))
+              & (t_T[None, :] // page < width) & (page_nT < past - 1))
   page_nT = jnp.where(write_nT, page_nT, past)
   shard_nT = jnp.broadcast_to((slot_n // (num_slots // shards))[:, None], page_nT.shape)
-  off_nT = jnp.broadcast_to(t_T[None, :] % pool.shape[4], page_nT.shape)
-
-  def put(pool_LDPKCH, small_LuTKH):  # updates [n, T, L, K, H]
-    small_nTLKH = small_LuTKH[:, adm.source_n].transpose(1, 2, 0, 3, 4)
-    return pool_LDPKCH.at[:, shard_nT, page_nT, :, off_nT].set(
-        small_nTLKH.astype(pool_LDPKCH.dtype), mode="drop")
-
-  cache = transformer.PagedKVCache(k=put(state.cache.k, k_LuTKH), v=put(state.cache.v, v_LuTKH))
+  off_nT = jnp.broadcast_to(t_T[None, :] % page, page_nT.shape)
+  # Keys go to the pool's even heads and values to its odd ones, each scattered on its own
+  # (an interleaved copy of both would double the prefill's largest temporary). Updates
+  # [L, n, T, K, H]: each destination row takes its source prompt's keys/values.
+  heads_11K = 2 * jnp.arange(k_LuTKH.shape[3], dtype=jnp.int32)[None, None, :]
+  at_nTK = (shard_nT[:, :, None], page_nT[:, :, None], off_nT[:, :, None])
+  for parity, new_LuTKH in ((0, k_LuTKH), (1, v_LuTKH)):
+    pool = pool.at[(slice(None),) + at_nTK + (heads_11K + parity,)].set(
+        new_LuTKH[:, adm.source_n].astype(pool.dtype), mode="drop")
+  cache = transformer.PagedKVCache(kv=pool)
 
   def row(old, new):
     return old.at[adm.slot_n].set(new.astype(old.dtype), mode="drop")
@@ -216,12 +218,12 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
 
 
 def _step(model: transformer.Transformer, st: SlotState, consts: Constants, table_SM: jax.Array,
-          view_pages: int, truncate: bool, all_greedy: bool,
+          view_pages: int, truncate: bool, all_greedy: bool, mesh: Mesh | None,
           ) -> tuple[SlotState, tuple[jax.Array, ...]]:
   """One decode step for every slot."""
   active_S = st.active_S
   logits_S1V, cache = model.decode(st.token_S[:, None], st.pos_S, active_S, st.cache, table_SM,
-                                   view_pages=view_pages)
+                                   view_pages=view_pages, mesh=mesh)
   logits_SV = logits_S1V[:, 0].astype(jnp.float32)
   seed_keys_SK = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(st.seed_S)
   keys_SK = sampling.step_keys(seed_keys_SK, st.num_gen_S)
@@ -263,17 +265,19 @@ def _step(model: transformer.Transformer, st: SlotState, consts: Constants, tabl
 
 def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
                  consts: Constants, table_SM: jax.Array, *, num_steps: int, view_pages: int,
-                 truncate: bool, all_greedy: bool = False) -> tuple[SlotState, ChunkOutput]:
+                 truncate: bool, all_greedy: bool = False, mesh: Mesh | None = None,
+                 ) -> tuple[SlotState, ChunkOutput]:
   """`num_steps` decode steps for all slots in one program (lax.scan).
 
-  Attention reads each slot's first `view_pages` pages: the caller guarantees they cover
-  every live row's positions for the whole chunk (the engine grows the page table first).
+  Off TPU, attention reads each slot's first `view_pages` pages: the caller guarantees they
+  cover every live row's positions for the whole chunk (the engine grows the page table
+  first). On a TPU `mesh` the ragged kernel reads each row's own length instead.
   `truncate` and `all_greedy` are static sampling modes (see `sampling.sample`).
   """
   model = nnx.merge(graphdef, params)
 
   def body(st, _):
-    return _step(model, st, consts, table_SM, view_pages, truncate, all_greedy)
+    return _step(model, st, consts, table_SM, view_pages, truncate, all_greedy, mesh)
 
   state, (tok, lp, forced, valid, end) = jax.lax.scan(body, state, None, length=num_steps)
   return state, ChunkOutput(tokens_NS=tok, logprobs_NS=lp, forced_NS=forced, valid_NS=valid,
@@ -309,7 +313,8 @@ def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSt
   def run(param_leaves, state, consts, table_SM):
     params = jax.tree.unflatten(param_treedef, param_leaves)
     state, out = decode_chunk(graphdef, params, state, consts, table_SM, num_steps=num_steps,
-                              view_pages=view_pages, truncate=truncate, all_greedy=all_greedy)
+                              view_pages=view_pages, truncate=truncate, all_greedy=all_greedy,
+                              mesh=shardings.token_S.mesh)
     return jax.lax.with_sharding_constraint(state, shardings), out
 
   return jax.jit(run, donate_argnums=(1,),

@@ -69,7 +69,7 @@ from jaxrl_scale.config import SamplerConfig
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import decode, records
 from jaxrl_scale.generation import pages as pages_lib
-from jaxrl_scale.models import sharding, transformer
+from jaxrl_scale.models import attention, sharding, transformer
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.parallel import transfer
 
@@ -190,6 +190,8 @@ class Sampler:
     page_size, pages = pages_lib.pool_geometry(cfg, self.num_slots, data, self.max_len)
     self._pool = pages_lib.PagePool(page_size, pages, data, self.num_slots // data, self.max_len)
     self._table_sharding = decode.table_sharding(self.mesh)
+    # The TPU kernel reads each row's own length, so one decode program serves all lengths.
+    self._ragged = attention.paged_impl(self.mesh, model.cfg.head_dim) == "ragged"
     self._table: tuple[int, jax.Array] | None = None  # (pool version, device copy)
     mcfg, n_slots = model.cfg, self.num_slots
     self._init_fn = jax.jit(
@@ -410,7 +412,10 @@ class Sampler:
             + min(buf.steps_dispatched + self.cfg.decode_chunk, buf.limit))
 
   def _view_pages(self, live: list[records.TokenBuffer]) -> int:
-    """Pages the next chunk reads per row, rounded up to one of a few compiled counts."""
+    """Pages the next chunk reads per row, rounded up to one of a few compiled counts (the
+    whole table on TPU, whose kernel reads each row's own length)."""
+    if self._ragged:
+      return self._pool.width
     need = max(self._positions_after_chunk(b) for b in live)
     step = max(64, decode.next_pow2(self.max_len) // 8)
     positions = min(self.max_len, -(-need // step) * step)

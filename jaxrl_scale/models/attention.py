@@ -1,14 +1,23 @@
-"""Causal grouped-query attention over a full sequence: an einsum path and a TPU kernel path.
+"""Attention: causal GQA over a full sequence, and one decode token over a paged KV cache.
 
-Semantics (both paths): query t of row b attends key s iff s <= t (array order) and
-mask_BT[b, s]. Query head n reads kv head n // (N / K), as in Hugging Face. Scores are scaled
-by head_dim**-0.5 and the softmax runs in float32; the output has q's dtype. A query with no
-visible key (a left-padding query) gets finite garbage, never NaN; callers ignore it.
+Full sequence (`causal_attention`). Semantics (both paths): query t of row b attends key s
+iff s <= t (array order) and mask_BT[b, s]. Query head n reads kv head n // (N / K), as in
+Hugging Face. Scores are scaled by head_dim**-0.5 and the softmax runs in float32; the
+output has q's dtype. A query with no visible key (a left-padding query) gets finite
+garbage, never NaN; callers ignore it.
 
 - "einsum": plain XLA, for CPU and GPU (and the reference the kernel is tested against).
 - "splash": the Pallas TPU splash-attention kernel (block-sparse causal mask, padding as
   segment ids), run per device under `jax.shard_map`.
 - "auto": "splash" when `sharding` lives on TPU devices, else "einsum".
+
+Paged decode (`paged_attention`): one new token per row is written into its page of the
+pool [L, D, P, C, 2K, H] and attends over the row's positions up to its own.
+
+- "gather": XLA; every row's first `view_pages` pages gathered into a dense view.
+- "ragged": JAX's Pallas TPU ragged paged attention kernel, per device under
+  `jax.shard_map`, reading each row's actual length.
+- "auto": "ragged" when the mesh is on TPUs, else "gather".
 """
 
 from __future__ import annotations
@@ -262,3 +271,155 @@ def _axes(entry) -> tuple[str, ...]:
   if entry is None:
     return ()
   return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+# ---- paged decode attention -----------------------------------------------------------------
+
+PAGED_IMPLS = ("auto", "gather", "ragged")
+
+
+def interleave_kv(k_BTKH: jax.Array, v_BTKH: jax.Array) -> jax.Array:
+  """[..., K, H] keys and values -> [..., 2K, H], key of kv head k at 2k and its value at
+  2k + 1: the page pool's head axis (the layout of JAX's ragged paged attention kernel)."""
+  kv = jnp.stack([k_BTKH, v_BTKH], axis=-2)
+  return kv.reshape(*k_BTKH.shape[:-2], 2 * k_BTKH.shape[-2], k_BTKH.shape[-1])
+
+
+def paged_attention(q_B1NH: jax.Array, k_B1KH: jax.Array, v_B1KH: jax.Array,
+                    kv_LDPCXH: jax.Array, layer: jax.Array, table_BM: jax.Array,
+                    pos_B: jax.Array, write_B: jax.Array, *, view_pages: int,
+                    impl: str = "auto", mesh: jax.sharding.Mesh | None = None,
+                    ) -> tuple[jax.Array, jax.Array]:
+  """One decode token per row: writes its key and value into the row's page for pos_B,
+  then attends over the row's positions <= pos_B.
+
+  The pool is [L, D, P, C, X, H]: L layers, D data shards, P pages per shard (the last one
+  the null page), C positions per page, X = 2K heads (`interleave_kv`), H head_dim. Row b
+  lives on shard b // (B / D) and its table row lists local page ids in position order, so
+  position p is at page table_BM[b, p // C], offset p % C.
+
+  Args:
+    q_B1NH, k_B1KH, v_B1KH: this layer's projections of the one new token (RoPE applied).
+    kv_LDPCXH: the stacked page pool.
+    layer: int32 scalar, which layer.
+    table_BM: int32 page table, local page ids.
+    pos_B: int32 position of the new token.
+    write_B: bool, whether the row writes (inactive rows write nothing: their pages may
+      already belong to another sequence). Writes to the null page are dropped too.
+    view_pages: static; for "gather", the pages read per row (covering every live row's
+      positions). "ragged" reads each row's own pos_B + 1 positions.
+    impl: "gather" (XLA: the rows' pages gathered into a dense view; CPU and GPU),
+      "ragged" (the Pallas TPU ragged paged attention kernel per device under
+      `jax.shard_map`; needs `mesh`), or "auto" (`paged_impl`).
+    mesh: the generator mesh: slots and pool shards over 'data', heads over 'tp'.
+
+  Returns:
+    (out_B1NH in q's dtype, kv_LDPCXH updated).
+  """
+  if impl not in PAGED_IMPLS:
+    raise ValueError(f"paged attention impl {impl!r} is not one of {', '.join(PAGED_IMPLS)}")
+  if impl == "auto":
+    impl = paged_impl(mesh, q_B1NH.shape[-1])
+  if impl == "ragged" and mesh is None:
+    raise ValueError("paged attention impl 'ragged' needs the generator mesh")
+  return _paged(q_B1NH, interleave_kv(k_B1KH[:, 0], v_B1KH[:, 0]), kv_LDPCXH, layer, table_BM,
+                pos_B, write_B, mesh, impl, view_pages)
+
+
+def paged_impl(mesh: jax.sharding.Mesh | None, head_dim: int) -> str:
+  """What `paged_attention(impl="auto")` runs on `mesh`: the kernel on TPUs when head_dim is
+  a multiple of the 128 lanes it works in (as in every model it is meant for), else XLA."""
+  tpu = mesh is not None and _on_tpu(mesh)
+  return "ragged" if tpu and head_dim % _LANES == 0 else "gather"
+
+
+def gather_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, kv_lens_B: jax.Array,
+                            page_indices_BM: jax.Array, view_pages: int) -> jax.Array:
+  """The XLA read, in the ragged kernel's terms for one query per row: row b attends its
+  first kv_lens_B[b] positions, held by pages page_indices_BM[b] of kv_QCXH; only the first
+  `view_pages` pages are read (they must cover every row's length)."""
+  b, n, h = q_BNH.shape
+  c, x = kv_QCXH.shape[1], kv_QCXH.shape[2]
+  k = x // 2
+  got_BVCXH = kv_QCXH[page_indices_BM[:, :view_pages]].astype(q_BNH.dtype)
+  got_BSK2H = got_BVCXH.reshape(b, view_pages * c, k, 2, h)
+  k_BSKH, v_BSKH = got_BSK2H[:, :, :, 0], got_BSK2H[:, :, :, 1]
+  q_BKGH = q_BNH.reshape(b, k, n // k, h)
+  scores_BKGS = jnp.einsum("BKGH,BSKH->BKGS", q_BKGH, k_BSKH,
+                           preferred_element_type=jnp.float32) * (h ** -0.5)
+  allowed_BS = jnp.arange(view_pages * c, dtype=jnp.int32)[None, :] < kv_lens_B[:, None]
+  scores_BKGS = jnp.where(allowed_BS[:, None, None, :], scores_BKGS, _MASKED)
+  probs_BKGS = jax.nn.softmax(scores_BKGS, axis=-1).astype(v_BSKH.dtype)
+  out_BKGH = jnp.einsum("BKGS,BSKH->BKGH", probs_BKGS, v_BSKH)
+  return out_BKGH.reshape(b, n, h)
+
+
+# KV positions one ragged-kernel block reads (its pages are double-buffered in VMEM) and the
+# queries (one per decoding row) one block holds.
+RAGGED_KV_TOKENS_PER_BLOCK = 1024
+RAGGED_QUERIES_PER_BLOCK = 32
+
+
+def _paged(q_B1NH: jax.Array, new_BXH: jax.Array, kv_LDPCXH: jax.Array, layer: jax.Array,
+           table_BM: jax.Array, pos_B: jax.Array, write_B: jax.Array,
+           mesh: jax.sharding.Mesh | None, impl: str, view_pages: int,
+           ) -> tuple[jax.Array, jax.Array]:
+  """Per device: the write, then the read ("ragged": JAX's TPU kernel; "gather":
+  `gather_decode_attention`).
+
+  Under `jax.shard_map` (when there is a mesh) each device holds its data shard's rows and
+  pool, heads split over 'tp' when it divides the kv heads (the pool's 2K axis then splits
+  into whole key/value pairs). The local pool [L, 1, P, C, 2K, H] is viewed as L * P pages
+  [L*P, C, 2K, H] (a reshape of leading dims, no copy), and layer `layer`'s pages are read
+  by offsetting the page table by layer * P: no layer slice is copied out of the pool.
+  """
+  b, _, n, h = q_B1NH.shape
+  l, d, p, c, x, _ = kv_LDPCXH.shape
+  width = table_BM.shape[1]
+  data = mesh.shape.get("data", 1) if mesh is not None else 1
+  tp = mesh.shape.get("tp", 1) if mesh is not None else 1
+  if (mesh is not None and d != data) or b % d:
+    raise ValueError(f"paged attention: pool shards {d}, rows {b} and the mesh's data axis "
+                     f"({data}) do not match")
+
+  def local(q_B1NH, new_BXH, kv_LDPCXH, layer, table_BM, pos_B, write_B):
+    # Without a mesh all D shards are here: row b reads shard b // (B / D)'s pages.
+    bl, dl, xl = q_B1NH.shape[0], kv_LDPCXH.shape[1], kv_LDPCXH.shape[4]
+    kv_QCXH = kv_LDPCXH.reshape(l * dl * p, c, xl, h)
+    base = (layer * dl + jnp.arange(bl, dtype=jnp.int32) // (bl // dl)) * p  # [B]
+    col_B = pos_B // c
+    page_B = jnp.take_along_axis(table_BM, jnp.minimum(col_B, width - 1)[:, None],
+                                 axis=1)[:, 0]
+    # Index l * D * p is past the pool, so the scatter drops it: inactive rows, positions
+    # past the table, and the null page (p - 1: an unassigned entry) are never written.
+    keep_B = write_B & (col_B < width) & (page_B < p - 1)
+    kv_QCXH = kv_QCXH.at[jnp.where(keep_B, base + page_B, l * dl * p), pos_B % c].set(
+        new_BXH.astype(kv_QCXH.dtype), mode="drop")
+    lens_B = (pos_B + 1).astype(jnp.int32)
+    pages_BM = (base[:, None] + table_BM).astype(jnp.int32)
+    if impl == "ragged":
+      from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+
+      out_BNH = rpa.ragged_paged_attention(
+          q_B1NH[:, 0], kv_QCXH, lens_B, pages_BM, jnp.arange(bl + 1, dtype=jnp.int32),
+          jnp.full((1,), bl, jnp.int32), sm_scale=h ** -0.5,
+          num_kv_pages_per_block=max(1, min(width, RAGGED_KV_TOKENS_PER_BLOCK // c)),
+          num_queries_per_block=min(bl, RAGGED_QUERIES_PER_BLOCK))
+    else:
+      out_BNH = gather_decode_attention(q_B1NH[:, 0], kv_QCXH, lens_B, pages_BM, view_pages)
+    return out_BNH[:, None].astype(q_B1NH.dtype), kv_QCXH.reshape(kv_LDPCXH.shape)
+
+  args = (q_B1NH, new_BXH, kv_LDPCXH, layer, table_BM, pos_B, write_B)
+  if mesh is None or mesh.devices.size == 1:
+    if impl == "ragged" and d > 1:
+      raise ValueError("paged attention impl 'ragged' needs one pool shard per device")
+    return local(*args)
+  heads = "tp" if tp > 1 and (x // 2) % tp == 0 and n % tp == 0 else None
+  rows = "data" if data > 1 else None
+  spec = jax.sharding.PartitionSpec
+  pool_spec = spec(None, rows, None, None, heads, None)
+  return jax.shard_map(
+      local, mesh=mesh,
+      in_specs=(spec(rows, None, heads, None), spec(rows, heads, None), pool_spec, spec(),
+                spec(rows, None), spec(rows), spec(rows)),
+      out_specs=(spec(rows, None, heads, None), pool_spec), check_vma=False)(*args)

@@ -20,10 +20,6 @@ from flax import nnx
 
 from jaxrl_scale.models.config import ModelConfig, RopeScaling
 
-# Finite (not -inf) so a query with no visible key (a padding row) gets a uniform softmax
-# instead of NaN; such rows are ignored by callers.
-_MASKED = float(np.finfo(np.float32).min)
-
 # (q_BTNH, k_BTKH, v_BTKH) -> (out_BTNH, aux); see `Attention.__call__`.
 Attend = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
 
@@ -138,7 +134,8 @@ class Attention(nnx.Module):
       positions_BT: RoPE positions of the T tokens.
       attend: (q_BTNH, k_BTKH, v_BTKH) -> (out_BTNH, aux): the attention itself, with RoPE
         (and the qk norms) already applied. The caller picks the full-sequence kernel or
-        the KV-cache read/write (`cached_attention`), so one layer serves both paths.
+        the paged KV-cache write and read (`attention.paged_attention`), so one layer
+        serves both paths.
     """
     q_BTNH = self.q_proj(x_BTD)
     k_BTKH = self.k_proj(x_BTD)
@@ -151,64 +148,6 @@ class Attention(nnx.Module):
     k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq_h)
     out_BTNH, aux = attend(q_BTNH, k_BTKH, v_BTKH)
     return self.o_proj(out_BTNH.astype(q_BTNH.dtype)), aux
-
-
-def paged_attention(q_B1NH: jax.Array, k_B1KH: jax.Array, v_B1KH: jax.Array,
-                    k_LDPKCH: jax.Array, v_LDPKCH: jax.Array, layer: jax.Array,
-                    table_BM: jax.Array, pos_B: jax.Array, write_B: jax.Array,
-                    view_pages: int) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-  """One decode token per row: writes its key/value into its page, then attends over the
-  row's first `view_pages` pages (the XLA path for CPU and GPU).
-
-  The pool is [L, D, P, K, C, H]: L layers, D data shards, P pages per shard (the last one
-  the null page), K kv heads, C positions per page, H head_dim. Row b lives on shard
-  b // (B / D) and its table row lists local page ids in position order, so position p is
-  at page table_BM[b, p // C], offset p % C. The read gathers the view's pages into
-  [B, K, V*C, H] (kv heads before positions, so each (row, head) is one contiguous matmul
-  operand) and lets the query at pos_B see positions <= pos_B.
-
-  Args:
-    q_B1NH, k_B1KH, v_B1KH: this layer's projections of the one new token (RoPE applied).
-    k_LDPKCH, v_LDPKCH: the stacked page pool.
-    layer: int32 scalar, which layer.
-    table_BM: int32 page table, local page ids.
-    pos_B: int32 position of the new token.
-    write_B: bool, whether the row writes (inactive rows write nothing: their pages may
-      already belong to another sequence).
-    view_pages: static; pages read per row (covering every live row's positions).
-
-  Returns:
-    (out_B1NH in q's dtype, (k_LDPKCH, v_LDPKCH) updated).
-  """
-  b, _, n, h = q_B1NH.shape
-  _, d, p, k, c, _ = k_LDPKCH.shape
-  shard_B = jnp.arange(b, dtype=jnp.int32) // (b // d)
-  col_B = pos_B // c
-  page_B = jnp.take_along_axis(table_BM, jnp.minimum(col_B, table_BM.shape[1] - 1)[:, None],
-                               axis=1)[:, 0]
-  # Index p is past the pool, so the scatter drops it: inactive rows, positions past the
-  # table, and the null page (p - 1: an unassigned entry) are never written.
-  page_B = jnp.where(write_B & (col_B < table_BM.shape[1]) & (page_B < p - 1), page_B, p)
-  at = (layer, shard_B, page_B, slice(None), pos_B % c)  # updates [B, K, H]
-  k_LDPKCH = k_LDPKCH.at[at].set(k_B1KH[:, 0].astype(k_LDPKCH.dtype), mode="drop")
-  v_LDPKCH = v_LDPKCH.at[at].set(v_B1KH[:, 0].astype(v_LDPKCH.dtype), mode="drop")
-
-  pages_BV = table_BM[:, :view_pages]
-
-  def gather(pool_LDPKCH):  # [B, V, K, C, H] -> [B, K, V*C, H]
-    got_BVKCH = pool_LDPKCH[layer][shard_B[:, None], pages_BV]
-    return got_BVKCH.transpose(0, 2, 1, 3, 4).reshape(b, k, view_pages * c, h)
-
-  k_BKSH = gather(k_LDPKCH).astype(q_B1NH.dtype)
-  v_BKSH = gather(v_LDPKCH).astype(q_B1NH.dtype)
-  q_BKGH = q_B1NH[:, 0].reshape(b, k, n // k, h)
-  scores_BKGS = jnp.einsum("BKGH,BKSH->BKGS", q_BKGH, k_BKSH,
-                           preferred_element_type=jnp.float32) * (h ** -0.5)
-  allowed_BS = jnp.arange(view_pages * c, dtype=jnp.int32)[None, :] <= pos_B[:, None]
-  scores_BKGS = jnp.where(allowed_BS[:, None, None, :], scores_BKGS, _MASKED)
-  probs_BKGS = jax.nn.softmax(scores_BKGS, axis=-1).astype(v_BKSH.dtype)
-  out_BKGH = jnp.einsum("BKGS,BKSH->BKGH", probs_BKGS, v_BKSH)
-  return out_BKGH.reshape(b, 1, n, h), (k_LDPKCH, v_LDPKCH)
 
 
 class MLP(nnx.Module):

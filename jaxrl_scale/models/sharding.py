@@ -106,13 +106,14 @@ def shard_model(model: transformer.Transformer, mesh: Mesh,
 
 
 def cache_shardings(cfg: ModelConfig, mesh: Mesh) -> transformer.PagedKVCache:
-  """Shardings for a page pool [L, D, P + 1, K, C, H] on `mesh`: its D shards over 'data'
-  (D is the data axis size), kv heads over 'tp' (when it divides them)."""
+  """Shardings for a page pool [L, D, P + 1, C, 2K, H] on `mesh`: its D shards over 'data'
+  (D is the data axis size), kv heads over 'tp' (when it divides them; each device then
+  holds whole key/value pairs)."""
   data = mesh.shape.get("data", 1)
   head_axis = "tp" if "tp" in mesh.shape and cfg.num_kv_heads % mesh.shape["tp"] == 0 else None
-  kv = NamedSharding(mesh, PartitionSpec(None, "data" if data > 1 else None, None, head_axis,
-                                         None, None))
-  return transformer.PagedKVCache(k=kv, v=kv)
+  kv = NamedSharding(mesh, PartitionSpec(None, "data" if data > 1 else None, None, None,
+                                         head_axis, None))
+  return transformer.PagedKVCache(kv=kv)
 
 
 def param_count(state: Any) -> int:

@@ -22,13 +22,16 @@ Full-sequence path (trainer)
 Paged KV-cache path (sampler decode)
   `cache = init_pages(cfg, shards=D, pages=P, page_size=C)` is a pool of P pages per data
   shard (plus a null page), each holding C positions of every layer's keys and values:
-  k and v of shape [L, D, P + 1, K, C, H]. Which pages a row holds is the caller's page
-  table (generation/pages.py), passed to every call.
+  kv of shape [L, D, P + 1, C, 2K, H], the key of kv head k at 2k and its value at 2k + 1
+  (`attention.interleave_kv`; the layout of JAX's TPU ragged paged attention kernel).
+  Which pages a row holds is the caller's page table (generation/pages.py), passed to
+  every call.
   `logits_B1V, cache = model.decode(tokens_B1, pos_B, active_B, cache, table_BM,
-  view_pages=V)` feeds one token per row at position pos_B: it is written into the row's
-  page for that position (not for inactive rows) and attends to the row's positions
-  <= pos_B, read from its first V pages. Prompts go in through `prefill` (below), whose keys
-  and values the sampler scatters into the pages.
+  view_pages=V, mesh=M)` feeds one token per row at position pos_B: it is written into the
+  row's page for that position (not for inactive rows) and attends to the row's positions
+  <= pos_B (`attention.paged_attention`: on TPU meshes the ragged kernel, reading each
+  row's own length; elsewhere an XLA gather of the first V pages). Prompts go in through
+  `prefill` (below), whose keys and values the sampler scatters into the pages.
 
 Dtypes: params in cfg.param_dtype, activations in cfg.dtype, softmax of attention in float32.
 With cfg.lm_head_fp32 the LM head matmul and log-softmax run in float32 (ScaleRL "FP32
@@ -51,18 +54,18 @@ from jaxrl_scale.models.config import ModelConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PagedKVCache:
-  """Keys/values of every layer in pages: [L, D, P + 1, K, C, H] (the last page is null)."""
+  """Keys/values of every layer in pages: [L, D, P + 1, C, 2K, H] (the last page is null;
+  keys at even heads, values at odd)."""
 
-  k: jax.Array
-  v: jax.Array
+  kv: jax.Array
 
   @property
   def page_size(self) -> int:
-    return self.k.shape[4]
+    return self.kv.shape[3]
 
   @property
   def pages_per_shard(self) -> int:
-    return self.k.shape[2] - 1
+    return self.kv.shape[2] - 1
 
 
 def init_pages(cfg: ModelConfig, shards: int, pages: int, page_size: int,
@@ -70,8 +73,8 @@ def init_pages(cfg: ModelConfig, shards: int, pages: int, page_size: int,
   """An empty page pool (zeros); dtype defaults to cfg.dtype. Trace it under jit with
   out_shardings (`sharding.cache_shardings`) to create it on a mesh."""
   dt = jnp.dtype(dtype or cfg.dtype)
-  shape = (cfg.num_layers, shards, pages + 1, cfg.num_kv_heads, page_size, cfg.head_dim)
-  return PagedKVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt))
+  shape = (cfg.num_layers, shards, pages + 1, page_size, 2 * cfg.num_kv_heads, cfg.head_dim)
+  return PagedKVCache(kv=jnp.zeros(shape, dt))
 
 
 class Embedder(nnx.Module):
@@ -137,31 +140,31 @@ class Transformer(nnx.Module):
 
   def decode(self, tokens_B1: jax.Array, pos_B: jax.Array, active_B: jax.Array,
              cache: PagedKVCache, table_BM: jax.Array, *, view_pages: int,
-             ) -> tuple[jax.Array, PagedKVCache]:
+             mesh: jax.sharding.Mesh | None = None) -> tuple[jax.Array, PagedKVCache]:
     """One token per row through the paged cache: (logits_B1V, updated cache).
 
     See the module docstring. The whole page pool rides in the layer scan's carry and each
-    layer scatters its new keys/values into it in place.
+    layer scatters its new keys/values into it in place. `mesh` (the generator's) picks
+    the TPU kernel when it holds TPUs.
     """
     x_B1D = self.embed_tokens(tokens_B1).astype(jnp.dtype(self.cfg.dtype))
     graphdef, state_L = nnx.split(self.layers)
     pos_B = pos_B.astype(jnp.int32)
 
     def body(carry, xs):
-      x_B1D, k_pool, v_pool = carry
+      x_B1D, pool = carry
       layer_state, i = xs
 
       def attend(q_B1NH, k_B1KH, v_B1KH):
-        return layers.paged_attention(q_B1NH, k_B1KH, v_B1KH, k_pool, v_pool, i, table_BM,
-                                      pos_B, active_B, view_pages)
+        return attention.paged_attention(q_B1NH, k_B1KH, v_B1KH, pool, i, table_BM, pos_B,
+                                         active_B, view_pages=view_pages, mesh=mesh)
 
-      x_B1D, (k_pool, v_pool) = nnx.merge(graphdef, layer_state)(x_B1D, pos_B[:, None],
-                                                                  attend)
-      return (x_B1D, k_pool, v_pool), None
+      x_B1D, pool = nnx.merge(graphdef, layer_state)(x_B1D, pos_B[:, None], attend)
+      return (x_B1D, pool), None
 
-    (x_B1D, k_pool, v_pool), _ = jax.lax.scan(
-        body, (x_B1D, cache.k, cache.v), (state_L, jnp.arange(self.cfg.num_layers)))
-    return self.logits(self.norm(x_B1D)), PagedKVCache(k=k_pool, v=v_pool)
+    (x_B1D, pool), _ = jax.lax.scan(body, (x_B1D, cache.kv),
+                                    (state_L, jnp.arange(self.cfg.num_layers)))
+    return self.logits(self.norm(x_B1D)), PagedKVCache(kv=pool)
 
   def prefill(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array, *,
               activation_sharding: jax.sharding.NamedSharding | None = None,

@@ -8,11 +8,13 @@ partitioning), finds each while loop's trip count, and sums:
 
   FLOPs   2 x multiply-adds of every `dot` and `convolution` (inside fusions too), plus the
           `flops` of custom calls that carry a cost estimate, and for the splash attention
-          kernels (which carry none) their block-sparse matmul count from the query shape;
+          kernels (which carry none) their block-sparse matmul count from the query shape
+          (the ragged paged attention kernel: QK^T and PV over one layer's full pool);
           elementwise work is left out (a few percent of a transformer's FLOPs).
   bytes   operands read + results written by every top-level kernel (fusion, copy,
           collective, dot, ...), where a slice of a loop-carried buffer (dynamic-slice, or an
-          in-place dynamic-update-slice or scatter) counts the slice, not the whole buffer.
+          in-place dynamic-update-slice or scatter) counts the slice, not the whole buffer;
+          the ragged paged attention kernel reads one layer's share of its pool operand.
 
 Each computation's totals are multiplied by how often it runs: a while body by its trip
 count (from `known_trip_count`, else from its condition's `i < N` compare, the counter's
@@ -287,9 +289,38 @@ def _splash_flops(inst: _Inst, shapes: dict[str, str]) -> float:
                                               block_kv)
 
 
-def _custom_flops(inst: _Inst, shapes: dict[str, str]) -> float:
+def _custom_flops(inst: _Inst, shapes: dict[str, str], paged_layers: int) -> float:
   m = re.search(r'"flops"\s*:\s*"?([0-9.eE+]+)', inst.attrs)
-  return float(m.group(1)) if m else _splash_flops(inst, shapes)
+  if m:
+    return float(m.group(1))
+  ragged = _ragged_paged(inst, shapes, paged_layers)
+  return ragged[0] if ragged else _splash_flops(inst, shapes)
+
+
+def _ragged_paged(inst: _Inst, shapes: dict[str, str], paged_layers: int,
+                  ) -> tuple[float, float] | None:
+  """(FLOPs, bytes) of one call of the ragged paged attention kernel (models.attention).
+
+  Its operands are the queries [T, N, H] and the whole page pool as pages [L*P, C, 2K, H]
+  (L = `paged_layers` layers' pages; one call reads one layer's). What a call reads
+  depends on the rows' lengths; it is charged one layer's whole pool, i.e. every slot at
+  the average length the pool was sized for (`sampler.kv_cache_tokens`): the pool's bytes
+  / L, plus the queries, the page table and the output. FLOPs: QK^T and PV of the N query
+  heads over those positions, 4 N H per position.
+  """
+  if not inst.name.startswith("ragged_paged_attention_kernel"):
+    return None
+  operands = [a for o in inst.operands for a in _arrays(shapes.get(o, ""))]
+  pools = [(d, dims) for d, dims in operands if len(dims) == 4]
+  queries = [dims for _, dims in operands if len(dims) == 3]
+  if not pools or not queries:
+    return None
+  d, pool = max(pools, key=lambda a: math.prod(a[1]))
+  _, n, h = queries[0]
+  positions = pool[0] * pool[1] / max(1, paged_layers)
+  pool_bytes = _DTYPE_BYTES[d] * math.prod(pool)
+  other = sum(_DTYPE_BYTES[t] * math.prod(dims) for t, dims in operands) - pool_bytes
+  return 4.0 * n * h * positions, pool_bytes / max(1, paged_layers) + other + _nbytes(inst.shape)
 
 
 def _counter(cond: list[_Inst]) -> tuple[int, int] | None:
@@ -413,9 +444,10 @@ def _dus_root_bytes(comp: list[_Inst], shapes: dict[str, str]) -> float | None:
 
 class _Analyzer:
 
-  def __init__(self, text: str, loops: bool):
+  def __init__(self, text: str, loops: bool, paged_layers: int = 1):
     self.comps, self.entry = parse(text)
     self.loops = loops
+    self.paged_layers = paged_layers
     self.memo: dict[str, Cost] = {}
     self.shapes = {c: {i.name: i.shape for i in insts} for c, insts in self.comps.items()}
 
@@ -433,7 +465,7 @@ class _Analyzer:
         total.flops += f
         total.weighted_flops += f * _passes(inst, shapes)
       elif op == "custom-call":
-        f = _custom_flops(inst, shapes)
+        f = _custom_flops(inst, shapes, self.paged_layers)
         total.flops += f
         total.weighted_flops += f
       if op == "while":
@@ -460,6 +492,9 @@ class _Analyzer:
     return total
 
   def _kernel_bytes(self, inst: _Inst, shapes: dict[str, str]) -> float:
+    ragged = _ragged_paged(inst, shapes, self.paged_layers)
+    if ragged is not None:
+      return ragged[1]
     out = _nbytes(inst.shape)
     reads = [_nbytes(shapes.get(o, "")) for o in inst.operands]
     if inst.opcode.endswith("-done"):
@@ -508,8 +543,9 @@ def _trip_count_of(inst: _Inst, comps: dict[str, list[_Inst]],
   return max(0, -((start - bound) // step))  # ceil((bound - start) / step)
 
 
-def analyze(hlo_text: str, loops: bool = True) -> Cost:
+def analyze(hlo_text: str, loops: bool = True, paged_layers: int = 1) -> Cost:
   """FLOPs and bytes of one device's program; `loops=False` counts every body once (as
-  XLA's own cost analysis does, for comparison)."""
-  a = _Analyzer(hlo_text, loops)
+  XLA's own cost analysis does, for comparison). `paged_layers`: how many layers' pages the
+  ragged paged attention kernel's pool operand holds (see `_ragged_paged`)."""
+  a = _Analyzer(hlo_text, loops, paged_layers)
   return a.cost(a.entry)

@@ -60,6 +60,8 @@ class Program:
     resident: per-chip bytes by kind held by the program's arguments (params, optimizer,
       kv_cache, batch/other), and `also_resident`: bytes on the same chips that the
       program does not see but that stay allocated while it runs.
+    paged_layers: layers in the page pool the decode kernel reads one layer of per call
+      (`hlo_cost.analyze`); 1 for programs without it.
   """
 
   name: str
@@ -70,6 +72,7 @@ class Program:
   groups: int = 1
   resident: dict[str, float] = dataclasses.field(default_factory=dict)
   also_resident: float = 0.0
+  paged_layers: int = 1
 
 
 def _per_chip(tree: Any) -> float:
@@ -233,6 +236,9 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
   prefill_tokens = n * bucket
   decode_tokens = slots * steps
   groups = slices.generator_groups
+  # Mean context of a decoding slot: the positions the pool holds per slot (it is sized for
+  # the run's average length), at most the longest sequence.
+  context = min(max_len, pages * page * data / slots)
   return [
       Program("prefill", mesh, lambda: admit.lower(param_leaves, state, adm, table),
               # The prefill computes no logits (XLA drops the unused LM head).
@@ -240,6 +246,6 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
               + attention_flops(mcfg, prefill_tokens, bucket / 2),
               prefill_tokens, groups, dict(resident)),
       Program("decode", mesh, lambda: chunk.lower(param_leaves, state, consts, table),
-              2.0 * n_mat * decode_tokens + attention_flops(mcfg, decode_tokens, max_len),
-              decode_tokens, groups, dict(resident)),
+              2.0 * n_mat * decode_tokens + attention_flops(mcfg, decode_tokens, context),
+              decode_tokens, groups, dict(resident), paged_layers=mcfg.num_layers),
   ]

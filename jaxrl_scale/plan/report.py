@@ -10,6 +10,8 @@ Per program and per chip:
   model_flops          6N per trained token, 2N per generated token, attention counted
   bound_seconds        max(FLOPs / peak, bytes / HBM bandwidth): the roofline time of one call
   mfu_bound            model FLOPs / (peak x bound_seconds): the best MFU the program allows
+  tokens_per_second    tokens one call processes / bound_seconds, job-wide and per chip (for
+                       decode: the roofline of reading the weights and the live KV each step)
 Collectives between chips are not in the roofline (ICI bandwidth is not modelled).
 """
 
@@ -63,6 +65,7 @@ def measure(program: programs_lib.Program, chip: chips_lib.Chip) -> dict[str, An
       compiled = program.lower().compile()
   except Exception as e:  # pylint: disable=broad-except
     need, first = _shortfall(str(e))
+    first = first or type(e).__name__  # an assertion inside a kernel says nothing else
     row.update(compile_seconds=time.perf_counter() - t0, fits=False, error=first,
                hbm_bytes_per_chip=int(need) if need is not None else None,
                compiled_flops_per_chip=None, bytes_accessed_per_chip=None,
@@ -71,7 +74,7 @@ def measure(program: programs_lib.Program, chip: chips_lib.Chip) -> dict[str, An
   row["compile_seconds"] = time.perf_counter() - t0
   stats = compiled.memory_analysis()
   hbm = _hbm(stats) + program.also_resident
-  cost = hlo_cost.analyze(compiled.as_text())
+  cost = hlo_cost.analyze(compiled.as_text(), paged_layers=program.paged_layers)
   t_flops = cost.weighted_flops / chip.peak_flops
   t_bytes = cost.bytes / chip.hbm_bandwidth
   bound = max(t_flops, t_bytes)
@@ -89,6 +92,8 @@ def measure(program: programs_lib.Program, chip: chips_lib.Chip) -> dict[str, An
                  if bound > 0 and program.model_flops else None),
       tokens_per_second=(program.tokens * program.groups / bound
                          if bound > 0 and program.tokens else None),
+      tokens_per_second_per_chip=(program.tokens / bound / chips
+                                  if bound > 0 and program.tokens else None),
       unknown_loops=cost.unknown_loops)
   return row
 
@@ -162,6 +167,11 @@ def table(plan: dict[str, Any]) -> str:
         f"{r['compile_seconds']:>8.0f}s")
   lines.append(f"  (GiB per chip; 'optim' includes buffers resident beside the program; "
                f"tok/s job-wide at the roofline bound)")
+  dec = plan["programs"].get("decode", {})
+  if dec.get("tokens_per_second_per_chip"):
+    lines.append(f"  decode roofline: {dec['tokens_per_second_per_chip']:,.0f} tok/s per chip "
+                 f"(weights + every slot's KV at the pool's average length, read once per "
+                 f"step, over HBM bandwidth)")
   tight = [n for n, r in plan["programs"].items()
            if r.get("fits") and r.get("headroom", 1.0) < HEADROOM]
   if tight:

@@ -49,4 +49,4 @@ def test_admit_prefills_with_the_tpu_kernel_on_a_tpu_generator_mesh():
   # einsum over the bucket; the page pool keeps its sharding.
   assert "tpu_custom_call" in lowered.as_text()
   assert compiled.memory_analysis() is not None
-  assert compiled.output_shardings.cache.k.is_equivalent_to(shardings.cache.k, 5)
+  assert compiled.output_shardings.cache.kv.is_equivalent_to(shardings.cache.kv, 6)

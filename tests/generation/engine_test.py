@@ -99,8 +99,8 @@ def test_sharded_on_generator_mesh_matches_single_device(loaded, prompts):
   mesh = jax.make_mesh((2, 2), mesh_lib.GENERATOR_AXES,
                        axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
   sharded = engine.Sampler(model, SAMPLER, mesh=mesh, eos_ids=())
-  # The page pool [L, D, P, K, C, H]: its D shards over 'data', kv heads over 'tp'.
-  assert sharded._state.cache.k.sharding.spec[:4] == (None, "data", None, "tp")
+  # The page pool [L, D, P, C, 2K, H]: its D shards over 'data', kv heads over 'tp'.
+  assert sharded._state.cache.kv.sharding.spec[:5] == (None, "data", None, None, "tp")
   q_kernel = sharded.params["layers"]["self_attn"]["q_proj"]["kernel"][...]
   assert q_kernel.sharding.spec == jax.sharding.PartitionSpec(None, None, "tp", None)
   outs = sharded.generate(prompts[:4])
@@ -139,12 +139,11 @@ def _prefill_pages(model, tokens_1T, t, cache):
   pos_1T = jnp.arange(width)[None]
   _, k_L1TKH, v_L1TKH = model.prefill(tokens_1T, pos_1T, pos_1T < t)
 
-  def put(pool, new_L1TKH):
-    l, _, _, kv, h = new_L1TKH.shape
-    pages_LMKCH = new_L1TKH[:, 0].reshape(l, width // _PAGE, _PAGE, kv, h).swapaxes(2, 3)
-    return pool.at[:, 0, :width // _PAGE].set(pages_LMKCH)
-
-  return transformer.PagedKVCache(k=put(cache.k, k_L1TKH), v=put(cache.v, v_L1TKH))
+  l, _, _, kv, h = k_L1TKH.shape
+  # Keys at even heads, values at odd: [L, T, K, 2, H] -> pages [L, M, C, 2K, H].
+  kv_LTK2H = jnp.stack([k_L1TKH[:, 0], v_L1TKH[:, 0]], axis=3)
+  pages_LMCXH = kv_LTK2H.reshape(l, width // _PAGE, _PAGE, 2 * kv, h)
+  return transformer.PagedKVCache(kv=cache.kv.at[:, 0, :width // _PAGE].set(pages_LMCXH))
 
 
 @jax.jit

@@ -56,8 +56,8 @@ def test_sharded_paged_decode_matches_full_forward(tiny_model):
   shardings = sharding.cache_shardings(cfg, mesh)
   cache = jax.jit(lambda: transformer.init_pages(cfg, shards=2, pages=3, page_size=2),
                   out_shardings=shardings)()
-  assert cache.k.shape == (cfg.num_layers, 2, 4, cfg.num_kv_heads, 2, cfg.head_dim)
-  assert cache.k.sharding.spec == P(None, "data", None, "tp", None, None)
+  assert cache.kv.shape == (cfg.num_layers, 2, 4, 2, 2 * cfg.num_kv_heads, cfg.head_dim)
+  assert cache.kv.sharding.spec == P(None, "data", None, None, "tp", None)
   # Rows 0 and 1 sit on data shards 0 and 1; both hold local pages [2, 0] of their shard.
   table = jax.device_put(np.array([[2, 0], [2, 0]], np.int32),
                          NamedSharding(mesh, P("data", None)))
@@ -71,7 +71,7 @@ def test_sharded_paged_decode_matches_full_forward(tiny_model):
   pos, mask = jnp.broadcast_to(jnp.arange(4), (2, 4)), jnp.ones((2, 4), bool)
   full = nnx.jit(lambda m, t, p, k: m(t, p, k))(model, tokens, pos, mask)
   np.testing.assert_allclose(np.stack(got, axis=1), np.asarray(full), atol=1e-5, rtol=0)
-  assert cache.k.sharding.is_equivalent_to(shardings.k, 6)
+  assert cache.kv.sharding.is_equivalent_to(shardings.kv, 6)
 
 
 def test_shard_model_moves_params_onto_a_mesh(tiny_model):

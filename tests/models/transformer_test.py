@@ -57,13 +57,13 @@ class Pages:
   def prefill(self, tokens_BT: np.ndarray, lengths: list[int]):
     """Writes positions [0, length) of each row; returns the prefill's logits [B, T, V]."""
     h, k_LBTKH, v_LBTKH = _prefill(self.model, jnp.asarray(tokens_BT), jnp.asarray(lengths))
-    k, v = np.array(self.cache.k), np.array(self.cache.v)
+    kv = np.array(self.cache.kv)  # [L, 1, P, C, 2K, H]: keys at even heads, values at odd
     for b, n in enumerate(lengths):
       for t in range(n):
         page, off = self.table[b, t // PAGE], t % PAGE
-        k[:, 0, page, :, off] = np.asarray(k_LBTKH)[:, b, t]
-        v[:, 0, page, :, off] = np.asarray(v_LBTKH)[:, b, t]
-    self.cache = transformer.PagedKVCache(k=jnp.asarray(k), v=jnp.asarray(v))
+        kv[:, 0, page, off, 0::2] = np.asarray(k_LBTKH)[:, b, t]
+        kv[:, 0, page, off, 1::2] = np.asarray(v_LBTKH)[:, b, t]
+    self.cache = transformer.PagedKVCache(kv=jnp.asarray(kv))
     return np.asarray(nnx.jit(lambda m, x: m.logits(x))(self.model, h))
 
   def decode(self, rows: dict[int, tuple[int, int]]) -> np.ndarray:
@@ -116,10 +116,10 @@ def test_reused_pages_and_inactive_rows(qwen3_model_cfg):
   full_a, full_c, full_new = (_full_logits(model, s) for s in (a, c, new))
   pages = Pages(model, cfg, seed=3)
   # Row 0 fills all its pages by decoding alone; rows 1 and 2 are inactive and write nothing.
-  before = np.array(pages.cache.k)
+  before = np.array(pages.cache.kv)
   for n in range(L):
     np.testing.assert_allclose(pages.decode({0: (a[n], n)})[0], full_a[n], atol=1e-5, rtol=0)
-  after = np.array(pages.cache.k)
+  after = np.array(pages.cache.kv)
   mine = np.zeros(PAGES + 1, bool)
   mine[pages.table[0]] = True
   assert (after[:, :, ~mine] == before[:, :, ~mine]).all()  # no other page was touched
@@ -336,9 +336,9 @@ def test_prefill_returns_what_decoding_writes_into_the_pages(qwen3_model_cfg):
   for n in range(L):
     pages.decode({b: (seqs[b, n], n) for b in range(ROWS)})
   assert k_LBTKH.shape == (cfg.num_layers, ROWS, L, cfg.num_kv_heads, cfg.head_dim)
-  for got, pool in ((k_LBTKH, pages.cache.k), (v_LBTKH, pages.cache.v)):
+  for got, heads in ((k_LBTKH, slice(0, None, 2)), (v_LBTKH, slice(1, None, 2))):
     for b in range(ROWS):
-      # [L, 3 pages, K, C, H] in table order -> [L, 12 positions, K, H]
-      written = np.asarray(pool)[:, 0, pages.table[b]].swapaxes(2, 3).reshape(
+      # [L, 3 pages, C, K, H] in table order -> [L, 12 positions, K, H]
+      written = np.asarray(pages.cache.kv)[:, 0, pages.table[b], :, heads].reshape(
           cfg.num_layers, L, cfg.num_kv_heads, cfg.head_dim)
       np.testing.assert_allclose(np.asarray(got)[:, b], written, atol=1e-5, rtol=0)

@@ -177,3 +177,34 @@ def test_in_place_cache_writes_count_the_update(tpu_mesh):
   # The compiler may copy the cache in and out once (a layout change: 4 x cache_bytes);
   # counting every step's scatter as a rewrite of the whole cache would add 2 x 16 x it.
   assert cost.bytes < 6 * cache_bytes
+
+
+def test_ragged_paged_kernel_is_charged_one_layers_pool(tpu_mesh):
+  """The decode kernel gets the whole pool [L*P, C, 2K, H] as an operand but reads one
+  layer's pages: it is charged that layer's share (every slot at the pool's average length)
+  and QK^T + PV over those positions, by hand."""
+  import functools
+
+  from jaxrl_scale.models import attention
+  mesh = Mesh(np.array(tpu_mesh.devices).reshape(4, 1), ("data", "tp"))
+  rows, n, k, h, page, width, pages, layers = 16, 8, 2, 128, 16, 8, 40, 4
+  sh = lambda *spec: NamedSharding(mesh, P(*spec))  # noqa: E731
+  args = (jax.ShapeDtypeStruct((rows, 1, n, h), jnp.bfloat16, sharding=sh("data")),
+          jax.ShapeDtypeStruct((rows, 1, k, h), jnp.bfloat16, sharding=sh("data")),
+          jax.ShapeDtypeStruct((rows, 1, k, h), jnp.bfloat16, sharding=sh("data")),
+          jax.ShapeDtypeStruct((layers, 4, pages + 1, page, 2 * k, h), jnp.bfloat16,
+                               sharding=sh(None, "data")),
+          jax.ShapeDtypeStruct((), jnp.int32, sharding=sh()),
+          jax.ShapeDtypeStruct((rows, width), jnp.int32, sharding=sh("data")),
+          jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=sh("data")),
+          jax.ShapeDtypeStruct((rows,), jnp.bool_, sharding=sh("data")))
+  fn = functools.partial(attention.paged_attention, view_pages=width, mesh=mesh)
+  with jax.set_mesh(mesh):
+    text = jax.jit(fn, donate_argnums=(3,)).lower(*args).compile().as_text()
+  assert "ragged_paged_attention_kernel" in text
+  layer_pool = (pages + 1) * page * 2 * k * h * 2  # one layer's pages on one chip, bytes
+  cost = hlo_cost.analyze(text, paged_layers=layers)
+  assert cost.flops == pytest.approx(4 * n * h * (pages + 1) * page, rel=1e-6)
+  assert layer_pool <= cost.bytes < layer_pool * 1.2
+  # Charging the whole operand instead would count every layer's pages on every call.
+  assert hlo_cost.analyze(text).bytes >= layers * layer_pool
