@@ -333,24 +333,24 @@ def paged_impl(mesh: jax.sharding.Mesh | None, head_dim: int) -> str:
   return "ragged" if tpu and head_dim % _LANES == 0 else "gather"
 
 
-def gather_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, kv_lens_B: jax.Array,
-                            page_indices_BM: jax.Array, view_pages: int) -> jax.Array:
-  """The XLA read, in the ragged kernel's terms for one query per row: row b attends its
-  first kv_lens_B[b] positions, held by pages page_indices_BM[b] of kv_QCXH; only the first
-  `view_pages` pages are read (they must cover every row's length)."""
+def gather_decode_attention(q_BNH: jax.Array, pages_BVCXH: jax.Array,
+                            kv_lens_B: jax.Array) -> jax.Array:
+  """The XLA read for one query per row: row b attends the first kv_lens_B[b] positions of
+  its gathered pages (V pages of C positions, keys at even heads and values at odd)."""
   b, n, h = q_BNH.shape
-  c, x = kv_QCXH.shape[1], kv_QCXH.shape[2]
+  v, c, x = pages_BVCXH.shape[1:4]
   k = x // 2
-  got_BVCXH = kv_QCXH[page_indices_BM[:, :view_pages]].astype(q_BNH.dtype)
-  got_BSK2H = got_BVCXH.reshape(b, view_pages * c, k, 2, h)
-  k_BSKH, v_BSKH = got_BSK2H[:, :, :, 0], got_BSK2H[:, :, :, 1]
+  # Kv heads before positions, so each (row, head) is one contiguous matmul operand.
+  got_B2KSH = pages_BVCXH.astype(q_BNH.dtype).reshape(b, v * c, k, 2, h).transpose(
+      0, 3, 2, 1, 4)
+  k_BKSH, v_BKSH = got_B2KSH[:, 0], got_B2KSH[:, 1]
   q_BKGH = q_BNH.reshape(b, k, n // k, h)
-  scores_BKGS = jnp.einsum("BKGH,BSKH->BKGS", q_BKGH, k_BSKH,
+  scores_BKGS = jnp.einsum("BKGH,BKSH->BKGS", q_BKGH, k_BKSH,
                            preferred_element_type=jnp.float32) * (h ** -0.5)
-  allowed_BS = jnp.arange(view_pages * c, dtype=jnp.int32)[None, :] < kv_lens_B[:, None]
+  allowed_BS = jnp.arange(v * c, dtype=jnp.int32)[None, :] < kv_lens_B[:, None]
   scores_BKGS = jnp.where(allowed_BS[:, None, None, :], scores_BKGS, _MASKED)
-  probs_BKGS = jax.nn.softmax(scores_BKGS, axis=-1).astype(v_BSKH.dtype)
-  out_BKGH = jnp.einsum("BKGS,BSKH->BKGH", probs_BKGS, v_BSKH)
+  probs_BKGS = jax.nn.softmax(scores_BKGS, axis=-1).astype(v_BKSH.dtype)
+  out_BKGH = jnp.einsum("BKGS,BKSH->BKGH", probs_BKGS, v_BKSH)
   return out_BKGH.reshape(b, n, h)
 
 
@@ -365,13 +365,14 @@ def _paged(q_B1NH: jax.Array, new_BXH: jax.Array, kv_LDPCXH: jax.Array, layer: j
            mesh: jax.sharding.Mesh | None, impl: str, view_pages: int,
            ) -> tuple[jax.Array, jax.Array]:
   """Per device: the write, then the read ("ragged": JAX's TPU kernel; "gather":
-  `gather_decode_attention`).
+  `gather_decode_attention` over the rows' first `view_pages` pages).
 
   Under `jax.shard_map` (when there is a mesh) each device holds its data shard's rows and
   pool, heads split over 'tp' when it divides the kv heads (the pool's 2K axis then splits
-  into whole key/value pairs). The local pool [L, 1, P, C, 2K, H] is viewed as L * P pages
-  [L*P, C, 2K, H] (a reshape of leading dims, no copy), and layer `layer`'s pages are read
-  by offsetting the page table by layer * P: no layer slice is copied out of the pool.
+  into whole key/value pairs). For the kernel, the local pool [L, 1, P, C, 2K, H] is viewed
+  as L * P pages [L*P, C, 2K, H] (a reshape of leading dims: a bitcast on TPU) and layer
+  `layer`'s pages are read by offsetting the page table by layer * P, so no layer slice is
+  copied out of the pool.
   """
   b, _, n, h = q_B1NH.shape
   l, d, p, c, x, _ = kv_LDPCXH.shape
@@ -383,30 +384,36 @@ def _paged(q_B1NH: jax.Array, new_BXH: jax.Array, kv_LDPCXH: jax.Array, layer: j
                      f"({data}) do not match")
 
   def local(q_B1NH, new_BXH, kv_LDPCXH, layer, table_BM, pos_B, write_B):
-    # Without a mesh all D shards are here: row b reads shard b // (B / D)'s pages.
+    # Without a mesh all D shards are here: row b holds shard b // (B / D)'s pages.
     bl, dl, xl = q_B1NH.shape[0], kv_LDPCXH.shape[1], kv_LDPCXH.shape[4]
-    kv_QCXH = kv_LDPCXH.reshape(l * dl * p, c, xl, h)
-    base = (layer * dl + jnp.arange(bl, dtype=jnp.int32) // (bl // dl)) * p  # [B]
+    shard_B = jnp.arange(bl, dtype=jnp.int32) // (bl // dl)
     col_B = pos_B // c
     page_B = jnp.take_along_axis(table_BM, jnp.minimum(col_B, width - 1)[:, None],
                                  axis=1)[:, 0]
-    # Index l * D * p is past the pool, so the scatter drops it: inactive rows, positions
-    # past the table, and the null page (p - 1: an unassigned entry) are never written.
+    # Inactive rows, positions past the table and the null page (p - 1: an unassigned
+    # entry) write nothing: their index goes past the pool and the scatter drops it.
     keep_B = write_B & (col_B < width) & (page_B < p - 1)
-    kv_QCXH = kv_QCXH.at[jnp.where(keep_B, base + page_B, l * dl * p), pos_B % c].set(
-        new_BXH.astype(kv_QCXH.dtype), mode="drop")
+    new_BXH = new_BXH.astype(kv_LDPCXH.dtype)
     lens_B = (pos_B + 1).astype(jnp.int32)
-    pages_BM = (base[:, None] + table_BM).astype(jnp.int32)
-    if impl == "ragged":
-      from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+    if impl == "gather":
+      # Indexing the pool [L, D, P, ...] itself: on CPU a reshaped view of the scan-carried
+      # pool makes XLA copy the whole pool every layer.
+      kv_LDPCXH = kv_LDPCXH.at[layer, shard_B, jnp.where(keep_B, page_B, p), pos_B % c].set(
+          new_BXH, mode="drop")
+      pages_BVCXH = kv_LDPCXH[layer][shard_B[:, None], table_BM[:, :view_pages]]
+      out_BNH = gather_decode_attention(q_B1NH[:, 0], pages_BVCXH, lens_B)
+      return out_BNH[:, None].astype(q_B1NH.dtype), kv_LDPCXH
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 
-      out_BNH = rpa.ragged_paged_attention(
-          q_B1NH[:, 0], kv_QCXH, lens_B, pages_BM, jnp.arange(bl + 1, dtype=jnp.int32),
-          jnp.full((1,), bl, jnp.int32), sm_scale=h ** -0.5,
-          num_kv_pages_per_block=max(1, min(width, RAGGED_KV_TOKENS_PER_BLOCK // c)),
-          num_queries_per_block=min(bl, RAGGED_QUERIES_PER_BLOCK))
-    else:
-      out_BNH = gather_decode_attention(q_B1NH[:, 0], kv_QCXH, lens_B, pages_BM, view_pages)
+    kv_QCXH = kv_LDPCXH.reshape(l * p, c, xl, h)  # one pool shard per device: dl == 1
+    base = layer * p
+    kv_QCXH = kv_QCXH.at[jnp.where(keep_B, base + page_B, l * p), pos_B % c].set(
+        new_BXH, mode="drop")
+    out_BNH = rpa.ragged_paged_attention(
+        q_B1NH[:, 0], kv_QCXH, lens_B, (base + table_BM).astype(jnp.int32),
+        jnp.arange(bl + 1, dtype=jnp.int32), jnp.full((1,), bl, jnp.int32), sm_scale=h ** -0.5,
+        num_kv_pages_per_block=max(1, min(width, RAGGED_KV_TOKENS_PER_BLOCK // c)),
+        num_queries_per_block=min(bl, RAGGED_QUERIES_PER_BLOCK))
     return out_BNH[:, None].astype(q_B1NH.dtype), kv_QCXH.reshape(kv_LDPCXH.shape)
 
   args = (q_B1NH, new_BXH, kv_LDPCXH, layer, table_BM, pos_B, write_B)

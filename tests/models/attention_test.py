@@ -264,15 +264,30 @@ def _paged_case(shards, rows=8, h=128, kv=2, groups=2, num_layers=2, page=4, wid
   return pool, table, pos, q, k_new, v_new, write
 
 
-@pytest.mark.parametrize("data,tp", [(1, 1), (2, 1), (2, 2), (0, 0), (-2, 0)])
-def test_paged_attention_matches_the_ragged_kernels_reference(data, tp):
-  """attention.paged_attention ("gather": the write, the page-table offset into the pool
-  viewed as pages, and the XLA read, under the same shard_map as the TPU kernel) against
-  jax's reference for the TPU ragged paged attention kernel (decode rows: one query each,
-  kv length = position + 1), on shuffled page tables, GQA 4 query heads over 2 kv heads.
-  Meshes: data x tp devices; (0, 0) and (-2, 0): no mesh, one or two pool shards."""
+@pytest.mark.parametrize("impl,data,tp", [
+    ("gather", 1, 1), ("gather", 2, 1), ("gather", 2, 2), ("gather", 0, 0), ("gather", -2, 0),
+    ("ragged", 1, 1), ("ragged", 2, 1), ("ragged", 2, 2)])
+def test_paged_attention_matches_the_ragged_kernels_reference(impl, data, tp, monkeypatch):
+  """attention.paged_attention (the write and the read, per device under the shard_map a pod
+  runs) against jax's reference for the TPU ragged paged attention kernel (decode rows: one
+  query each, kv length = position + 1), on shuffled page tables, GQA 4 query heads over 2
+  kv heads. Meshes: data x tp devices; (0, 0) and (-2, 0): no mesh, one or two pool shards.
+
+  "ragged" runs our TPU wrapper (the pool viewed as [L*D*P] pages, the write and the page
+  table offset into that view) with the Pallas kernel, which cannot run on CPU (Pallas' TPU
+  interpret mode cannot reshape its VMEM buffers), replaced by the XLA read on the pages
+  the wrapper hands it: a wrong offset or a misplaced write reads the wrong pages."""
   from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 
+  if impl == "ragged":
+    def kernel_stand_in(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, sm_scale,
+                        num_kv_pages_per_block, num_queries_per_block):
+      assert sm_scale == q.shape[-1] ** -0.5 and 0 < num_kv_pages_per_block
+      assert 0 < num_queries_per_block <= q.shape[0]
+      assert cu_q_lens.shape == (q.shape[0] + 1,) and num_seqs.shape == (1,)
+      return attention.gather_decode_attention(q, kv_pages[page_indices], kv_lens)
+
+    monkeypatch.setattr(rpa, "ragged_paged_attention", kernel_stand_in)
   shards = max(1, abs(data))
   pool, table, pos, q, k_new, v_new, write = _paged_case(shards)
   rows, h, page = q.shape[0], q.shape[3], pool.shape[3]
@@ -281,7 +296,7 @@ def test_paged_attention_matches_the_ragged_kernels_reference(data, tp):
   mesh = (auto_mesh((data, tp), ("data", "tp"), jax.devices()[:data * tp]) if data > 0
           else None)
   fn = jax.jit(functools.partial(attention.paged_attention, view_pages=table.shape[1],
-                                 impl="auto", mesh=mesh))
+                                 impl=impl, mesh=mesh))
   out, got_pool = fn(q, k_new, v_new, pool, jnp.int32(layer), table, pos, write)
   got_pool = np.asarray(got_pool)
   expected_pool = pool.copy()
