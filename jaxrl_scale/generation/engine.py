@@ -42,10 +42,10 @@ its pages go back and it is refilled for the very next chunk (the device runs pr
 order, so the old sequence's last writes land before the new owner's).
 
 Compiled programs: one prefill per (prompt bucket, power-of-two admission count, distinct
-prompts rounded to 1, 2, 3, 4, 6, 8, 12, ...); one decode chunk per sampling mode (greedy;
-sampling; top-k/top-p) and pages read per row (only the first while every live sequence is
-short: a few counts, each about an eighth of the longest). Weights are sharded over the mesh's 'tp' axis (models.sharding
-rules), slots and the page pool over 'data'.
+prompts rounded to 1, 2, 3, 4, 6, 8, 12, ...); one decode chunk per sampling mode and, off
+TPU, pages read per row (a few counts, each about an eighth of the longest; on TPU the
+ragged kernel reads each row's own length). Weights over the mesh's 'tp' axis, slots and
+the page pool over 'data'.
 
 A Sampler runs one generate/stream at a time; update_params is the only method meant to
 be called from other threads.
@@ -146,23 +146,8 @@ class Sampler:
 
     self.buckets, self.max_len = pages_lib.cache_geometry(cfg, max_prompt_len)
 
-    # Completion.text drops special tokens (EOS, padding); stop strings see the raw text.
-    self._decode_text = ((lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
-                         if tokenizer is not None else None)
-    if cfg.stop_strings and tokenizer is None:
-      raise UserError("config key 'sampler.stop_strings': stop strings need a tokenizer")
-    self._stops = records.StopStrings(
-        cfg.stop_strings, tokenizer.decode if tokenizer is not None else (lambda ids: ""))
-    phrase, think_end = [], -1
-    if cfg.interrupt:
-      if tokenizer is None:
-        raise UserError("config key 'sampler.interrupt': forced interruption needs a tokenizer")
-      phrase = tokenizer.encode(cfg.interrupt_phrase)
-      if not phrase:
-        raise UserError("config key 'sampler.interrupt_phrase': encodes to no tokens")
-      end_id = tokenizer.token_to_id("</think>") if think_end_id is None else think_end_id
-      think_end = -1 if end_id is None else int(end_id)
-    self.phrase_tokens = tuple(int(t) for t in phrase)
+    self._decode_text, self._stops, self.phrase_tokens, think_end = records.text_rules(
+        cfg, tokenizer, think_end_id)
 
     # Device placement: params over 'tp', slots over 'data', small per-call inputs replicated.
     graphdef, params = nnx.split(model)

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_scale.errors import UserError
+
 # Finish reasons. "interrupted" means the forced-interruption phrase was appended at the
 # thinking budget (whatever ended the answer afterwards); `Completion.truncated` says
 # whether the sequence ran out of tokens instead of ending on EOS or a stop string.
@@ -196,3 +198,27 @@ class StopStrings:
       if self._completes(tail, tokens[num_old:j + 1]):
         return j
     return None
+
+
+def text_rules(cfg: Any, tokenizer: Any, think_end_id: int | None,
+               ) -> tuple[Callable | None, StopStrings, tuple[int, ...], int]:
+  """What the sampler needs of its tokenizer (cfg: the sampler config section): (the
+  Completion.text decoder, the stop strings, the forced-interruption phrase's tokens, the
+  id that ends thinking or -1). Completion.text drops special tokens (EOS, padding); stop
+  strings see the raw text."""
+  decode_text = ((lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+                 if tokenizer is not None else None)
+  if cfg.stop_strings and tokenizer is None:
+    raise UserError("config key 'sampler.stop_strings': stop strings need a tokenizer")
+  stops = StopStrings(cfg.stop_strings,
+                      tokenizer.decode if tokenizer is not None else (lambda ids: ""))
+  phrase, think_end = [], -1
+  if cfg.interrupt:
+    if tokenizer is None:
+      raise UserError("config key 'sampler.interrupt': forced interruption needs a tokenizer")
+    phrase = tokenizer.encode(cfg.interrupt_phrase)
+    if not phrase:
+      raise UserError("config key 'sampler.interrupt_phrase': encodes to no tokens")
+    end_id = tokenizer.token_to_id("</think>") if think_end_id is None else think_end_id
+    think_end = -1 if end_id is None else int(end_id)
+  return decode_text, stops, tuple(int(t) for t in phrase), think_end
