@@ -219,11 +219,11 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
 
 def _step(model: transformer.Transformer, st: SlotState, consts: Constants, table_SM: jax.Array,
           view_pages: int, truncate: bool, all_greedy: bool, mesh: Mesh | None,
-          ) -> tuple[SlotState, tuple[jax.Array, ...]]:
+          layer_states: list[Any] | None) -> tuple[SlotState, tuple[jax.Array, ...]]:
   """One decode step for every slot."""
   active_S = st.active_S
   logits_S1V, cache = model.decode(st.token_S[:, None], st.pos_S, active_S, st.cache, table_SM,
-                                   view_pages=view_pages, mesh=mesh)
+                                   view_pages=view_pages, mesh=mesh, layer_states=layer_states)
   logits_SV = logits_S1V[:, 0].astype(jnp.float32)
   seed_keys_SK = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(st.seed_S)
   keys_SK = sampling.step_keys(seed_keys_SK, st.num_gen_S)
@@ -275,9 +275,14 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   `truncate` and `all_greedy` are static sampling modes (see `sampling.sample`).
   """
   model = nnx.merge(graphdef, params)
+  # On CPU each layer's weights are sliced out of the stacked arrays once per chunk instead
+  # of once per step (XLA:CPU copies a dynamic slice before a matmul); other platforms read
+  # the stacked weights in place.
+  layer_states = model.split_layers() if _on_cpu(mesh) else None
 
   def body(st, _):
-    return _step(model, st, consts, table_SM, view_pages, truncate, all_greedy, mesh)
+    return _step(model, st, consts, table_SM, view_pages, truncate, all_greedy, mesh,
+                 layer_states)
 
   state, (tok, lp, forced, valid, end) = jax.lax.scan(body, state, None, length=num_steps)
   return state, ChunkOutput(tokens_NS=tok, logprobs_NS=lp, forced_NS=forced, valid_NS=valid,
@@ -321,12 +326,18 @@ def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSt
                  compiler_options=_decode_compiler_options(shardings.token_S.mesh))
 
 
+def _on_cpu(mesh: Mesh | None) -> bool:
+  """Whether programs for `mesh` (None: the default devices) run on XLA:CPU."""
+  if mesh is None:
+    devices = jax.devices()
+  else:
+    devices = mesh.devices.flat if isinstance(mesh, Mesh) else ()
+  return any(d.platform == "cpu" for d in devices)
+
+
 def _decode_compiler_options(mesh) -> dict[str, str] | None:
   """On CPU, decode's matmuls (a few rows each) go through XLA's own emitters rather than
   the YNNPACK fusions: benchmarks/sampler_bench.py (41.7M Qwen3, batch 32, greedy, 2-core
   CPU, alternating runs) measured 694 and 752 tokens/s without them against 591 and 529
   with. Other platforms keep their defaults (the option is XLA:CPU's)."""
-  devices = mesh.devices.flat if isinstance(mesh, Mesh) else ()
-  if any(d.platform == "cpu" for d in devices):
-    return {"xla_cpu_experimental_ynn_fusion_type": ""}
-  return None
+  return {"xla_cpu_experimental_ynn_fusion_type": ""} if _on_cpu(mesh) else None

@@ -140,31 +140,43 @@ class Transformer(nnx.Module):
 
   def decode(self, tokens_B1: jax.Array, pos_B: jax.Array, active_B: jax.Array,
              cache: PagedKVCache, table_BM: jax.Array, *, view_pages: int,
-             mesh: jax.sharding.Mesh | None = None) -> tuple[jax.Array, PagedKVCache]:
+             mesh: jax.sharding.Mesh | None = None, layer_states: list[Any] | None = None,
+             ) -> tuple[jax.Array, PagedKVCache]:
     """One token per row through the paged cache: (logits_B1V, updated cache).
 
-    See the module docstring. The whole page pool rides in the layer scan's carry and each
-    layer scatters its new keys/values into it in place. `mesh` (the generator's) picks
-    the TPU kernel when it holds TPUs.
+    See the module docstring. The whole page pool rides along the layers and each layer
+    scatters its new keys/values into it in place. `mesh` (the generator's) picks the TPU
+    kernel when it holds TPUs. The layers run as one scan over the stacked weights, or, given
+    `layer_states` (`split_layers`: each layer's weights as arrays of their own), as an
+    unrolled loop over them (on CPU a scan copies each layer's weights out of the stacked
+    arrays before its matmuls, every step).
     """
     x_B1D = self.embed_tokens(tokens_B1).astype(jnp.dtype(self.cfg.dtype))
     graphdef, state_L = nnx.split(self.layers)
     pos_B = pos_B.astype(jnp.int32)
 
-    def body(carry, xs):
-      x_B1D, pool = carry
-      layer_state, i = xs
-
+    def layer(x_B1D, pool, layer_state, i):
       def attend(q_B1NH, k_B1KH, v_B1KH):
         return attention.paged_attention(q_B1NH, k_B1KH, v_B1KH, pool, i, table_BM, pos_B,
                                          active_B, view_pages=view_pages, mesh=mesh)
 
-      x_B1D, pool = nnx.merge(graphdef, layer_state)(x_B1D, pos_B[:, None], attend)
-      return (x_B1D, pool), None
+      return nnx.merge(graphdef, layer_state)(x_B1D, pos_B[:, None], attend)
 
-    (x_B1D, pool), _ = jax.lax.scan(body, (x_B1D, cache.kv),
-                                    (state_L, jnp.arange(self.cfg.num_layers)))
+    if layer_states is not None:
+      pool = cache.kv
+      for i, layer_state in enumerate(layer_states):
+        x_B1D, pool = layer(x_B1D, pool, layer_state, jnp.int32(i))
+    else:
+      (x_B1D, pool), _ = jax.lax.scan(lambda carry, xs: (layer(*carry, *xs), None),
+                                      (x_B1D, cache.kv),
+                                      (state_L, jnp.arange(self.cfg.num_layers)))
     return self.logits(self.norm(x_B1D)), PagedKVCache(kv=pool)
+
+  def split_layers(self) -> list[Any]:
+    """Each layer's weights as arrays of their own (copies of the stacked ones), for
+    `decode(layer_states=...)`."""
+    _, state_L = nnx.split(self.layers)
+    return [jax.tree.map(lambda x, i=i: x[i], state_L) for i in range(self.cfg.num_layers)]
 
   def prefill(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array, *,
               activation_sharding: jax.sharding.NamedSharding | None = None,
