@@ -276,15 +276,23 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   """
   model = nnx.merge(graphdef, params)
   # On CPU each layer's weights are sliced out of the stacked arrays once per chunk instead
-  # of once per step (XLA:CPU copies a dynamic slice before a matmul); other platforms read
-  # the stacked weights in place.
-  layer_states = model.split_layers() if _on_cpu(mesh) else None
+  # of once per step (XLA:CPU copies a dynamic slice before a matmul), and so are the rows'
+  # pages: the steps read and append to dense per-layer copies of them (the pool is written
+  # too, so nothing is copied back). Other platforms read the stacked weights in place and
+  # gather (GPU) or page through (TPU kernel) the pool every step, holding no copy of
+  # every layer's pages at once.
+  layer_states = None
+  if _on_cpu(mesh):
+    layer_states = model.split_layers()
+    state = dataclasses.replace(
+        state, cache=model.with_views(state.cache, table_SM, view_pages, mesh=mesh))
 
   def body(st, _):
     return _step(model, st, consts, table_SM, view_pages, truncate, all_greedy, mesh,
                  layer_states)
 
   state, (tok, lp, forced, valid, end) = jax.lax.scan(body, state, None, length=num_steps)
+  state = dataclasses.replace(state, cache=transformer.PagedKVCache(kv=state.cache.kv))
   return state, ChunkOutput(tokens_NS=tok, logprobs_NS=lp, forced_NS=forced, valid_NS=valid,
                             end_NS=end)
 

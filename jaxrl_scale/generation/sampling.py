@@ -10,10 +10,11 @@ truncation: the argmax distribution is degenerate (logprob 0) and says nothing a
 policy, while the untempered logprob is what a trainer compares against. Forced tokens
 (an interruption phrase) record the tempered, untruncated model logprob likewise.
 
-Cost per step, over the [B, V] logits: one max, one pass that sums exp(z - max) per block
-of the vocabulary (the log-normaliser and the draw's coarse CDF at once), and for greedy
-rows one argmax pass (a max then a first-index-of-max, two plain reductions that vectorise,
-where a value-plus-index reduction does not on XLA:CPU). The draw is inverse-CDF with one
+Cost per step, over the [B, V] logits: one pass for the max of each block of the vocabulary
+(the row's max follows, and so does the argmax: the first block holding the max, then the
+first entry equal to it inside that block, without a value-plus-index reduction, which does
+not vectorise on XLA:CPU), and one pass that sums exp(z - max) per block (the
+log-normaliser and the draw's coarse CDF at once). The draw is inverse-CDF with one
 uniform number per row: the block whose cumulative mass passes u * Z, then the token inside
 that block from its own cumulative sum. That samples exactly softmax(z) (up to float32
 rounding of the sums, the same as any CDF sampler) without a noise value per vocabulary
@@ -91,12 +92,30 @@ def _stats(z_BV: jax.Array, max_B: jax.Array) -> tuple[jax.Array, jax.Array]:
   return mass_BN, jnp.log(mass_BN.sum(axis=-1))
 
 
-def _argmax(z_BV: jax.Array, max_B: jax.Array) -> jax.Array:
-  """First index of each row's maximum (jnp.argmax's answer) from two plain reductions."""
-  vocab = z_BV.shape[-1]
-  first_B = jnp.min(jnp.where(z_BV == max_B[:, None], jax.lax.iota(jnp.int32, vocab)[None, :],
-                              vocab), axis=-1)
-  return jnp.minimum(first_B, vocab - 1)  # a NaN row matches nowhere
+def _block_max(z_BV: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(each vocabulary block's max [B, N], the row's max [B]): one pass over the logits."""
+  b, v = z_BV.shape
+  n = vocab_blocks(v)
+  block_max_BN = jnp.max(z_BV.reshape(b, n, v // n), axis=-1)
+  return block_max_BN, jnp.max(block_max_BN, axis=-1)
+
+
+def _first(hit_BX: jax.Array) -> jax.Array:
+  """Index of each row's first True (the row's length when none)."""
+  size = hit_BX.shape[-1]
+  return jnp.min(jnp.where(hit_BX, jax.lax.iota(jnp.int32, size)[None, :], size), axis=-1)
+
+
+def _argmax(z_BV: jax.Array, block_max_BN: jax.Array, max_B: jax.Array) -> jax.Array:
+  """First index of each row's maximum (jnp.argmax's answer) from the block maxima: the
+  first block holding the max, then the first entry equal to it inside that block (no
+  pass over the whole vocabulary)."""
+  b, v = z_BV.shape
+  n = block_max_BN.shape[-1]
+  c = v // n
+  block_B = jnp.minimum(_first(block_max_BN == max_B[:, None]), n - 1)  # a NaN row: none
+  z_BC = jnp.take_along_axis(z_BV.reshape(b, n, c), block_B[:, None, None], axis=1)[:, 0]
+  return block_B * c + jnp.minimum(_first(z_BC == max_B[:, None]), c - 1)
 
 
 def _last_positive(w_BN: jax.Array) -> jax.Array:
@@ -167,9 +186,9 @@ def sample(logits_BV: jax.Array, keys_BK: jax.Array, temperature_B: jax.Array,
     z_BV = z_BV / safe_t_B[:, None]
   # z is the row's own distribution before truncation: tempered, or the raw logits of a
   # greedy row. Its normaliser serves greedy, untruncated and forced logprobs alike.
-  max_B = jnp.max(z_BV, axis=-1)
+  block_max_BN, max_B = _block_max(z_BV)
   mass_BN, log_z_B = _stats(z_BV, max_B)
-  tokens_B = _argmax(z_BV, max_B)
+  tokens_B = _argmax(z_BV, block_max_BN, max_B)
   logprobs_B = -log_z_B  # z[argmax] - max - log Z with z[argmax] == max
 
   if not all_greedy:

@@ -55,9 +55,14 @@ from jaxrl_scale.models.config import ModelConfig
 @dataclasses.dataclass(frozen=True)
 class PagedKVCache:
   """Keys/values of every layer in pages: [L, D, P + 1, C, 2K, H] (the last page is null;
-  keys at even heads, values at odd)."""
+  keys at even heads, values at odd).
+
+  `views`, inside one chunk of decode steps only (see `Transformer.decode`): per layer, the
+  rows' first pages gathered into dense (k_BKSH, v_BKSH) (`attention.paged_view`), which
+  the steps read and append to instead of gathering the pages every step."""
 
   kv: jax.Array
+  views: tuple[tuple[jax.Array, jax.Array], ...] | None = None
 
   @property
   def page_size(self) -> int:
@@ -149,28 +154,51 @@ class Transformer(nnx.Module):
     kernel when it holds TPUs. The layers run as one scan over the stacked weights, or, given
     `layer_states` (`split_layers`: each layer's weights as arrays of their own), as an
     unrolled loop over them (on CPU a scan copies each layer's weights out of the stacked
-    arrays before its matmuls, every step).
+    arrays before its matmuls, every step). A cache with `views` (`with_views`) needs
+    `layer_states`; its views are read and updated as well as the pool.
     """
     x_B1D = self.embed_tokens(tokens_B1).astype(jnp.dtype(self.cfg.dtype))
     graphdef, state_L = nnx.split(self.layers)
     pos_B = pos_B.astype(jnp.int32)
+    views = cache.views
+    if views is not None and layer_states is None:
+      raise ValueError("decode with per-chunk views runs the layers unrolled: pass layer_states")
 
-    def layer(x_B1D, pool, layer_state, i):
+    def layer(x_B1D, pool, layer_state, i, view=None):
       def attend(q_B1NH, k_B1KH, v_B1KH):
-        return attention.paged_attention(q_B1NH, k_B1KH, v_B1KH, pool, i, table_BM, pos_B,
-                                         active_B, view_pages=view_pages, mesh=mesh)
+        out_B1NH, pool_out, view_out = attention.paged_attention(
+            q_B1NH, k_B1KH, v_B1KH, pool, i, table_BM, pos_B, active_B,
+            view_pages=view_pages, mesh=mesh, view=view)
+        return out_B1NH, (pool_out, view_out)
 
       return nnx.merge(graphdef, layer_state)(x_B1D, pos_B[:, None], attend)
 
     if layer_states is not None:
-      pool = cache.kv
+      pool, new_views = cache.kv, []
       for i, layer_state in enumerate(layer_states):
-        x_B1D, pool = layer(x_B1D, pool, layer_state, jnp.int32(i))
+        x_B1D, (pool, view) = layer(x_B1D, pool, layer_state, jnp.int32(i),
+                                    None if views is None else views[i])
+        new_views.append(view)
+      cache = PagedKVCache(kv=pool, views=None if views is None else tuple(new_views))
     else:
-      (x_B1D, pool), _ = jax.lax.scan(lambda carry, xs: (layer(*carry, *xs), None),
-                                      (x_B1D, cache.kv),
+      def body(carry, xs):
+        x_B1D, (pool, _) = layer(*carry, *xs)
+        return (x_B1D, pool), None
+
+      (x_B1D, pool), _ = jax.lax.scan(body, (x_B1D, cache.kv),
                                       (state_L, jnp.arange(self.cfg.num_layers)))
-    return self.logits(self.norm(x_B1D)), PagedKVCache(kv=pool)
+      cache = PagedKVCache(kv=pool)
+    return self.logits(self.norm(x_B1D)), cache
+
+  def with_views(self, cache: PagedKVCache, table_BM: jax.Array, view_pages: int, *,
+                 mesh: jax.sharding.Mesh | None = None) -> PagedKVCache:
+    """`cache` carrying every layer's `attention.paged_view` of the rows' first
+    `view_pages` pages, for a chunk of `decode(layer_states=...)` steps whose rows all stay
+    within those pages (drop the views with `PagedKVCache(kv=cache.kv)` after the chunk; the
+    pool itself is kept up to date by every step)."""
+    return PagedKVCache(kv=cache.kv, views=tuple(
+        attention.paged_view(cache.kv, i, table_BM, view_pages, mesh=mesh)
+        for i in range(self.cfg.num_layers)))
 
   def split_layers(self) -> list[Any]:
     """Each layer's weights as arrays of their own (copies of the stacked ones), for

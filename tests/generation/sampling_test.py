@@ -204,6 +204,15 @@ def test_fast_argmax_matches_jnp_argmax_with_ties_and_nan():
   np.testing.assert_allclose(float(lp[0]), float(jax.nn.log_softmax(logits[0])[1]), atol=1e-6)
 
 
+def test_block_argmax_matches_jnp_argmax_on_many_ties():
+  """The argmax goes through block maxima (60 ids: 6 blocks of 10); small integer logits tie
+  within and across blocks, and the answer must still be the first maximal id."""
+  logits = jnp.asarray(np.random.default_rng(0).integers(0, 4, size=(256, 60)), jnp.float32)
+  tokens, _ = _sample(logits, _keys(256), jnp.zeros((256,)), jnp.zeros((256,), jnp.int32),
+                      jnp.ones((256,)), truncate=False)
+  np.testing.assert_array_equal(np.asarray(tokens), np.asarray(jnp.argmax(logits, axis=-1)))
+
+
 def test_vocab_blocks():
   assert sampling.vocab_blocks(32000) == 160
   assert sampling.vocab_blocks(151936) == 128

@@ -266,6 +266,7 @@ def _paged_case(shards, rows=8, h=128, kv=2, groups=2, num_layers=2, page=4, wid
 
 @pytest.mark.parametrize("impl,data,tp", [
     ("gather", 1, 1), ("gather", 2, 1), ("gather", 2, 2), ("gather", 0, 0), ("gather", -2, 0),
+    ("view", 1, 1), ("view", 2, 2), ("view", -2, 0),
     ("ragged", 1, 1), ("ragged", 2, 1), ("ragged", 2, 2)])
 def test_paged_attention_matches_the_ragged_kernels_reference(impl, data, tp, monkeypatch):
   """attention.paged_attention (the write and the read, per device under the shard_map a pod
@@ -276,7 +277,11 @@ def test_paged_attention_matches_the_ragged_kernels_reference(impl, data, tp, mo
   "ragged" runs our TPU wrapper (the pool viewed as [L*D*P] pages, the write and the page
   table offset into that view) with the Pallas kernel, which cannot run on CPU (Pallas' TPU
   interpret mode cannot reshape its VMEM buffers), replaced by the XLA read on the pages
-  the wrapper hands it: a wrong offset or a misplaced write reads the wrong pages."""
+  the wrapper hands it: a wrong offset or a misplaced write reads the wrong pages.
+
+  "view" runs the XLA path over a `paged_view` taken before the write (as a CPU decode
+  chunk takes it at its start): the new token must land in the view as in the pool, and
+  the view afterwards must equal a fresh view of the updated pool."""
   from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 
   if impl == "ragged":
@@ -295,9 +300,15 @@ def test_paged_attention_matches_the_ragged_kernels_reference(impl, data, tp, mo
   layer = 1
   mesh = (auto_mesh((data, tp), ("data", "tp"), jax.devices()[:data * tp]) if data > 0
           else None)
-  fn = jax.jit(functools.partial(attention.paged_attention, view_pages=table.shape[1],
-                                 impl=impl, mesh=mesh))
-  out, got_pool = fn(q, k_new, v_new, pool, jnp.int32(layer), table, pos, write)
+  width = table.shape[1]
+  view_of = jax.jit(functools.partial(attention.paged_view, layer=layer, view_pages=width,
+                                      mesh=mesh))
+  view = view_of(pool, table_BM=table) if impl == "view" else None
+  fn = jax.jit(functools.partial(attention.paged_attention, view_pages=width,
+                                 impl="gather" if impl == "view" else impl, mesh=mesh))
+  out, got_pool, got_view = fn(q, k_new, v_new, pool, jnp.int32(layer), table, pos, write,
+                               view=view)
+  assert (got_view is None) == (impl != "view")
   got_pool = np.asarray(got_pool)
   expected_pool = pool.copy()
   for b in range(rows):  # the new key/value landed at its page and offset, keys at even heads
@@ -306,6 +317,10 @@ def test_paged_attention_matches_the_ragged_kernels_reference(impl, data, tp, mo
       expected_pool[at + (slice(0, None, 2),)] = k_new[b, 0]
       expected_pool[at + (slice(1, None, 2),)] = v_new[b, 0]
   np.testing.assert_array_equal(got_pool, expected_pool)
+  if impl == "view":
+    fresh = view_of(jnp.asarray(expected_pool), table_BM=table)
+    for got, want in zip(got_view, fresh):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   for s in range(shards):
     sl = slice(s * per_shard, (s + 1) * per_shard)
     ref = rpa.ref_ragged_paged_attention(
@@ -337,7 +352,7 @@ def test_paged_attention_compiles_the_ragged_kernel_for_tpu(tpu_mesh):
 
   def layers_scan(q, k_new, v_new, pool, table, pos, write):
     def body(pool, i):
-      out, pool = attention.paged_attention(q, k_new, v_new, pool, i, table, pos, write,
+      out, pool, _ = attention.paged_attention(q, k_new, v_new, pool, i, table, pos, write,
                                             view_pages=width, mesh=mesh)
       return pool, out
     return jax.lax.scan(body, pool, jnp.arange(layers_))
