@@ -88,7 +88,7 @@ def _stats(z_BV: jax.Array, max_B: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(block sums of exp(z - max) [B, N], log of their total [B]); -inf entries weigh 0."""
   b, v = z_BV.shape
   n = vocab_blocks(v)
-  mass_BN = jnp.exp(z_BV - max_B[:, None]).reshape(b, n, v // n).sum(axis=-1)
+  mass_BN = _settled(jnp.exp(z_BV - max_B[:, None]).reshape(b, n, v // n).sum(axis=-1))
   return mass_BN, jnp.log(mass_BN.sum(axis=-1))
 
 
@@ -96,8 +96,15 @@ def _block_max(z_BV: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(each vocabulary block's max [B, N], the row's max [B]): one pass over the logits."""
   b, v = z_BV.shape
   n = vocab_blocks(v)
-  block_max_BN = jnp.max(z_BV.reshape(b, n, v // n), axis=-1)
+  block_max_BN = _settled(jnp.max(z_BV.reshape(b, n, v // n), axis=-1))
   return block_max_BN, jnp.max(block_max_BN, axis=-1)
+
+
+def _settled(x: jax.Array) -> jax.Array:
+  """`x` computed as it stands: XLA would otherwise fold a reduction of these per-block
+  results into a second reduction over the whole vocabulary (a second pass over [B, V],
+  and for the exp-sum a second exp of every logit)."""
+  return jax.lax.optimization_barrier(x)
 
 
 def _first(hit_BX: jax.Array) -> jax.Array:
