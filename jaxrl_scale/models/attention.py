@@ -376,8 +376,8 @@ def paged_view(kv_LDPCXH: jax.Array, layer: int, table_BM: jax.Array, view_pages
   """Layer `layer`'s keys and values of each row's first `view_pages` pages as dense arrays
   (k_BKSH, v_BKSH), S = view_pages * C: the working copy that `paged_attention(view=...)`
   reads. Gathering it once for a chunk of decode steps replaces a gather and a transpose
-  per step and layer (on XLA:CPU, a third of a small model's decode step). Rows and kv
-  heads are split over the mesh as in `paged_attention`."""
+  per step and layer (on a 2-core CPU, +7% decode throughput for a 41.7M model; README).
+  Rows and kv heads are split over the mesh as in `paged_attention`."""
   l, d, p, c, x, h = kv_LDPCXH.shape
   b = table_BM.shape[0]
   if b % d:
