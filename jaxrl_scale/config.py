@@ -153,6 +153,10 @@ class SamplerConfig:
   top_k: int = 0  # 0 = off
   decode_chunk: int = 8  # decode steps per jitted call; weight swaps happen between chunks
   prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
+  # Chunked prefill: prompt positions prefilled per engine iteration, between decode chunks,
+  # so a long prompt's admission does not stall the live sequences for its whole prefill
+  # and the prefill's activations are bounded by this many positions (0 = whole prompts).
+  prefill_chunk: int = 0
   stop_strings: tuple[str, ...] = ()
   # Paged KV cache: positions per page, and the positions the page pool of one generator
   # group holds (0 = every slot at its full length, so nothing is ever preempted). A pool
@@ -177,6 +181,8 @@ class SamplerConfig:
     _check(self.top_k >= 0, "sampler.top_k", "must be >= 0")
     _check(self.decode_chunk >= 1, "sampler.decode_chunk", "must be >= 1")
     _check(self.page_size >= 1, "sampler.page_size", "must be >= 1")
+    _check(self.prefill_chunk >= 0, "sampler.prefill_chunk",
+           f"must be >= 0 (0 = whole prompts), got {self.prefill_chunk}")
     _check(self.kv_cache_tokens >= 0, "sampler.kv_cache_tokens", "must be >= 0")
     _check(self.interrupt_min <= self.interrupt_max, "sampler.interrupt_min",
            "must be <= sampler.interrupt_max")

@@ -62,14 +62,24 @@ class SlotState:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Admission:
-  """Rows to place into slots: u distinct prompts, prefilled once each, and n destination
-  rows, each taking the keys/values of prompt source_n (the G completions of one prompt
-  share one prefill). Padding rows carry slot index S, which is dropped."""
+  """One prefill piece: u distinct prompts, computed once each, whose keys/values go to n
+  destination rows, each taking those of prompt source_n (the G completions of one prompt
+  share one prefill). Padding rows carry slot index S, which is dropped.
 
-  tokens_uT: jax.Array  # int32 right-padded distinct prompts
-  length_u: jax.Array  # int32 their lengths (>= 1)
+  A prompt is prefilled whole (start 0, T covering it) or in pieces of T positions
+  (chunked prefill, `sampler.prefill_chunk`): the piece holds the prompts' tokens at
+  positions [start, start + T) and attends to the positions before `start` through the
+  pages of slot src_slot_u, where the earlier pieces wrote them. A row starts decoding
+  (its slot state is set) with the piece that completes its prompt (activate_n)."""
+
+  tokens_uT: jax.Array  # int32 the prompts' tokens at positions [start, start + T), padded
+  length_u: jax.Array  # int32 their whole lengths (>= 1)
   source_n: jax.Array  # int32 prompt row in [0, u) of each destination row
   slot_n: jax.Array  # int32 destination slot
+  start: jax.Array  # int32 scalar: prompt positions already in the cache
+  src_slot_u: jax.Array  # int32 a slot holding each prompt's earlier pieces (start > 0)
+  activate_n: jax.Array  # bool: this piece completes the row's prompt: it starts decoding
+  last_n: jax.Array  # int32 the row's last prompt token (fed by its first decode step)
   seed_n: jax.Array
   temperature_n: jax.Array
   top_k_n: jax.Array
@@ -150,12 +160,17 @@ def empty_state(cfg: ModelConfig, num_slots: int, shards: int, pages_per_shard: 
 
 
 def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
-          adm: Admission, table_SM: jax.Array, mesh: Mesh | None = None) -> SlotState:
-  """Prefills the admitted prompts once each and writes their keys/values into the pages
-  of every row that takes them (rows sharing a prompt write its shared pages alike).
+          adm: Admission, table_SM: jax.Array, mesh: Mesh | None = None,
+          prefix_pages: int = 0) -> SlotState:
+  """Prefills one piece of the admitted prompts, once per distinct prompt, and writes its
+  keys/values into the pages of every row that takes them (rows sharing a prompt write its
+  shared pages alike); rows whose prompt this piece completes start decoding.
 
   With the generator's `mesh`, the prefill's activations are split by rows over its 'data'
   axis (when it divides u), which also lets `attention.causal_attention` pick the TPU kernel.
+  `prefix_pages` (static) > 0: the piece attends to each prompt's positions before
+  adm.start, read from the first `prefix_pages` pages of slot adm.src_slot_u (an XLA
+  gather and einsum attention on every platform).
   """
   model = nnx.merge(graphdef, params)
   u, t = adm.tokens_uT.shape
@@ -164,20 +179,28 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
     data = mesh.shape.get("data", 1)
     row_axis = "data" if data > 1 and u % data == 0 else None
     act_sharding = NamedSharding(mesh, PartitionSpec(row_axis, None, None))
-  positions_uT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (u, t))
+  start = adm.start.astype(jnp.int32)
+  positions_uT = start + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (u, t))
   # The last prompt token is fed by the first decode step, so only P-1 tokens go in now.
   mask_uT = positions_uT < (adm.length_u - 1)[:, None]
-  # The full-sequence pass (the TPU attention kernel where there is one).
-  _, k_LuTKH, v_LuTKH = model.prefill(adm.tokens_uT, positions_uT, mask_uT,
-                                      activation_sharding=act_sharding)
 
   num_slots, width = table_SM.shape
   pool = state.cache.kv  # [L, D, P + 1, C, 2K, H]
+  shards, past, page = pool.shape[1], pool.shape[2], pool.shape[3]
+  prefix = None
+  if prefix_pages:
+    src_u = jnp.clip(adm.src_slot_u, 0, num_slots - 1)
+    prefix = transformer.PromptPrefix(
+        kv=pool, shard_B=src_u // (num_slots // shards),
+        pages_BM=table_SM[src_u, :min(prefix_pages, width)], length=start)
+  # The full-sequence pass (the TPU attention kernel where there is one).
+  _, k_LuTKH, v_LuTKH = model.prefill(adm.tokens_uT, positions_uT, mask_uT,
+                                      activation_sharding=act_sharding, prefix=prefix)
+
   # Index pool.shape[2] is past the pool, so the scatter drops it: padding, the last prompt
   # token (the first decode step writes it) and unassigned entries (the null page) go there.
-  shards, past, page = pool.shape[1], pool.shape[2], pool.shape[3]
   length_n = adm.length_u[adm.source_n]
-  t_T = jnp.arange(t, dtype=jnp.int32)
+  t_T = start + jnp.arange(t, dtype=jnp.int32)
   real_n = adm.slot_n < num_slots
   slot_n = jnp.minimum(adm.slot_n, num_slots - 1)
   page_nT = table_SM[slot_n][:, jnp.minimum(t_T // page, width - 1)]
@@ -196,15 +219,17 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
         new_LuTKH[:, adm.source_n].astype(pool.dtype), mode="drop")
   cache = transformer.PagedKVCache(kv=pool)
 
-  def row(old, new):
-    return old.at[adm.slot_n].set(new.astype(old.dtype), mode="drop")
+  # Only rows whose prompt is complete take their slot state (the others' slots stay
+  # inactive until a later piece).
+  starting_n = jnp.where(adm.activate_n, adm.slot_n, num_slots)
 
-  last_n = jnp.take_along_axis(adm.tokens_uT[adm.source_n], (length_n - 1)[:, None],
-                               axis=1)[:, 0]
+  def row(old, new):
+    return old.at[starting_n].set(new.astype(old.dtype), mode="drop")
+
   n = adm.slot_n.shape[0]
   return SlotState(
       cache=cache,
-      token_S=row(state.token_S, last_n),
+      token_S=row(state.token_S, adm.last_n),
       pos_S=row(state.pos_S, length_n - 1),
       num_gen_S=row(state.num_gen_S, jnp.zeros((n,), jnp.int32)),
       active_S=row(state.active_S, jnp.ones((n,), jnp.bool_)),
@@ -304,12 +329,15 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
 
 
 @functools.lru_cache(maxsize=None)
-def admit_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState) -> Callable:
-  """jit(admit) taking (param_leaves, state, admission, page table); the state is donated."""
+def admit_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState,
+                  prefix_pages: int = 0) -> Callable:
+  """jit(admit) taking (param_leaves, state, admission, page table); the state is donated.
+  `prefix_pages`: see `admit` (0 for a whole prompt or its first piece)."""
 
   def run(param_leaves, state, adm, table_SM):
     params = jax.tree.unflatten(param_treedef, param_leaves)
-    new = admit(graphdef, params, state, adm, table_SM, mesh=shardings.token_S.mesh)
+    new = admit(graphdef, params, state, adm, table_SM, mesh=shardings.token_S.mesh,
+                prefix_pages=prefix_pages)
     return jax.lax.with_sharding_constraint(new, shardings)
 
   return jax.jit(run, donate_argnums=(1,))

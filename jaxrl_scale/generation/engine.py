@@ -19,11 +19,17 @@ Host loop, one iteration per decode chunk:
      loop waits for them;
   2. admit requests into free slots while their data shard has free pages for the prompt
      and the first chunk (a request waits, never fails, when the pool is full; preempted
-     requests go first). One prefill per prompt-length bucket; each distinct prompt is
+     requests go first). One prefill job per prompt-length bucket; each distinct prompt is
      computed once, and the G completions of an RL prompt admitted together on one shard
      share its prompt-only pages (each gets its own copy of the page decoding writes
      into). Never while a posted update is still pending, so a new sequence starts on the
-     newest weights;
+     newest weights. Then every queued prefill job runs its next piece: the whole prompt,
+     or with `sampler.prefill_chunk` = c the next c positions, attending to the earlier
+     pieces through the pages (chunked prefill mixed with decode: a long prompt is
+     prefilled c positions per iteration while the live sequences keep decoding, and the
+     prefill's activations never exceed c positions per row). A row decodes from the
+     chunk after the piece that completes its prompt; a weight swap between pieces keeps
+     what earlier pieces wrote, as it keeps decoded tokens' keys;
   3. give every live sequence the pages its next chunk writes; where a shard has too few,
      preempt its most recently admitted sequences: their pages go back and their requests
      restart from the prompt later (same seed: with the same weights, the same tokens;
@@ -41,8 +47,9 @@ budget within the dispatched chunks is known to be free without reading anything
 its pages go back and it is refilled for the very next chunk (the device runs programs in
 order, so the old sequence's last writes land before the new owner's).
 
-Compiled programs: one prefill per (prompt bucket, power-of-two admission count, distinct
-prompts rounded to 1, 2, 3, 4, 6, 8, 12, ...); one decode chunk per sampling mode and, off
+Compiled programs: one prefill per (piece length: the prompt bucket or prefill_chunk,
+power-of-two admission count, distinct prompts rounded to 1, 2, 3, 4, 6, 8, 12, ...,
+pages before the piece); one decode chunk per sampling mode and, off
 TPU, pages read per row (a few counts, each about an eighth of the longest; on TPU the
 ragged kernel reads each row's own length). Weights over the mesh's 'tp' axis, slots and
 the page pool over 'data'.
@@ -94,6 +101,16 @@ def _prompt_rows(n: int) -> int:
   (48 prompts of 16 samples each take 48 rows, not 64) for twice the compiled sizes."""
   p = decode.next_pow2(n)
   return 3 * p // 4 if p >= 4 and 3 * p // 4 >= n else p
+
+
+@dataclasses.dataclass
+class _PrefillJob:
+  """The prefill of one admission's rows (one prompt-length bucket), run `piece` positions
+  per engine iteration; `start` positions are done."""
+
+  rows: list[tuple[int, records.TokenBuffer]]
+  piece: int
+  start: int = 0
 
 
 class Sampler:
@@ -187,7 +204,8 @@ class Sampler:
         donate_argnums=(0,))
     self._waiting: collections.deque = collections.deque()  # pulled, not yet admitted
     self._admissions = 0
-    self._admit_fn = decode.admit_program(graphdef, self._param_treedef, self._state_shardings)
+    self._admit_fns: dict[int, Callable] = {}  # by prefix pages (chunked prefill)
+    self._jobs: list[_PrefillJob] = []  # prefills with pieces still to run
     self._decode_fns: dict[tuple[bool, bool, int], Callable] = {}
     self._state = self._init_fn()
     self._running = False
@@ -325,8 +343,7 @@ class Sampler:
 
   def _admit(self, placed: list[tuple[int, records.TokenBuffer]]) -> None:
     """Gives newly placed sequences their pages (the completions of one prompt on one shard
-    share its prompt pages) and prefills them, one call per prompt-length bucket."""
-    cfg = self.cfg
+    share its prompt pages) and queues their prefill, one job per prompt-length bucket."""
     by_prompt: dict[tuple, list[tuple[int, records.TokenBuffer]]] = collections.defaultdict(list)
     for slot, buf in placed:
       by_prompt[(self._pool.shard_of(slot), tuple(buf.request.prompt_tokens))].append(
@@ -339,26 +356,41 @@ class Sampler:
       n = len(buf.request.prompt_tokens)
       groups[next(b for b in self.buckets if b >= n)].append((slot, buf))
     for bucket, rows in sorted(groups.items()):
+      self._jobs.append(_PrefillJob(rows, min(bucket, self.cfg.prefill_chunk or bucket)))
+      self.stats.admissions += 1
+
+  def _prefill_pieces(self) -> None:
+    """Dispatches the next piece of every queued prefill job (the whole prompt without
+    chunked prefill). Rows whose prompt a piece completes decode from the next chunk on."""
+    cfg = self.cfg
+    for job in list(self._jobs):
+      rows = [(slot, buf) for slot, buf in job.rows if not buf.prefilled]
+      start, t = job.start, job.piece
       # Rows with the same prompt (the G completions of one RL prompt) share one prefill.
       sources: dict[tuple[int, ...], int] = {}
       for _, buf in rows:
         sources.setdefault(tuple(buf.request.prompt_tokens), len(sources))
       n = min(decode.next_pow2(len(rows)), self.num_slots)
       u = min(_prompt_rows(len(sources)), n)
-      tokens = np.zeros((u, bucket), np.int32)
+      tokens = np.zeros((u, t), np.int32)
       length = np.ones((u,), np.int32)
+      src_slot = np.zeros((u,), np.int32)
       for prompt, i in sources.items():
-        tokens[i, :len(prompt)] = prompt
+        piece = prompt[start:start + t]
+        tokens[i, :len(piece)] = piece
         length[i] = len(prompt)
       cols = {k: np.zeros((n,), dt) for k, dt in (
           ("source", np.int32), ("seed", np.int32), ("temperature", np.float32),
           ("top_k", np.int32), ("top_p", np.float32), ("limit", np.int32),
-          ("force_at", np.int32), ("answer_budget", np.int32))}
+          ("force_at", np.int32), ("answer_budget", np.int32), ("last", np.int32))}
       slots = np.full((n,), self.num_slots, np.int32)  # padding rows are dropped
+      activate = np.zeros((n,), bool)
       for i, (slot, buf) in enumerate(rows):
         req = buf.request
         slots[i] = slot
-        cols["source"][i] = sources[tuple(req.prompt_tokens)]
+        source = sources[tuple(req.prompt_tokens)]
+        src_slot[source] = slot
+        cols["source"][i] = source
         cols["seed"][i] = buf.seed
         cols["temperature"][i] = cfg.temperature if req.temperature is None else req.temperature
         cols["top_k"][i] = cfg.top_k if req.top_k is None else req.top_k
@@ -366,15 +398,29 @@ class Sampler:
         cols["limit"][i] = buf.limit
         cols["force_at"][i] = buf.force_at
         cols["answer_budget"][i] = cfg.answer_budget
+        cols["last"][i] = req.prompt_tokens[-1]
+        # Positions [0, P - 1) go into the cache; the first decode step feeds the last.
+        activate[i] = len(req.prompt_tokens) - 1 <= start + t
       adm = decode.Admission(
           tokens_uT=tokens, length_u=length, source_n=cols["source"], slot_n=slots,
-          seed_n=cols["seed"], temperature_n=cols["temperature"], top_k_n=cols["top_k"],
-          top_p_n=cols["top_p"], limit_n=cols["limit"], force_at_n=cols["force_at"],
-          answer_budget_n=cols["answer_budget"])
-      self._state = self._admit_fn(self._param_leaves, self._state, adm, self._device_table())
-      self.stats.admissions += 1
-      self.stats.prefill_tokens += u * bucket
-      self.stats.unshared_prefill_tokens += n * bucket
+          start=np.asarray(start, np.int32), src_slot_u=src_slot, activate_n=activate,
+          last_n=cols["last"], seed_n=cols["seed"], temperature_n=cols["temperature"],
+          top_k_n=cols["top_k"], top_p_n=cols["top_p"], limit_n=cols["limit"],
+          force_at_n=cols["force_at"], answer_budget_n=cols["answer_budget"])
+      prefix_pages = self._pool.pages_for(start)
+      if prefix_pages not in self._admit_fns:
+        self._admit_fns[prefix_pages] = decode.admit_program(
+            self._graphdef, self._param_treedef, self._state_shardings, prefix_pages)
+      self._state = self._admit_fns[prefix_pages](self._param_leaves, self._state, adm,
+                                                  self._device_table())
+      for (_, buf), done in zip(rows, activate):
+        buf.prefilled = bool(done)
+      job.start += t
+      if all(buf.prefilled for _, buf in job.rows):
+        self._jobs.remove(job)
+      self.stats.prefill_pieces += 1
+      self.stats.prefill_tokens += u * t
+      self.stats.unshared_prefill_tokens += n * t
 
   def _decode_fn(self, truncate: bool, all_greedy: bool, view_pages: int) -> Callable:
     key = (truncate, all_greedy, view_pages)
@@ -430,6 +476,7 @@ class Sampler:
     for slot in range(self.num_slots):  # whatever an interrupted run left behind
       pool.release(slot)
     self._waiting.clear()
+    self._jobs.clear()
     owners: list[records.TokenBuffer | None] = [None] * self.num_slots
     admitted_at = [0] * self.num_slots  # admission order, for choosing whom to preempt
     inflight: collections.deque = collections.deque()
@@ -455,9 +502,12 @@ class Sampler:
           exhausted |= ended
         if placed:
           self._admit(placed)
-        live_slots = [s for s, o in enumerate(owners) if o is not None and not o.surely_done]
+        if self._jobs:
+          self._prefill_pieces()
+        live_slots = [s for s, o in enumerate(owners)
+                      if o is not None and o.prefilled and not o.surely_done]
         self._grow(live_slots, owners, admitted_at)
-        live = [o for o in owners if o is not None and not o.surely_done]
+        live = [owners[s] for s in live_slots if owners[s] is not None]
         if live:
           truncate, all_greedy = self._modes(live)
           self._state, out = self._decode_fn(truncate, all_greedy, self._view_pages(live))(
@@ -466,8 +516,9 @@ class Sampler:
           for buf in live:
             buf.steps_dispatched += self.cfg.decode_chunk
           self.stats.chunks += 1
+          self.stats.mixed_chunks += bool(self._jobs)
           self.stats.slot_steps += self.num_slots * self.cfg.decode_chunk
-        elif not inflight:
+        elif not inflight and not self._jobs:
           if exhausted and not self._waiting:
             break
           continue  # nothing live and nothing admitted: ask the iterator again

@@ -95,6 +95,7 @@ class TokenBuffer:
     self.force_at = force_at
     self.limit = limit  # token budget: the sequence ends on the device by this many steps
     self.steps_dispatched = 0  # decode steps sent to the device since admission
+    self.prefilled = False  # its whole prompt is in the cache: it decodes from now on
     self.tokens: list[int] = []
     self.logprobs: list[float] = []
     self.versions: list[int] = []
@@ -144,6 +145,8 @@ class Stats:
   slot_steps: int = 0  # num_slots * decode steps dispatched (capacity)
   preemptions: int = 0  # sequences stopped for want of pages, restarted later
   prefill_tokens: int = 0  # prompt positions the prefill programs computed (padding included)
+  prefill_pieces: int = 0  # prefill programs run (one per admission without chunked prefill)
+  mixed_chunks: int = 0  # decode chunks dispatched while a chunked prefill was under way
   unshared_prefill_tokens: int = 0  # what they would have been with one prefill per row
   seconds: float = 0.0  # wall time inside stream()
 

@@ -68,32 +68,37 @@ def _on_tpu(mesh) -> bool:
   return mesh.devices.flat[0].platform == "tpu"
 
 
-def einsum_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
-                     mask_BT: jax.Array, *, query_chunk: int = 2048) -> jax.Array:
+def einsum_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
+                     mask_BS: jax.Array, *, query_chunk: int = 2048) -> jax.Array:
   """The XLA path: no [B, T, S] mask input; causal & key masks are built from iotas inside.
 
   Args:
-    q_BTNH, k_BTKH, v_BTKH, mask_BT: as in `causal_attention`.
+    q_BTNH, k_BSKH, v_BSKH, mask_BS: as in `causal_attention`, except that there may be
+      more keys than queries (S >= T): the queries are then the last T of the S positions
+      (query t sits at key index S - T + t and attends keys s <= S - T + t with mask_BS[b,
+      s]), as when T new tokens continue a cached prefix (chunked prefill).
     query_chunk: when T is a larger multiple of it, queries go through `lax.map` in chunks
       of this many, each chunk rematerialised in the backward pass, so the float32 scores
-      exist for one chunk at a time ([B, N, chunk, T] instead of [B, N, T, T]).
+      exist for one chunk at a time ([B, N, chunk, S] instead of [B, N, T, S]).
   """
   b, t, n, h = q_BTNH.shape
-  k = k_BTKH.shape[2]
+  k, s = k_BSKH.shape[2], k_BSKH.shape[1]
   if n % k:
     raise ValueError(f"query heads {n} are not a multiple of kv heads {k}")
+  if s < t:
+    raise ValueError(f"einsum attention: {s} keys for {t} queries (need at least as many)")
   q_BTKGH = q_BTNH.reshape(b, t, k, n // k, h)
 
   def chunk(q_BCKGH: jax.Array, start: jax.Array) -> jax.Array:
     c = q_BCKGH.shape[1]
-    scores_BKGCS = jnp.einsum("BCKGH,BSKH->BKGCS", q_BCKGH, k_BTKH,
+    scores_BKGCS = jnp.einsum("BCKGH,BSKH->BKGCS", q_BCKGH, k_BSKH,
                               preferred_element_type=jnp.float32) * (h ** -0.5)
-    query_C = start + jax.lax.iota(jnp.int32, c)
-    causal_CS = query_C[:, None] >= jax.lax.iota(jnp.int32, t)[None, :]
-    allowed_BCS = causal_CS[None, :, :] & mask_BT.astype(bool)[:, None, :]
+    query_C = (s - t) + start + jax.lax.iota(jnp.int32, c)
+    causal_CS = query_C[:, None] >= jax.lax.iota(jnp.int32, s)[None, :]
+    allowed_BCS = causal_CS[None, :, :] & mask_BS.astype(bool)[:, None, :]
     scores_BKGCS = jnp.where(allowed_BCS[:, None, None, :, :], scores_BKGCS, _MASKED)
-    probs_BKGCS = jax.nn.softmax(scores_BKGCS, axis=-1).astype(v_BTKH.dtype)
-    return jnp.einsum("BKGCS,BSKH->BCKGH", probs_BKGCS, v_BTKH)
+    probs_BKGCS = jax.nn.softmax(scores_BKGCS, axis=-1).astype(v_BSKH.dtype)
+    return jnp.einsum("BKGCS,BSKH->BCKGH", probs_BKGCS, v_BSKH)
 
   if t > query_chunk and t % query_chunk == 0:
     num = t // query_chunk

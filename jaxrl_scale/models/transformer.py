@@ -18,6 +18,8 @@ Full-sequence path (trainer)
   never holds all [B, T, V] logits.
   `prefill(tokens_BT, positions_BT, mask_BT) -> (h_BTD, k_LBTKH, v_LBTKH)` is the same pass
   returning each layer's keys (RoPE applied) and values, for a sampler to put in its cache.
+  With `prefix=PromptPrefix(...)` the T tokens continue prompts whose earlier positions are
+  already in a page pool (chunked prefill): every query also attends to those.
 
 Paged KV-cache path (sampler decode)
   `cache = init_pages(cfg, shards=D, pages=P, page_size=C)` is a pool of P pages per data
@@ -71,6 +73,30 @@ class PagedKVCache:
   @property
   def pages_per_shard(self) -> int:
     return self.kv.shape[2] - 1
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PromptPrefix:
+  """The earlier positions [0, length) of B prompts, held in a page pool, for a `prefill`
+  that continues them (chunked prefill): row b's positions are in the pages pages_BM[b] of
+  data shard shard_B[b] of the pool kv [L, D, P + 1, C, 2K, H] (`PagedKVCache.kv`); pages_BM
+  covers at least `length` positions."""
+
+  kv: jax.Array
+  shard_B: jax.Array  # int32
+  pages_BM: jax.Array  # int32 local page ids in position order
+  length: jax.Array  # int32 scalar: positions before the prefill's tokens, same in every row
+
+  def layer(self, layer: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Layer `layer`'s prefix as dense (k_BSKH, v_BSKH, valid_BS), S = M * C."""
+    l, d, p, c, x, h = self.kv.shape
+    b, m = self.pages_BM.shape
+    pages_BMCXH = self.kv[layer][self.shard_B[:, None], self.pages_BM]
+    kv_BSXH = pages_BMCXH.reshape(b, m * c, x, h)
+    valid_BS = jnp.broadcast_to(jnp.arange(m * c, dtype=jnp.int32)[None, :] < self.length,
+                                (b, m * c))
+    return kv_BSXH[:, :, 0::2], kv_BSXH[:, :, 1::2], valid_BS
 
 
 def init_pages(cfg: ModelConfig, shards: int, pages: int, page_size: int,
@@ -208,12 +234,16 @@ class Transformer(nnx.Module):
 
   def prefill(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array, *,
               activation_sharding: jax.sharding.NamedSharding | None = None,
+              prefix: PromptPrefix | None = None,
               ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The full-sequence pass, also returning what a KV cache holds for these tokens.
 
     Args:
       tokens_BT, positions_BT, mask_BT: as for the full-sequence path.
       activation_sharding: as for `hidden_states`.
+      prefix: the positions before these tokens, in a page pool: every query attends to
+        them as well (`attention.einsum_attention` over prefix + tokens, whatever
+        cfg.attention_impl says). positions_BT should continue from prefix.length.
 
     Returns:
       (h_BTD, k_LBTKH, v_LBTKH): final-norm hidden states and every layer's keys (RoPE
@@ -223,23 +253,33 @@ class Transformer(nnx.Module):
     mask_BT = mask_BT.astype(jnp.bool_)
     x_BTD = pin(self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype)))
     x_BTD, (k_LBTKH, v_LBTKH) = self._scan(x_BTD, positions_BT, mask_BT, None,
-                                           activation_sharding, keep_kv=True)
+                                           activation_sharding, keep_kv=True, prefix=prefix)
     return pin(self.norm(x_BTD)), k_LBTKH, v_LBTKH
 
   def _scan(self, x_BTD: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
             policy: Callable | None, activation_sharding: jax.sharding.NamedSharding | None,
-            keep_kv: bool = False) -> tuple[jax.Array, Any]:
+            keep_kv: bool = False, prefix: PromptPrefix | None = None,
+            ) -> tuple[jax.Array, Any]:
     """Runs the stacked layers over x_BTD with one scanned (optionally remat'd) layer body."""
     graphdef, state_L = nnx.split(self.layers)
     pin = _pinner(activation_sharding)
     impl = self.cfg.attention_impl
 
-    def attend(q_BTNH, k_BTKH, v_BTKH):
-      out_BTNH = attention.causal_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT, impl=impl,
-                                            sharding=activation_sharding)
-      return out_BTNH, ((k_BTKH, v_BTKH) if keep_kv else None)
+    def body(x_BTD, xs):
+      layer_state, i = xs
 
-    def body(x_BTD, layer_state):
+      def attend(q_BTNH, k_BTKH, v_BTKH):
+        if prefix is None:
+          out_BTNH = attention.causal_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT, impl=impl,
+                                                sharding=activation_sharding)
+        else:  # the T queries come after the prefix's S keys
+          pk_BSKH, pv_BSKH, valid_BS = prefix.layer(i)
+          out_BTNH = attention.einsum_attention(
+              q_BTNH, jnp.concatenate([pk_BSKH.astype(k_BTKH.dtype), k_BTKH], axis=1),
+              jnp.concatenate([pv_BSKH.astype(v_BTKH.dtype), v_BTKH], axis=1),
+              jnp.concatenate([valid_BS, mask_BT], axis=1))
+        return out_BTNH, ((k_BTKH, v_BTKH) if keep_kv else None)
+
       x_BTD, kv = nnx.merge(graphdef, layer_state)(x_BTD, positions_BT, attend)
       return pin(x_BTD), kv
 
@@ -247,7 +287,7 @@ class Transformer(nnx.Module):
       # prevent_cse=False: inside a scan the loop already keeps XLA from merging the
       # recomputation into the forward pass (the JAX docs' advice for remat under scan).
       body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-    return jax.lax.scan(body, x_BTD, state_L)
+    return jax.lax.scan(body, x_BTD, (state_L, jnp.arange(self.cfg.num_layers)))
 
   def _head(self) -> tuple[jax.Array, str]:
     if self.lm_head is None:

@@ -220,7 +220,9 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=rep)  # noqa: E731
   # Every admitted prompt distinct: the prefill's worst case (u = n).
   adm = decode.Admission(tokens_uT=i32(n, bucket), length_u=i32(n), source_n=i32(n),
-                         slot_n=i32(n),
+                         slot_n=i32(n), start=i32(), src_slot_u=i32(n),
+                         activate_n=jax.ShapeDtypeStruct((n,), jnp.bool_, sharding=rep),
+                         last_n=i32(n),
                          seed_n=i32(n), temperature_n=f32(n), top_k_n=i32(n), top_p_n=f32(n),
                          limit_n=i32(n), force_at_n=i32(n), answer_budget_n=i32(n))
   table = jax.ShapeDtypeStruct((slots, width), jnp.int32, sharding=decode.table_sharding(mesh))

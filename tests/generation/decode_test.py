@@ -16,7 +16,8 @@ def _admission(n: int, t: int) -> decode.Admission:
   f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
   return decode.Admission(
       tokens_uT=jax.ShapeDtypeStruct((n, t), jnp.int32), length_u=i32, source_n=i32,
-      slot_n=i32, seed_n=i32,
+      slot_n=i32, start=jax.ShapeDtypeStruct((), jnp.int32), src_slot_u=i32,
+      activate_n=jax.ShapeDtypeStruct((n,), jnp.bool_), last_n=i32, seed_n=i32,
       temperature_n=f32, top_k_n=i32, top_p_n=f32, limit_n=i32, force_at_n=i32,
       answer_budget_n=i32)
 

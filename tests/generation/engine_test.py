@@ -301,6 +301,59 @@ def test_a_small_page_pool_waits_preempts_and_restarts_to_the_same_tokens(loaded
     _sampler(model, page_size=4, kv_cache_tokens=16)  # less than one full sequence
 
 
+@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3"])
+def test_chunked_prefill_matches_transformers_and_decodes_between_pieces(family, hf_checkpoints,
+                                                                         loaded, prompts):
+  # Pieces of 4 positions over pages of 4: a piece reads 1-3 earlier pages (the pages of
+  # the prompt's earlier pieces) and attends to them as well as causally to itself.
+  model, _ = loaded[family]
+  kw = dict(page_size=4, max_new_tokens=12)
+  whole = _sampler(model, **kw).generate(prompts)
+  sampler = _sampler(model, prefill_chunk=4, **kw)
+  chunked = sampler.generate(prompts)  # 8 prompts (1-14 tokens) through 4 slots
+  stats = sampler.stats
+  assert stats.prefill_pieces > stats.admissions  # prompts really went in pieces
+  assert set(sampler._admit_fns) == {0, 1, 2, 3}  # pieces after 0, 4, 8 and 12 positions
+  # Decode chunks ran while a later piece of some prompt was still to come.
+  assert stats.mixed_chunks > 0
+  for prompt, a, b in zip(prompts, whole, chunked):
+    ref_tokens, ref_logprobs = _hf_greedy(hf_checkpoints[family].hf_model, prompt, 12, None)
+    assert b.tokens.tolist() == ref_tokens == a.tokens.tolist()
+    np.testing.assert_allclose(b.logprobs, ref_logprobs, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5, rtol=0)
+  sampler._pool.check()
+  assert sampler._pool.used_pages == 0
+
+
+def test_chunked_prefill_shared_sharded_and_preempted(loaded, prompts):
+  model, _ = loaded["qwen3"]
+  kw = dict(page_size=4, temperature=1.0, max_new_tokens=16)
+  # The G completions of a prompt share the pieces' prefill; sampled tokens and logprobs
+  # are those of whole-prompt prefill.
+  reqs = [records.Request(p, prompt_id=i, sample_index=j) for i, p in enumerate(prompts[:4])
+          for j in range(2)]
+  whole = _sampler(model, **kw).generate(reqs)
+  sampler = _sampler(model, prefill_chunk=8, **kw)
+  chunked = sampler.generate(reqs)
+  assert sampler.stats.prefill_tokens < sampler.stats.unshared_prefill_tokens
+  # A pool too small for every slot: growing sequences preempt the newest, which restart.
+  small = _sampler(model, prefill_chunk=8, kv_cache_tokens=48, **kw)
+  preempted = small.generate(reqs)
+  assert small.stats.preemptions > 0
+  small._pool.check()
+  # On a 2 x 2 generator mesh (slots and pool shards over 'data', kv heads over 'tp').
+  mesh = jax.make_mesh((2, 2), mesh_lib.GENERATOR_AXES,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:4])
+  cfg = SamplerConfig(**{**SAMPLER.__dict__, **kw, "prefill_chunk": 8})
+  sharded = engine.Sampler(model, cfg, mesh=mesh, eos_ids=()).generate(reqs)
+  for outs in (chunked, preempted, sharded):
+    for a, b in zip(whole, outs):
+      assert a.tokens.tolist() == b.tokens.tolist()
+      np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+  with pytest.raises(UserError, match="sampler.prefill_chunk"):
+    _sampler(model, prefill_chunk=-1)
+
+
 def test_forced_interruption(loaded, prompts):
   model, tok = loaded["qwen2"]
   phrase = tok.encode("Stop</think>")
