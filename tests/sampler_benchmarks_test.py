@@ -36,3 +36,13 @@ def test_kv_bench_quick_shares_the_prefill_and_bounds_the_pool():
   # bench asserts every completion reached its budget).
   r = _json("kv_bench.py", "--quick", "--json", "--pool-fraction", "0.25")
   assert r["kv_held_over_dense"] <= 0.26
+
+
+@pytest.mark.slow  # two samplers in a subprocess; the engine tests check chunked prefill
+def test_prefill_bench_quick_chunks_the_prefill_and_keeps_the_tokens():
+  r = _json("prefill_bench.py", "--quick", "--json")
+  assert r["same_tokens"] is True
+  assert r["chunked_mixed_chunks"] > 0  # decode chunks ran between a prompt's pieces
+  for key in ("whole_tok_s", "chunked_tok_s", "whole_max_gap_ms", "chunked_max_gap_ms",
+              "stall_ratio", "throughput_ratio"):
+    assert r[key] > 0

@@ -68,15 +68,15 @@ class Admission:
 
   A prompt is prefilled whole (start 0, T covering it) or in pieces of T positions
   (chunked prefill, `sampler.prefill_chunk`): the piece holds the prompts' tokens at
-  positions [start, start + T) and attends to the positions before `start` through the
-  pages of slot src_slot_u, where the earlier pieces wrote them. A row starts decoding
+  positions [start, start + T) (`start` is static: see `admit`) and attends to the
+  positions before `start` through the pages of slot src_slot_u, where the earlier pieces
+  wrote them. A row starts decoding
   (its slot state is set) with the piece that completes its prompt (activate_n)."""
 
   tokens_uT: jax.Array  # int32 the prompts' tokens at positions [start, start + T), padded
   length_u: jax.Array  # int32 their whole lengths (>= 1)
   source_n: jax.Array  # int32 prompt row in [0, u) of each destination row
   slot_n: jax.Array  # int32 destination slot
-  start: jax.Array  # int32 scalar: prompt positions already in the cache
   src_slot_u: jax.Array  # int32 a slot holding each prompt's earlier pieces (start > 0)
   activate_n: jax.Array  # bool: this piece completes the row's prompt: it starts decoding
   last_n: jax.Array  # int32 the row's last prompt token (fed by its first decode step)
@@ -161,16 +161,17 @@ def empty_state(cfg: ModelConfig, num_slots: int, shards: int, pages_per_shard: 
 
 def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
           adm: Admission, table_SM: jax.Array, mesh: Mesh | None = None,
-          prefix_pages: int = 0) -> SlotState:
+          start: int = 0) -> SlotState:
   """Prefills one piece of the admitted prompts, once per distinct prompt, and writes its
   keys/values into the pages of every row that takes them (rows sharing a prompt write its
   shared pages alike); rows whose prompt this piece completes start decoding.
 
   With the generator's `mesh`, the prefill's activations are split by rows over its 'data'
   axis (when it divides u), which also lets `attention.causal_attention` pick the TPU kernel.
-  `prefix_pages` (static) > 0: the piece attends to each prompt's positions before
-  adm.start, read from the first `prefix_pages` pages of slot adm.src_slot_u (an XLA
-  gather and einsum attention on every platform).
+  `start` (static, so positions and page offsets fold into constants: traced, it cost the
+  8B paper prefill 6 GiB of temporaries) > 0: the piece holds positions [start, start + T)
+  and attends to each prompt's positions before it, read from the pages of slot
+  adm.src_slot_u (an XLA gather and einsum attention on every platform).
   """
   model = nnx.merge(graphdef, params)
   u, t = adm.tokens_uT.shape
@@ -179,7 +180,6 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
     data = mesh.shape.get("data", 1)
     row_axis = "data" if data > 1 and u % data == 0 else None
     act_sharding = NamedSharding(mesh, PartitionSpec(row_axis, None, None))
-  start = adm.start.astype(jnp.int32)
   positions_uT = start + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (u, t))
   # The last prompt token is fed by the first decode step, so only P-1 tokens go in now.
   mask_uT = positions_uT < (adm.length_u - 1)[:, None]
@@ -188,11 +188,11 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   pool = state.cache.kv  # [L, D, P + 1, C, 2K, H]
   shards, past, page = pool.shape[1], pool.shape[2], pool.shape[3]
   prefix = None
-  if prefix_pages:
+  if start:
     src_u = jnp.clip(adm.src_slot_u, 0, num_slots - 1)
     prefix = transformer.PromptPrefix(
         kv=pool, shard_B=src_u // (num_slots // shards),
-        pages_BM=table_SM[src_u, :min(prefix_pages, width)], length=start)
+        pages_BM=table_SM[src_u, :min(-(-start // page), width)], length=jnp.int32(start))
   # The full-sequence pass (the TPU attention kernel where there is one).
   _, k_LuTKH, v_LuTKH = model.prefill(adm.tokens_uT, positions_uT, mask_uT,
                                       activation_sharding=act_sharding, prefix=prefix)
@@ -330,14 +330,14 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
 
 @functools.lru_cache(maxsize=None)
 def admit_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState,
-                  prefix_pages: int = 0) -> Callable:
+                  start: int = 0) -> Callable:
   """jit(admit) taking (param_leaves, state, admission, page table); the state is donated.
-  `prefix_pages`: see `admit` (0 for a whole prompt or its first piece)."""
+  `start`: see `admit` (0 for a whole prompt or its first piece)."""
 
   def run(param_leaves, state, adm, table_SM):
     params = jax.tree.unflatten(param_treedef, param_leaves)
     new = admit(graphdef, params, state, adm, table_SM, mesh=shardings.token_S.mesh,
-                prefix_pages=prefix_pages)
+                start=start)
     return jax.lax.with_sharding_constraint(new, shardings)
 
   return jax.jit(run, donate_argnums=(1,))

@@ -49,7 +49,7 @@ order, so the old sequence's last writes land before the new owner's).
 
 Compiled programs: one prefill per (piece length: the prompt bucket or prefill_chunk,
 power-of-two admission count, distinct prompts rounded to 1, 2, 3, 4, 6, 8, 12, ...,
-pages before the piece); one decode chunk per sampling mode and, off
+positions before the piece); one decode chunk per sampling mode and, off
 TPU, pages read per row (a few counts, each about an eighth of the longest; on TPU the
 ragged kernel reads each row's own length). Weights over the mesh's 'tp' axis, slots and
 the page pool over 'data'.
@@ -204,7 +204,7 @@ class Sampler:
         donate_argnums=(0,))
     self._waiting: collections.deque = collections.deque()  # pulled, not yet admitted
     self._admissions = 0
-    self._admit_fns: dict[int, Callable] = {}  # by prefix pages (chunked prefill)
+    self._admit_fns: dict[int, Callable] = {}  # by piece start (chunked prefill)
     self._jobs: list[_PrefillJob] = []  # prefills with pieces still to run
     self._decode_fns: dict[tuple[bool, bool, int], Callable] = {}
     self._state = self._init_fn()
@@ -403,16 +403,15 @@ class Sampler:
         activate[i] = len(req.prompt_tokens) - 1 <= start + t
       adm = decode.Admission(
           tokens_uT=tokens, length_u=length, source_n=cols["source"], slot_n=slots,
-          start=np.asarray(start, np.int32), src_slot_u=src_slot, activate_n=activate,
+          src_slot_u=src_slot, activate_n=activate,
           last_n=cols["last"], seed_n=cols["seed"], temperature_n=cols["temperature"],
           top_k_n=cols["top_k"], top_p_n=cols["top_p"], limit_n=cols["limit"],
           force_at_n=cols["force_at"], answer_budget_n=cols["answer_budget"])
-      prefix_pages = self._pool.pages_for(start)
-      if prefix_pages not in self._admit_fns:
-        self._admit_fns[prefix_pages] = decode.admit_program(
-            self._graphdef, self._param_treedef, self._state_shardings, prefix_pages)
-      self._state = self._admit_fns[prefix_pages](self._param_leaves, self._state, adm,
-                                                  self._device_table())
+      if start not in self._admit_fns:
+        self._admit_fns[start] = decode.admit_program(
+            self._graphdef, self._param_treedef, self._state_shardings, start)
+      self._state = self._admit_fns[start](self._param_leaves, self._state, adm,
+                                           self._device_table())
       for (_, buf), done in zip(rows, activate):
         buf.prefilled = bool(done)
       job.start += t

@@ -12,6 +12,8 @@ Shapes are the worst case a run reaches:
   train_step   the full RL batch [P, G, S] with S = max prompt + max new tokens
   sft_step     the SFT warm-start batch (when sft.steps > 0)
   prefill      every slot of one generator group admitted at once at the largest bucket
+               (with sampler.prefill_chunk: the last piece of that admission, attending to
+               the bucket's earlier positions through the pages)
   decode       one decode chunk of every slot at the full cache length
   weight_cast  float32 master -> param_dtype copy, on the trainer's devices
 Eval runs on the generator's programs (same engine, parameters and cache). With colocated
@@ -216,11 +218,14 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
   rep = NamedSharding(mesh, PartitionSpec())
   consts = jax.tree.map(lambda x: _struct(x, rep), decode.constants([0], [0], -1))
   n, bucket = slots, buckets[-1]
+  # Chunked prefill: the admission's last piece (the longest prefix before it) is the worst.
+  piece = min(scfg.prefill_chunk or bucket, bucket)
+  start = (bucket - 2) // piece * piece if piece < bucket else 0
   i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)  # noqa: E731
   f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=rep)  # noqa: E731
   # Every admitted prompt distinct: the prefill's worst case (u = n).
-  adm = decode.Admission(tokens_uT=i32(n, bucket), length_u=i32(n), source_n=i32(n),
-                         slot_n=i32(n), start=i32(), src_slot_u=i32(n),
+  adm = decode.Admission(tokens_uT=i32(n, piece), length_u=i32(n), source_n=i32(n),
+                         slot_n=i32(n), src_slot_u=i32(n),
                          activate_n=jax.ShapeDtypeStruct((n,), jnp.bool_, sharding=rep),
                          last_n=i32(n),
                          seed_n=i32(n), temperature_n=f32(n), top_k_n=i32(n), top_p_n=f32(n),
@@ -229,13 +234,13 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
   cache_bytes = _per_chip(state.cache)
   resident = {"params": _per_chip(param_leaves), "kv_cache": cache_bytes,
               "batch": _per_chip(state) - cache_bytes}
-  admit = decode.admit_program(graphdef, treedef, shardings)
+  admit = decode.admit_program(graphdef, treedef, shardings, start)
   truncate = scfg.top_p < 1.0 or scfg.top_k > 0
   steps = scfg.decode_chunk
   chunk = decode.decode_program(graphdef, treedef, shardings, steps, truncate,
                                 scfg.temperature == 0, width)
   n_mat = matmul_params(mcfg)
-  prefill_tokens = n * bucket
+  prefill_tokens = n * piece
   decode_tokens = slots * steps
   groups = slices.generator_groups
   # Mean context of a decoding slot: the positions the pool holds per slot (it is sized for
@@ -245,7 +250,7 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
       Program("prefill", mesh, lambda: admit.lower(param_leaves, state, adm, table),
               # The prefill computes no logits (XLA drops the unused LM head).
               2.0 * (n_mat - mcfg.vocab_size * mcfg.hidden_size) * prefill_tokens
-              + attention_flops(mcfg, prefill_tokens, bucket / 2),
+              + attention_flops(mcfg, prefill_tokens, start + piece / 2),
               prefill_tokens, groups, dict(resident)),
       Program("decode", mesh, lambda: chunk.lower(param_leaves, state, consts, table),
               2.0 * n_mat * decode_tokens + attention_flops(mcfg, decode_tokens, context),

@@ -198,8 +198,8 @@ def advice(plan: dict[str, Any]) -> str | None:
                       "devices (mesh.trainer_devices)",
         "sft_step": "set sft.micro_batch_size, or give the trainer more devices",
         "weight_cast": "give the trainer more devices (mesh.trainer_devices)",
-        "prefill": "lower sampler.num_slots, the largest sampler.prompt_buckets, or raise "
-                   "mesh.generator_tp",
+        "prefill": "set sampler.prefill_chunk (prefill in pieces), lower sampler.num_slots "
+                   "or the largest sampler.prompt_buckets, or raise mesh.generator_tp",
         "decode": "lower sampler.num_slots or sampler.max_new_tokens, or raise "
                   "mesh.generator_tp / mesh.generator_devices",
     }.get(name, "change the config")

@@ -16,7 +16,7 @@ def _admission(n: int, t: int) -> decode.Admission:
   f32 = jax.ShapeDtypeStruct((n,), jnp.float32)
   return decode.Admission(
       tokens_uT=jax.ShapeDtypeStruct((n, t), jnp.int32), length_u=i32, source_n=i32,
-      slot_n=i32, start=jax.ShapeDtypeStruct((), jnp.int32), src_slot_u=i32,
+      slot_n=i32, src_slot_u=i32,
       activate_n=jax.ShapeDtypeStruct((n,), jnp.bool_), last_n=i32, seed_n=i32,
       temperature_n=f32, top_k_n=i32, top_p_n=f32, limit_n=i32, force_at_n=i32,
       answer_budget_n=i32)
@@ -49,5 +49,13 @@ def test_admit_prefills_with_the_tpu_kernel_on_a_tpu_generator_mesh():
   # The prefill's attention is the Pallas kernel (a Mosaic custom call), not the dense
   # einsum over the bucket; the page pool keeps its sharding.
   assert "tpu_custom_call" in lowered.as_text()
+  assert compiled.memory_analysis() is not None
+  assert compiled.output_shardings.cache.kv.is_equivalent_to(shardings.cache.kv, 6)
+
+  # A later piece of a chunked prefill (positions [256, 512) after 256 in the pages) reads
+  # the earlier pieces from the sharded pool and compiles for the same mesh.
+  piece = decode.admit_program(graphdef, treedef, shardings, 256)
+  with jax.set_mesh(mesh):
+    compiled = piece.lower(params, state, _admission(4, 256), table).compile()
   assert compiled.memory_analysis() is not None
   assert compiled.output_shardings.cache.kv.is_equivalent_to(shardings.cache.kv, 6)
