@@ -60,7 +60,7 @@ class PagedKVCache:
   keys at even heads, values at odd).
 
   `views`, inside one chunk of decode steps only (see `Transformer.decode`): per layer, the
-  rows' first pages gathered into dense (k_BKSH, v_BKSH) (`attention.paged_view`), which
+  rows' first pages gathered into dense (k_BKHS, v_BKSH) (`attention.paged_view`), which
   the steps read and append to instead of gathering the pages every step."""
 
   kv: jax.Array
