@@ -191,11 +191,8 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   if start:
     src_u = jnp.clip(adm.src_slot_u, 0, num_slots - 1)
     prefix = transformer.PromptPrefix(
-        kv=pool, shard_B=src_u // (num_slots // shards),
+        shard_B=src_u // (num_slots // shards),
         pages_BM=table_SM[src_u, :min(-(-start // page), width)], length=jnp.int32(start))
-  # The full-sequence pass (the TPU attention kernel where there is one).
-  _, k_LuTKH, v_LuTKH = model.prefill(adm.tokens_uT, positions_uT, mask_uT,
-                                      activation_sharding=act_sharding, prefix=prefix)
 
   # Index pool.shape[2] is past the pool, so the scatter drops it: padding, the last prompt
   # token (the first decode step writes it) and unassigned entries (the null page) go there.
@@ -209,14 +206,21 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   page_nT = jnp.where(write_nT, page_nT, past)
   shard_nT = jnp.broadcast_to((slot_n // (num_slots // shards))[:, None], page_nT.shape)
   off_nT = jnp.broadcast_to(t_T[None, :] % page, page_nT.shape)
-  # Keys go to the pool's even heads and values to its odd ones, each scattered on its own
-  # (an interleaved copy of both would double the prefill's largest temporary). Updates
-  # [L, n, T, K, H]: each destination row takes its source prompt's keys/values.
-  heads_11K = 2 * jnp.arange(k_LuTKH.shape[3], dtype=jnp.int32)[None, None, :]
+  heads_1K = 2 * jnp.arange(pool.shape[4] // 2, dtype=jnp.int32)[None, None, :]
   at_nTK = (shard_nT[:, :, None], page_nT[:, :, None], off_nT[:, :, None])
-  for parity, new_LuTKH in ((0, k_LuTKH), (1, v_LuTKH)):
-    pool = pool.at[(slice(None),) + at_nTK + (heads_11K + parity,)].set(
-        new_LuTKH[:, adm.source_n].astype(pool.dtype), mode="drop")
+
+  def write(pool, layer, k_uTKH, v_uTKH):
+    # Each destination row takes its source prompt's keys (the pool's even heads) and
+    # values (odd heads), one layer at a time inside the layer loop: no [L, n, T, K, H]
+    # stack of them is held, and the pool is updated in place.
+    for parity, new_uTKH in ((0, k_uTKH), (1, v_uTKH)):
+      pool = pool.at[(layer,) + at_nTK + (heads_1K + parity,)].set(
+          new_uTKH[adm.source_n].astype(pool.dtype), mode="drop")
+    return pool
+
+  # The full-sequence pass (the TPU attention kernel where there is one).
+  _, pool = model.prefill_into(adm.tokens_uT, positions_uT, mask_uT, pool, write,
+                               activation_sharding=act_sharding, prefix=prefix)
   cache = transformer.PagedKVCache(kv=pool)
 
   # Only rows whose prompt is complete take their slot state (the others' slots stay

@@ -18,8 +18,11 @@ Full-sequence path (trainer)
   never holds all [B, T, V] logits.
   `prefill(tokens_BT, positions_BT, mask_BT) -> (h_BTD, k_LBTKH, v_LBTKH)` is the same pass
   returning each layer's keys (RoPE applied) and values, for a sampler to put in its cache.
-  With `prefix=PromptPrefix(...)` the T tokens continue prompts whose earlier positions are
-  already in a page pool (chunked prefill): every query also attends to those.
+  `prefill_into(tokens_BT, positions_BT, mask_BT, pool, write) -> (h_BTD, pool)` is the same
+  pass writing each layer's keys and values into a page pool as it goes (`write`, inside the
+  layer loop), so no layer stack of them is ever held; with `prefix=PromptPrefix(...)` the
+  T tokens continue prompts whose earlier positions are already in that pool (chunked
+  prefill): every query also attends to those.
 
 Paged KV-cache path (sampler decode)
   `cache = init_pages(cfg, shards=D, pages=P, page_size=C)` is a pool of P pages per data
@@ -78,25 +81,30 @@ class PagedKVCache:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PromptPrefix:
-  """The earlier positions [0, length) of B prompts, held in a page pool, for a `prefill`
-  that continues them (chunked prefill): row b's positions are in the pages pages_BM[b] of
-  data shard shard_B[b] of the pool kv [L, D, P + 1, C, 2K, H] (`PagedKVCache.kv`); pages_BM
-  covers at least `length` positions."""
+  """The earlier positions [0, length) of B prompts, held in the page pool a `prefill_into`
+  writes to, for a prefill that continues them (chunked prefill): row b's positions are in
+  the pages pages_BM[b] of data shard shard_B[b] of the pool [L, D, P + 1, C, 2K, H]
+  (`PagedKVCache.kv`); pages_BM covers at least `length` positions."""
 
-  kv: jax.Array
   shard_B: jax.Array  # int32
   pages_BM: jax.Array  # int32 local page ids in position order
   length: jax.Array  # int32 scalar: positions before the prefill's tokens, same in every row
 
-  def layer(self, layer: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Layer `layer`'s prefix as dense (k_BSKH, v_BSKH, valid_BS), S = M * C."""
-    l, d, p, c, x, h = self.kv.shape
+  def read(self, kv: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Every layer's prefix in pool `kv` as dense (k_LBSKH, v_LBSKH, valid_BS), S = M * C.
+
+    Read once, before the layer loop that writes the pool: a read of the pool inside that
+    loop made XLA:CPU copy the whole pool twice per layer to keep the read's operand apart
+    from the in-place write."""
+    l, d, p, c, x, h = kv.shape
     b, m = self.pages_BM.shape
-    pages_BMCXH = self.kv[layer][self.shard_B[:, None], self.pages_BM]
-    kv_BSXH = pages_BMCXH.reshape(b, m * c, x, h)
+    # One layer at a time (a gather over all layers at once made the TPU compiler relay the
+    # whole pool out: 18 GiB more for the paper recipe).
+    kv_LBSXH = jnp.stack([kv[i][self.shard_B[:, None], self.pages_BM].reshape(b, m * c, x, h)
+                          for i in range(l)])
     valid_BS = jnp.broadcast_to(jnp.arange(m * c, dtype=jnp.int32)[None, :] < self.length,
                                 (b, m * c))
-    return kv_BSXH[:, :, 0::2], kv_BSXH[:, :, 1::2], valid_BS
+    return kv_LBSXH[:, :, :, 0::2], kv_LBSXH[:, :, :, 1::2], valid_BS
 
 
 def init_pages(cfg: ModelConfig, shards: int, pages: int, page_size: int,
@@ -234,16 +242,12 @@ class Transformer(nnx.Module):
 
   def prefill(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array, *,
               activation_sharding: jax.sharding.NamedSharding | None = None,
-              prefix: PromptPrefix | None = None,
               ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The full-sequence pass, also returning what a KV cache holds for these tokens.
 
     Args:
       tokens_BT, positions_BT, mask_BT: as for the full-sequence path.
       activation_sharding: as for `hidden_states`.
-      prefix: the positions before these tokens, in a page pool: every query attends to
-        them as well (`attention.einsum_attention` over prefix + tokens, whatever
-        cfg.attention_impl says). positions_BT should continue from prefix.length.
 
     Returns:
       (h_BTD, k_LBTKH, v_LBTKH): final-norm hidden states and every layer's keys (RoPE
@@ -253,41 +257,77 @@ class Transformer(nnx.Module):
     mask_BT = mask_BT.astype(jnp.bool_)
     x_BTD = pin(self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype)))
     x_BTD, (k_LBTKH, v_LBTKH) = self._scan(x_BTD, positions_BT, mask_BT, None,
-                                           activation_sharding, keep_kv=True, prefix=prefix)
+                                           activation_sharding, keep_kv=True)
     return pin(self.norm(x_BTD)), k_LBTKH, v_LBTKH
 
-  def _scan(self, x_BTD: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
+  def prefill_into(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
+                   pool: jax.Array, write: Callable[..., jax.Array], *,
+                   activation_sharding: jax.sharding.NamedSharding | None = None,
+                   prefix: PromptPrefix | None = None) -> tuple[jax.Array, jax.Array]:
+    """`prefill` writing each layer's keys and values into `pool` inside the layer loop.
+
+    Args:
+      tokens_BT, positions_BT, mask_BT, activation_sharding: as for `prefill`.
+      pool: the page pool [L, D, P + 1, C, 2K, H], carried through the layers.
+      write: (pool, layer, k_BTKH, v_BTKH) -> pool: puts one layer's keys (RoPE applied)
+        and values where they belong (the caller's page table); it sees every token,
+        masked or not.
+      prefix: the positions before these tokens, already in `pool`: every query attends to
+        them as well (`attention.einsum_attention` over prefix + tokens, whatever
+        cfg.attention_impl says). positions_BT should continue from prefix.length, and
+        `write` must not touch the prefix's positions.
+
+    Returns:
+      (h_BTD, pool): final-norm hidden states and the updated pool. Only one layer's keys
+      and values exist at a time, and the pool is updated in place (pass it donated).
+    """
+    pin = _pinner(activation_sharding)
+    mask_BT = mask_BT.astype(jnp.bool_)
+    x_BTD = pin(self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype)))
+    (x_BTD, pool), _ = self._scan((x_BTD, pool), positions_BT, mask_BT, None,
+                                  activation_sharding, prefix=prefix, write=write)
+    return pin(self.norm(x_BTD)), pool
+
+  def _scan(self, carry: Any, positions_BT: jax.Array, mask_BT: jax.Array,
             policy: Callable | None, activation_sharding: jax.sharding.NamedSharding | None,
             keep_kv: bool = False, prefix: PromptPrefix | None = None,
-            ) -> tuple[jax.Array, Any]:
-    """Runs the stacked layers over x_BTD with one scanned (optionally remat'd) layer body."""
+            write: Callable[..., jax.Array] | None = None) -> tuple[Any, Any]:
+    """Runs the stacked layers with one scanned (optionally remat'd) layer body. The carry
+    is x_BTD, or (x_BTD, pool) with `write` (see `prefill_into`)."""
     graphdef, state_L = nnx.split(self.layers)
     pin = _pinner(activation_sharding)
     impl = self.cfg.attention_impl
+    prefix_L = valid_BS = None  # every layer's prefix keys and values, scanned over
+    if prefix is not None:  # (needs the pool: `prefill_into`)
+      pk_LBSKH, pv_LBSKH, valid_BS = prefix.read(carry[1])
+      prefix_L = (pk_LBSKH, pv_LBSKH)
 
-    def body(x_BTD, xs):
-      layer_state, i = xs
+    def body(carry, xs):
+      layer_state, i, prefix_kv = xs
+      x_BTD, pool = carry if write is not None else (carry, None)
 
       def attend(q_BTNH, k_BTKH, v_BTKH):
         if prefix is None:
           out_BTNH = attention.causal_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT, impl=impl,
                                                 sharding=activation_sharding)
         else:  # the T queries come after the prefix's S keys
-          pk_BSKH, pv_BSKH, valid_BS = prefix.layer(i)
+          pk_BSKH, pv_BSKH = prefix_kv
           out_BTNH = attention.einsum_attention(
               q_BTNH, jnp.concatenate([pk_BSKH.astype(k_BTKH.dtype), k_BTKH], axis=1),
               jnp.concatenate([pv_BSKH.astype(v_BTKH.dtype), v_BTKH], axis=1),
               jnp.concatenate([valid_BS, mask_BT], axis=1))
-        return out_BTNH, ((k_BTKH, v_BTKH) if keep_kv else None)
+        return out_BTNH, ((k_BTKH, v_BTKH) if keep_kv or write is not None else None)
 
       x_BTD, kv = nnx.merge(graphdef, layer_state)(x_BTD, positions_BT, attend)
+      if write is not None:
+        return (pin(x_BTD), write(pool, i, *kv)), None
       return pin(x_BTD), kv
 
     if policy is not None:
       # prevent_cse=False: inside a scan the loop already keeps XLA from merging the
       # recomputation into the forward pass (the JAX docs' advice for remat under scan).
       body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-    return jax.lax.scan(body, x_BTD, (state_L, jnp.arange(self.cfg.num_layers)))
+    return jax.lax.scan(body, carry, (state_L, jnp.arange(self.cfg.num_layers), prefix_L))
 
   def _head(self) -> tuple[jax.Array, str]:
     if self.lm_head is None:
