@@ -27,6 +27,12 @@ def _sampler(model, tokenizer=None, eos_ids=(), think_end_id=None, **overrides):
                         think_end_id=think_end_id)
 
 
+def _samples(prompts, g):
+  """g requests (sample_index 0..g-1) per prompt, prompt_id = its index."""
+  return [records.Request(p, prompt_id=i, sample_index=j) for i, p in enumerate(prompts)
+          for j in range(g)]
+
+
 def _hf_greedy(hf_model, prompt, max_new, eos):
   """transformers greedy generate: (tokens, log-softmax of each chosen token)."""
   import torch
@@ -236,8 +242,7 @@ def _truncated_logprobs(logits, temperature, top_k, top_p):
 def test_sampling_reproducible_and_logprobs_under_truncation(loaded, prompts):
   model, _ = loaded["qwen2"]
   kw = dict(temperature=0.8, top_k=20, top_p=0.7)
-  reqs = [records.Request(p, prompt_id=i, sample_index=j) for i, p in enumerate(prompts[:3])
-          for j in range(2)]
+  reqs = _samples(prompts[:3], 2)
   first = _sampler(model, **kw).generate(reqs)
   again = _sampler(model, **kw).generate(reqs[::-1])[::-1]  # other slots, other order
   other_seed = engine.Sampler(model, SamplerConfig(**{**SAMPLER.__dict__, **kw}), eos_ids=(),
@@ -267,8 +272,7 @@ def test_completions_of_one_prompt_share_one_prefill(loaded, prompts):
   model, _ = loaded["qwen3"]
   kw = dict(temperature=1.0, max_new_tokens=8)
   # Two prompts x 2 samples in one admission: 2 distinct prompts are prefilled, not 4.
-  reqs = [records.Request(p, prompt_id=i, sample_index=j) for i, p in enumerate(prompts[1:3])
-          for j in range(2)]
+  reqs = _samples(prompts[1:3], 2)
   sampler = _sampler(model, **kw)
   shared = sampler.generate(reqs)
   assert sampler.stats.admissions == 1
@@ -330,8 +334,7 @@ def test_chunked_prefill_shared_sharded_and_preempted(loaded, prompts):
   kw = dict(page_size=4, temperature=1.0, max_new_tokens=16)
   # The G completions of a prompt share the pieces' prefill; sampled tokens and logprobs
   # are those of whole-prompt prefill.
-  reqs = [records.Request(p, prompt_id=i, sample_index=j) for i, p in enumerate(prompts[:4])
-          for j in range(2)]
+  reqs = _samples(prompts[:4], 2)
   whole = _sampler(model, **kw).generate(reqs)
   sampler = _sampler(model, prefill_chunk=8, **kw)
   chunked = sampler.generate(reqs)

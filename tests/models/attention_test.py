@@ -95,6 +95,21 @@ def test_einsum_query_chunks_match_reference():
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_einsum_with_more_keys_than_queries_is_the_last_queries_of_the_sequence():
+  """Chunked prefill: T queries after a cached prefix attend to it and causally to
+  themselves, i.e. they are the last T queries of the whole sequence."""
+  q, k, v = random_qkv(3, 12, 6, 2, 8, jnp.float32, seed=2)
+  mask = padded_mask([12, 7, 9], 12, left=False)
+  mask[2, 3] = False  # a masked key inside the prefix
+  t = 5
+  out = attention.einsum_attention(q[:, -t:], k, v, jnp.asarray(mask))
+  ref = reference_attention(q, k, v, mask)[:, -t:]
+  vis = visible_BT(mask)[:, -t:]
+  np.testing.assert_allclose(np.asarray(out)[vis], ref[vis], atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="keys for"):
+    attention.einsum_attention(q, k[:, :4], v[:, :4], jnp.asarray(mask[:, :4]))
+
+
 def test_unknown_impl_names_valid_ones():
   q, k, v = random_qkv(1, 4, 2, 1, 8, jnp.float32)
   with pytest.raises(ValueError, match="einsum, splash"):
