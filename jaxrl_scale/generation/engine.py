@@ -34,7 +34,10 @@ Host loop, one iteration per decode chunk:
      preempt its most recently admitted sequences: their pages go back and their requests
      restart from the prompt later (same seed: with the same weights, the same tokens;
      Stats.preemptions counts them). The alternative, reserving every sequence's whole
-     budget at admission, would give back the memory paging saves;
+     budget at admission, would give back the memory paging saves. A sequence whose
+     prompt is still going in piece by piece is not live and is never preempted: it
+     already holds the pages of its prompt and first chunk, so it needs none until it
+     decodes;
   4. dispatch the next jitted chunk of N decode steps;
   5. read back the chunk dispatched before it, hand out finished sequences and free their
      pages.
