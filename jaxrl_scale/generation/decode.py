@@ -220,7 +220,8 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
 
   # The full-sequence pass (the TPU attention kernel where there is one).
   _, pool = model.prefill_into(adm.tokens_uT, positions_uT, mask_uT, pool, write,
-                               activation_sharding=act_sharding, prefix=prefix)
+                               activation_sharding=act_sharding, prefix=prefix,
+                               prefix_in_loop=not _on_cpu(mesh))
   cache = transformer.PagedKVCache(kv=pool)
 
   # Only rows whose prompt is complete take their slot state (the others' slots stay

@@ -90,21 +90,24 @@ class PromptPrefix:
   pages_BM: jax.Array  # int32 local page ids in position order
   length: jax.Array  # int32 scalar: positions before the prefill's tokens, same in every row
 
-  def read(self, kv: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Every layer's prefix in pool `kv` as dense (k_LBSKH, v_LBSKH, valid_BS), S = M * C.
-
-    Read once, before the layer loop that writes the pool: a read of the pool inside that
-    loop made XLA:CPU copy the whole pool twice per layer to keep the read's operand apart
-    from the in-place write."""
+  def layer(self, kv: jax.Array, layer: Any) -> tuple[jax.Array, jax.Array]:
+    """Layer `layer`'s prefix in pool `kv` as dense (k_BSKH, v_BSKH), S = M * C."""
     l, d, p, c, x, h = kv.shape
     b, m = self.pages_BM.shape
-    # One layer at a time (a gather over all layers at once made the TPU compiler relay the
-    # whole pool out: 18 GiB more for the paper recipe).
-    kv_LBSXH = jnp.stack([kv[i][self.shard_B[:, None], self.pages_BM].reshape(b, m * c, x, h)
-                          for i in range(l)])
-    valid_BS = jnp.broadcast_to(jnp.arange(m * c, dtype=jnp.int32)[None, :] < self.length,
-                                (b, m * c))
-    return kv_LBSXH[:, :, :, 0::2], kv_LBSXH[:, :, :, 1::2], valid_BS
+    kv_BSXH = kv[layer][self.shard_B[:, None], self.pages_BM].reshape(b, m * c, x, h)
+    return kv_BSXH[:, :, 0::2], kv_BSXH[:, :, 1::2]
+
+  def read(self, kv: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Every layer's prefix in pool `kv`: (k_LBSKH, v_LBSKH), one layer's gather at a time
+    (one gather over all layers made the TPU compiler relay the whole pool out)."""
+    ks, vs = zip(*(self.layer(kv, i) for i in range(kv.shape[0])))
+    return jnp.stack(ks), jnp.stack(vs)
+
+  def valid(self, size: int) -> jax.Array:
+    """[B, size]: which of the dense prefix's positions hold the prefix."""
+    b = self.pages_BM.shape[0]
+    return jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32)[None, :] < self.length,
+                            (b, size))
 
 
 def init_pages(cfg: ModelConfig, shards: int, pages: int, page_size: int,
@@ -263,7 +266,8 @@ class Transformer(nnx.Module):
   def prefill_into(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
                    pool: jax.Array, write: Callable[..., jax.Array], *,
                    activation_sharding: jax.sharding.NamedSharding | None = None,
-                   prefix: PromptPrefix | None = None) -> tuple[jax.Array, jax.Array]:
+                   prefix: PromptPrefix | None = None, prefix_in_loop: bool = True,
+                   ) -> tuple[jax.Array, jax.Array]:
     """`prefill` writing each layer's keys and values into `pool` inside the layer loop.
 
     Args:
@@ -276,6 +280,10 @@ class Transformer(nnx.Module):
         them as well (`attention.einsum_attention` over prefix + tokens, whatever
         cfg.attention_impl says). positions_BT should continue from prefix.length, and
         `write` must not touch the prefix's positions.
+      prefix_in_loop: read each layer's prefix inside the layer loop (one layer's prefix
+        held at a time; what TPUs want), or every layer's once before it (XLA:CPU copied
+        the whole pool twice per layer to keep an in-loop read apart from the in-place
+        write). Same numbers either way.
 
     Returns:
       (h_BTD, pool): final-norm hidden states and the updated pool. Only one layer's keys
@@ -285,13 +293,15 @@ class Transformer(nnx.Module):
     mask_BT = mask_BT.astype(jnp.bool_)
     x_BTD = pin(self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype)))
     (x_BTD, pool), _ = self._scan((x_BTD, pool), positions_BT, mask_BT, None,
-                                  activation_sharding, prefix=prefix, write=write)
+                                  activation_sharding, prefix=prefix, write=write,
+                                  prefix_in_loop=prefix_in_loop)
     return pin(self.norm(x_BTD)), pool
 
   def _scan(self, carry: Any, positions_BT: jax.Array, mask_BT: jax.Array,
             policy: Callable | None, activation_sharding: jax.sharding.NamedSharding | None,
             keep_kv: bool = False, prefix: PromptPrefix | None = None,
-            write: Callable[..., jax.Array] | None = None) -> tuple[Any, Any]:
+            write: Callable[..., jax.Array] | None = None, prefix_in_loop: bool = True,
+            ) -> tuple[Any, Any]:
     """Runs the stacked layers with one scanned (optionally remat'd) layer body. The carry
     is x_BTD, or (x_BTD, pool) with `write` (see `prefill_into`)."""
     graphdef, state_L = nnx.split(self.layers)
@@ -299,8 +309,10 @@ class Transformer(nnx.Module):
     impl = self.cfg.attention_impl
     prefix_L = valid_BS = None  # every layer's prefix keys and values, scanned over
     if prefix is not None:  # (needs the pool: `prefill_into`)
-      pk_LBSKH, pv_LBSKH, valid_BS = prefix.read(carry[1])
-      prefix_L = (pk_LBSKH, pv_LBSKH)
+      pool = carry[1]
+      valid_BS = prefix.valid(prefix.pages_BM.shape[1] * pool.shape[3])
+      if not prefix_in_loop:
+        prefix_L = prefix.read(pool)
 
     def body(carry, xs):
       layer_state, i, prefix_kv = xs
@@ -311,7 +323,7 @@ class Transformer(nnx.Module):
           out_BTNH = attention.causal_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT, impl=impl,
                                                 sharding=activation_sharding)
         else:  # the T queries come after the prefix's S keys
-          pk_BSKH, pv_BSKH = prefix_kv
+          pk_BSKH, pv_BSKH = prefix.layer(pool, i) if prefix_in_loop else prefix_kv
           out_BTNH = attention.einsum_attention(
               q_BTNH, jnp.concatenate([pk_BSKH.astype(k_BTKH.dtype), k_BTKH], axis=1),
               jnp.concatenate([pv_BSKH.astype(v_BTKH.dtype), v_BTKH], axis=1),

@@ -342,3 +342,47 @@ def test_prefill_returns_what_decoding_writes_into_the_pages(qwen3_model_cfg):
       written = np.asarray(pages.cache.kv)[:, 0, pages.table[b], :, heads].reshape(
           cfg.num_layers, L, cfg.num_kv_heads, cfg.head_dim)
       np.testing.assert_allclose(np.asarray(got)[:, b], written, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("in_loop", [True, False])
+def test_prefill_into_continues_a_prefix_in_the_pages(model_cfg, in_loop):
+  """Chunked prefill at model level: positions [0, 8) of each row go in as one piece, then
+  [8, 12) as a second piece that attends to them through the pages. The second piece's
+  hidden states and the keys/values both pieces wrote equal one full-sequence `prefill`."""
+  model, cfg = model_cfg
+  seqs = _seqs(cfg, ROWS, L, seed=3)
+  h_full, k_full, v_full = _prefill(model, jnp.asarray(seqs), jnp.full((ROWS,), L))
+  table = Pages(model, cfg, seed=4).table  # shuffled, non-contiguous pages per row
+
+  def write_at(start):
+    def write(pool, layer, k_BTKH, v_BTKH):
+      t_T = start + jnp.arange(k_BTKH.shape[1])
+      page_BT = jnp.asarray(table)[:, t_T // PAGE]
+      at = (layer, 0, page_BT[:, :, None], (t_T % PAGE)[None, :, None],
+            2 * jnp.arange(cfg.num_kv_heads)[None, None, :])
+      pool = pool.at[at].set(k_BTKH)
+      return pool.at[at[:4] + (at[4] + 1,)].set(v_BTKH)
+    return write
+
+  @functools.partial(nnx.jit, static_argnums=(2, 3))
+  def piece(model, pool, start, length):
+    pos_BT = jnp.broadcast_to(start + jnp.arange(length), (ROWS, length))
+    prefix = None
+    if start:
+      prefix = transformer.PromptPrefix(
+          shard_B=jnp.zeros((ROWS,), jnp.int32), pages_BM=jnp.asarray(table)[:, :start // PAGE],
+          length=jnp.int32(start))
+    return model.prefill_into(jnp.asarray(seqs)[:, start:start + length], pos_BT,
+                              jnp.ones((ROWS, length), bool), pool, write_at(start),
+                              prefix=prefix, prefix_in_loop=in_loop)
+
+  pool = transformer.init_pages(cfg, shards=1, pages=PAGES, page_size=PAGE).kv
+  h_first, pool = piece(model, pool, 0, 8)
+  h_second, pool = piece(model, pool, 8, L - 8)
+  np.testing.assert_allclose(h_first, np.asarray(h_full)[:, :8], atol=1e-5, rtol=0)
+  np.testing.assert_allclose(h_second, np.asarray(h_full)[:, 8:], atol=1e-5, rtol=0)
+  for got, heads in ((k_full, slice(0, None, 2)), (v_full, slice(1, None, 2))):
+    for b in range(ROWS):
+      written = np.asarray(pool)[:, 0, table[b], :, heads].reshape(
+          cfg.num_layers, L, cfg.num_kv_heads, cfg.head_dim)
+      np.testing.assert_allclose(written, np.asarray(got)[:, b], atol=1e-5, rtol=0)
