@@ -77,7 +77,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_scale.config import SamplerConfig
 from jaxrl_scale.errors import UserError
-from jaxrl_scale.generation import decode, records
+from jaxrl_scale.generation import decode, prefill, records
 from jaxrl_scale.generation import pages as pages_lib
 from jaxrl_scale.models import attention, sharding, transformer
 from jaxrl_scale.parallel import mesh as mesh_lib
@@ -96,24 +96,6 @@ def _paths_and_leaves(tree: Any) -> tuple[list[str], list[Any]]:
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
   paths = [jax.tree_util.keystr(p).removesuffix(".value") for p, _ in flat]
   return paths, [x for _, x in flat]
-
-
-def _prompt_rows(n: int) -> int:
-  """Rows of a shared prefill for n distinct prompts: the next of 1, 2, 3, 4, 6, 8, 12, 16,
-  24, ... (powers of two and their 1.5x), so padding wastes at most a third of the rows
-  (48 prompts of 16 samples each take 48 rows, not 64) for twice the compiled sizes."""
-  p = decode.next_pow2(n)
-  return 3 * p // 4 if p >= 4 and 3 * p // 4 >= n else p
-
-
-@dataclasses.dataclass
-class _PrefillJob:
-  """The prefill of one admission's rows (one prompt-length bucket), run `piece` positions
-  per engine iteration; `start` positions are done."""
-
-  rows: list[tuple[int, records.TokenBuffer]]
-  piece: int
-  start: int = 0
 
 
 class Sampler:
@@ -208,7 +190,7 @@ class Sampler:
     self._waiting: collections.deque = collections.deque()  # pulled, not yet admitted
     self._admissions = 0
     self._admit_fns: dict[int, Callable] = {}  # by piece start (chunked prefill)
-    self._jobs: list[_PrefillJob] = []  # prefills with pieces still to run
+    self._jobs: list[prefill.PrefillJob] = []  # prefills with pieces still to run
     self._decode_fns: dict[tuple[bool, bool, int], Callable] = {}
     self._state = self._init_fn()
     self._running = False
@@ -359,70 +341,27 @@ class Sampler:
       n = len(buf.request.prompt_tokens)
       groups[next(b for b in self.buckets if b >= n)].append((slot, buf))
     for bucket, rows in sorted(groups.items()):
-      self._jobs.append(_PrefillJob(rows, min(bucket, self.cfg.prefill_chunk or bucket)))
+      self._jobs.append(prefill.PrefillJob(rows, min(bucket, self.cfg.prefill_chunk or bucket)))
       self.stats.admissions += 1
 
   def _prefill_pieces(self) -> None:
     """Dispatches the next piece of every queued prefill job (the whole prompt without
     chunked prefill). Rows whose prompt a piece completes decode from the next chunk on."""
-    cfg = self.cfg
     for job in list(self._jobs):
-      rows = [(slot, buf) for slot, buf in job.rows if not buf.prefilled]
-      start, t = job.start, job.piece
-      # Rows with the same prompt (the G completions of one RL prompt) share one prefill.
-      sources: dict[tuple[int, ...], int] = {}
-      for _, buf in rows:
-        sources.setdefault(tuple(buf.request.prompt_tokens), len(sources))
-      n = min(decode.next_pow2(len(rows)), self.num_slots)
-      u = min(_prompt_rows(len(sources)), n)
-      tokens = np.zeros((u, t), np.int32)
-      length = np.ones((u,), np.int32)
-      src_slot = np.zeros((u,), np.int32)
-      for prompt, i in sources.items():
-        piece = prompt[start:start + t]
-        tokens[i, :len(piece)] = piece
-        length[i] = len(prompt)
-      cols = {k: np.zeros((n,), dt) for k, dt in (
-          ("source", np.int32), ("seed", np.int32), ("temperature", np.float32),
-          ("top_k", np.int32), ("top_p", np.float32), ("limit", np.int32),
-          ("force_at", np.int32), ("answer_budget", np.int32), ("last", np.int32))}
-      slots = np.full((n,), self.num_slots, np.int32)  # padding rows are dropped
-      activate = np.zeros((n,), bool)
-      for i, (slot, buf) in enumerate(rows):
-        req = buf.request
-        slots[i] = slot
-        source = sources[tuple(req.prompt_tokens)]
-        src_slot[source] = slot
-        cols["source"][i] = source
-        cols["seed"][i] = buf.seed
-        cols["temperature"][i] = cfg.temperature if req.temperature is None else req.temperature
-        cols["top_k"][i] = cfg.top_k if req.top_k is None else req.top_k
-        cols["top_p"][i] = cfg.top_p if req.top_p is None else req.top_p
-        cols["limit"][i] = buf.limit
-        cols["force_at"][i] = buf.force_at
-        cols["answer_budget"][i] = cfg.answer_budget
-        cols["last"][i] = req.prompt_tokens[-1]
-        # Positions [0, P - 1) go into the cache; the first decode step feeds the last.
-        activate[i] = len(req.prompt_tokens) - 1 <= start + t
-      adm = decode.Admission(
-          tokens_uT=tokens, length_u=length, source_n=cols["source"], slot_n=slots,
-          src_slot_u=src_slot, activate_n=activate,
-          last_n=cols["last"], seed_n=cols["seed"], temperature_n=cols["temperature"],
-          top_k_n=cols["top_k"], top_p_n=cols["top_p"], limit_n=cols["limit"],
-          force_at_n=cols["force_at"], answer_budget_n=cols["answer_budget"])
+      start = job.start
+      adm, rows, u, n = prefill.next_piece(job, self.cfg, self.num_slots)
       if start not in self._admit_fns:
         self._admit_fns[start] = decode.admit_program(
             self._graphdef, self._param_treedef, self._state_shardings, start)
       self._state = self._admit_fns[start](self._param_leaves, self._state, adm,
                                            self._device_table())
-      for (_, buf), done in zip(rows, activate):
+      for (_, buf), done in zip(rows, adm.activate_n):
         buf.prefilled = bool(done)
-      job.start += t
-      if all(buf.prefilled for _, buf in job.rows):
+      if job.done:
         self._jobs.remove(job)
       self.stats.prefill_pieces += 1
-      self.stats.prefill_tokens += u * t
-      self.stats.unshared_prefill_tokens += n * t
+      self.stats.prefill_tokens += u * job.piece
+      self.stats.unshared_prefill_tokens += n * job.piece
 
   def _decode_fn(self, truncate: bool, all_greedy: bool, view_pages: int) -> Callable:
     key = (truncate, all_greedy, view_pages)
