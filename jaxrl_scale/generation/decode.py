@@ -70,8 +70,8 @@ class Admission:
   (chunked prefill, `sampler.prefill_chunk`): the piece holds the prompts' tokens at
   positions [start, start + T) (`start` is static: see `admit`) and attends to the
   positions before `start` through the pages of slot src_slot_u, where the earlier pieces
-  wrote them. A row starts decoding
-  (its slot state is set) with the piece that completes its prompt (activate_n)."""
+  wrote them. A row starts decoding (its slot state is set) with the piece that completes
+  its prompt (activate_n). generation/prefill.py builds these on the host."""
 
   tokens_uT: jax.Array  # int32 the prompts' tokens at positions [start, start + T), padded
   length_u: jax.Array  # int32 their whole lengths (>= 1)
@@ -171,7 +171,8 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   `start` (static, so positions and page offsets fold into constants: traced, it cost the
   8B paper prefill 6 GiB of temporaries) > 0: the piece holds positions [start, start + T)
   and attends to each prompt's positions before it, read from the pages of slot
-  adm.src_slot_u (an XLA gather and einsum attention on every platform).
+  adm.src_slot_u (an XLA gather and einsum attention on every platform; inside the layer
+  loop, except on CPU: see `Transformer.prefill_into`).
   """
   model = nnx.merge(graphdef, params)
   u, t = adm.tokens_uT.shape

@@ -17,7 +17,7 @@ Full-sequence path (trainer)
   activations at every layer boundary, and `token_log_probs(h_BTD, targets_BT, chunk_size=c)`
   never holds all [B, T, V] logits.
   `prefill(tokens_BT, positions_BT, mask_BT) -> (h_BTD, k_LBTKH, v_LBTKH)` is the same pass
-  returning each layer's keys (RoPE applied) and values, for a sampler to put in its cache.
+  returning each layer's keys (RoPE applied) and values (what a KV cache holds for them).
   `prefill_into(tokens_BT, positions_BT, mask_BT, pool, write) -> (h_BTD, pool)` is the same
   pass writing each layer's keys and values into a page pool as it goes (`write`, inside the
   layer loop), so no layer stack of them is ever held; with `prefix=PromptPrefix(...)` the
