@@ -28,7 +28,7 @@ from jaxrl_scale.pipeline import generator
 from jaxrl_scale.pipeline import sources
 
 P, G = 2, 2
-_STEP_MATMULS = 1500  # seconds of CPU work on device 1: many decode chunks' worth
+_STEP_MATMULS = 4500  # about 1 s of CPU work on device 1: many decode chunks' worth
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -97,6 +97,19 @@ def test_pipeline_generates_while_the_trainer_computes_its_step(prompt_source, f
   model = _model()
   sampler = _sampler(model, num_slots=4, max_new_tokens=64)
   jax.block_until_ready(_training(nnx.state(model, nnx.Param)))  # compiled beforehand
+  # Count decode chunks whose results were read back while the new weights were still
+  # being computed. (Chunks dispatched in that time say less: a sampler that swapped the
+  # unready weights in still dispatched 2-11 chunks that then waited for them.)
+  state = {"posted": None, "unready_reads": 0}
+  read_chunk = sampler._read_chunk
+
+  def counting_read(*args):
+    out = list(read_chunk(*args))  # waits for the chunk's results
+    if state["posted"] is not None and not _ready(state["posted"]):
+      state["unready_reads"] += 1
+    yield from out
+
+  sampler._read_chunk = counting_read
   admitter = sources.Admitter(prompt_source, G, seed=0)
   src = generator.PipelineSource(sampler, admitter, fakes.Scorer(), num_prompts=P,
                                  max_staleness=16, queue_size=17, reward_workers=1).start()
@@ -105,21 +118,18 @@ def test_pipeline_generates_while_the_trainer_computes_its_step(prompt_source, f
     # for the whole step (even when this thread is slow to post) unless it waits for the
     # weights.
     groups = src.next_groups(0)
-    new_params = _training(nnx.state(model, nnx.Param))
-    chunks = sampler.stats.chunks
+    state["posted"] = new_params = _training(nnx.state(model, nnx.Param))
     src.after_step(groups, new_params, 1)
     assert not _ready(new_params), "posting the weights waited for the train step"
     jax.block_until_ready(new_params)  # the trainer waits for its step (metrics, say)
-    overlapped = sampler.stats.chunks - chunks
     groups = src.next_groups(1)
   finally:
     src.close()
-  # Swapping the unready weights in would let at most 2 more chunks be dispatched.
-  assert overlapped >= 5, f"{overlapped} chunks: no decoding while the train step ran"
-  assert [g.seq for g in groups] == [2, 3]
-  row = src.metrics(2)
-  assert row["pipeline/dropped_stale"] == 0
-  assert 0 < row["gen/slot_util"] <= 1
+  # Measured on the 2-core dev machine: 7-16 chunks here; 2-5 when the sampler waits for
+  # the posted weights (wait=True at every chunk boundary) or swaps them in unready (the
+  # chunks before the post reaches the sampler still count).
+  overlapped = state["unready_reads"]
+  assert overlapped >= 6, f"{overlapped} chunks: no decoding while the train step ran"
 
 
 @pytest.mark.parametrize("cast", [False, True])
