@@ -207,7 +207,7 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   page_nT = jnp.where(write_nT, page_nT, past)
   shard_nT = jnp.broadcast_to((slot_n // (num_slots // shards))[:, None], page_nT.shape)
   off_nT = jnp.broadcast_to(t_T[None, :] % page, page_nT.shape)
-  heads_1K = 2 * jnp.arange(pool.shape[4] // 2, dtype=jnp.int32)[None, None, :]
+  heads_11K = 2 * jnp.arange(pool.shape[4] // 2, dtype=jnp.int32)[None, None, :]
   at_nTK = (shard_nT[:, :, None], page_nT[:, :, None], off_nT[:, :, None])
 
   def write(pool, layer, k_uTKH, v_uTKH):
@@ -215,7 +215,7 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
     # values (odd heads), one layer at a time inside the layer loop: no [L, n, T, K, H]
     # stack of them is held, and the pool is updated in place.
     for parity, new_uTKH in ((0, k_uTKH), (1, v_uTKH)):
-      pool = pool.at[(layer,) + at_nTK + (heads_1K + parity,)].set(
+      pool = pool.at[(layer,) + at_nTK + (heads_11K + parity,)].set(
           new_uTKH[adm.source_n].astype(pool.dtype), mode="drop")
     return pool
 
