@@ -52,6 +52,7 @@ def tiny_overrides(data: pathlib.Path, steps: int = 4) -> list[str]:
       "sampler.decode_chunk=4", "sampler.prompt_buckets=[8]",
       "eval.every=2", "eval.samples_per_prompt=2", "checkpoint.every=2",
       "checkpoint.async_save=false", "forecast.n_boot=0", "pipeline.max_staleness=2",
+      "pipeline.mode=sync",  # the demo's mode is pipeline; tests name the mode they need
   ]
 
 
@@ -139,10 +140,12 @@ def test_colocated_roles_never_decode_with_donated_buffers(task_file, tmp_path, 
 def test_forecast_lines_follow_their_step_line(task_file, tmp_path):
   import io
   cfg = _cfg(task_file, tmp_path / "run", "run.progress=true", "forecast.enabled=true",
-             "checkpoint.every=0", steps=8)
+             "checkpoint.every=0", "optim.schedule=cosine", "optim.decay_steps=8", steps=8)
   out = io.StringIO()
   wiring.train(cfg, cfg.run.output_dir, stream=out)
   lines = out.getvalue().splitlines()
+  # A decaying learning rate is named next to the forecast it biases.
+  assert any("optim.schedule=cosine decays the learning rate" in line for line in lines)
   forecasts = [i for i, line in enumerate(lines) if line.startswith("  forecast:")]
   assert forecasts, out.getvalue()
   rows = {r["step"]: r for r in _rows(tmp_path / "run")}

@@ -330,6 +330,11 @@ def train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool = False,
   progress.print(f"  policy {cfg.model.path or cfg.model.preset}: {mcfg.num_params() / 1e6:.2f}M "
                  f"params | data {prompts.origin}: {prompts.num_train} train / "
                  f"{len(validation)} validation prompts | {p} prompts x {g} samples per step")
+  if cfg.forecast.enabled and cfg.optim.schedule != "constant":
+    progress.print(f"  note: optim.schedule={cfg.optim.schedule} decays the learning rate; the "
+                   "forecast's sigmoid assumes a constant rate (as in ScaleRL), and a decay "
+                   "late in the run gains what an early fit cannot see: expect early "
+                   "forecasts to be low")
 
   with contextlib.ExitStack() as cleanup:  # closed in reverse order, also on errors
     outcome, forecaster, host = _run(cfg, run_dir, resume, cleanup, slices, tok, prompts,
