@@ -1,6 +1,6 @@
 """The embedded demo over several seeds: its run-to-run spread, and its forecasts against outcomes.
 
-    python benchmarks/demo_seeds.py --seeds 0-4                       # the config's mode, one at a time
+    python benchmarks/demo_seeds.py --seeds 0-4                  # the config's mode, one at a time
     python benchmarks/demo_seeds.py --seeds 0-9 --mode sync --jobs 2 --json
     python benchmarks/demo_seeds.py --seeds 0,3 --set optim.lr=2e-3   # try a change of recipe
 
