@@ -364,8 +364,7 @@ def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSt
                               mesh=shardings.token_S.mesh)
     return jax.lax.with_sharding_constraint(state, shardings), out
 
-  return jax.jit(run, donate_argnums=(1,),
-                 compiler_options=_decode_compiler_options(shardings.token_S.mesh))
+  return jax.jit(run, donate_argnums=(1,))
 
 
 def _on_cpu(mesh: Mesh | None) -> bool:
@@ -375,11 +374,3 @@ def _on_cpu(mesh: Mesh | None) -> bool:
   else:
     devices = mesh.devices.flat if isinstance(mesh, Mesh) else ()
   return any(d.platform == "cpu" for d in devices)
-
-
-def _decode_compiler_options(mesh) -> dict[str, str] | None:
-  """On CPU, decode's matmuls (a few rows each) go through XLA's own emitters rather than
-  the YNNPACK fusions: benchmarks/sampler_bench.py (41.7M Qwen3, batch 32, greedy, 2-core
-  CPU, alternating runs) measured 694 and 752 tokens/s without them against 591 and 529
-  with. Other platforms keep their defaults (the option is XLA:CPU's)."""
-  return {"xla_cpu_experimental_ynn_fusion_type": ""} if _on_cpu(mesh) else None

@@ -10,6 +10,7 @@ Logical axes: 'vocab' V, 'embed' D, 'q_heads' N, 'kv_heads' K, 'head_dim' H, 'ml
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -50,6 +51,7 @@ class Einsum(nnx.Module):
   def __init__(self, spec: str, shape: tuple[int, ...], axes: tuple[str | None, ...], *,
                rngs: nnx.Rngs, param_dtype: jnp.dtype, dtype: jnp.dtype,
                bias_axes: tuple[str | None, ...] | None = None):
+    _contraction(spec)  # a spec it cannot compute fails here, not at the first call
     self.spec = spec
     self.dtype = dtype
     init = nnx.initializers.normal(stddev=0.02)
@@ -61,11 +63,35 @@ class Einsum(nnx.Module):
       self.bias = None
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    y = jnp.einsum(self.spec, x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+    dims, perm = _contraction(self.spec)
+    # A dot_general with the contracted axes in x's order, not jnp.einsum: for "BTNH,NHD"
+    # einsum contracted (H, N), and XLA:CPU then transposed the whole kernel on every call
+    # (o_proj, every decode step; benchmarks/sampler_bench.py).
+    y = jax.lax.dot_general(x.astype(self.dtype), self.kernel[...].astype(self.dtype), dims)
+    if perm is not None:
+      y = jnp.transpose(y, perm)
     if self.bias is not None:
       bias = self.bias[...].astype(self.dtype)
       y = y + bias.reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
     return y
+
+
+@functools.lru_cache(maxsize=None)
+def _contraction(spec: str) -> tuple[Any, tuple[int, ...] | None]:
+  """dot_general dimension numbers of a two-operand einsum `spec` without batch axes
+  ("BTD,DNH->BTNH"): the axes both operands share are contracted, in the first operand's
+  order, and the output permutation (None when dot_general's own order, free axes of the
+  first operand then of the second, is already the spec's)."""
+  ins, out = spec.split("->")
+  lhs, rhs = ins.split(",")
+  shared = [c for c in lhs if c in rhs]
+  if any(c in out for c in shared) or sorted(out) != sorted(
+      [c for c in lhs + rhs if c not in shared]):
+    raise ValueError(f"Einsum {spec!r}: only contractions without batch axes are supported")
+  dims = ((tuple(lhs.index(c) for c in shared), tuple(rhs.index(c) for c in shared)), ((), ()))
+  natural = [c for c in lhs if c not in shared] + [c for c in rhs if c not in shared]
+  perm = tuple(natural.index(c) for c in out)
+  return dims, None if perm == tuple(range(len(out))) else perm
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
