@@ -297,6 +297,7 @@ def _step(model: transformer.Transformer, st: SlotState, consts: Constants, tabl
 def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
                  consts: Constants, table_SM: jax.Array, *, num_steps: int, view_pages: int,
                  truncate: bool, all_greedy: bool = False, mesh: Mesh | None = None,
+                 layer_leaves: Sequence[jax.Array] | None = None,
                  ) -> tuple[SlotState, ChunkOutput]:
   """`num_steps` decode steps for all slots in one program (lax.scan).
 
@@ -304,6 +305,8 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   cover every live row's positions for the whole chunk (the engine grows the page table
   first). On a TPU `mesh` the ragged kernel reads each row's own length instead.
   `truncate` and `all_greedy` are static sampling modes (see `sampling.sample`).
+  `layer_leaves` (CPU only): `layers_program`'s output for these params, the layers'
+  weights already cut out of the stacked arrays; without it the chunk cuts them itself.
   """
   model = nnx.merge(graphdef, params)
   # On CPU each layer's weights are sliced out of the stacked arrays once per chunk instead
@@ -314,7 +317,9 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   # every layer's pages at once.
   layer_states = None
   if _on_cpu(mesh):
-    layer_states = model.split_layers()
+    layer_states = model.split_layers()  # only traced for its structure when given
+    if layer_leaves is not None:
+      layer_states = jax.tree.unflatten(jax.tree.structure(layer_states), layer_leaves)
     state = dataclasses.replace(
         state, cache=model.with_views(state.cache, table_SM, view_pages, mesh=mesh))
 
@@ -353,18 +358,34 @@ def admit_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSta
 def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState,
                    num_steps: int, truncate: bool, all_greedy: bool,
                    view_pages: int) -> Callable:
-  """jit(decode_chunk) taking (param_leaves, state, consts, page table); the state is
-  donated. `view_pages` bounds the attention read (see `decode_chunk`); the engine compiles
-  a few values of it, so short sequences do not pay for reading the longest."""
+  """jit(decode_chunk) taking (param_leaves, layer_leaves, state, consts, page table); the
+  state is donated. layer_leaves: `layers_program`'s output on CPU, else None. `view_pages`
+  bounds the attention read (see `decode_chunk`); the engine compiles a few values of it,
+  so short sequences do not pay for reading the longest."""
 
-  def run(param_leaves, state, consts, table_SM):
+  def run(param_leaves, layer_leaves, state, consts, table_SM):
     params = jax.tree.unflatten(param_treedef, param_leaves)
     state, out = decode_chunk(graphdef, params, state, consts, table_SM, num_steps=num_steps,
                               view_pages=view_pages, truncate=truncate, all_greedy=all_greedy,
-                              mesh=shardings.token_S.mesh)
+                              mesh=shardings.token_S.mesh, layer_leaves=layer_leaves)
     return jax.lax.with_sharding_constraint(state, shardings), out
 
-  return jax.jit(run, donate_argnums=(1,))
+  return jax.jit(run, donate_argnums=(2,))
+
+
+@functools.lru_cache(maxsize=None)
+def layers_program(graphdef: nnx.GraphDef, param_treedef: Any) -> Callable:
+  """jit taking param_leaves (a tuple) to every layer's weights as arrays of their own (flat
+  leaves of `Transformer.split_layers`), for `decode_program` on CPU: XLA:CPU copies a
+  slice of the stacked weights before each matmul, so the sampler cuts them once per
+  weight swap (one more copy of the layer weights held) instead of once per decode chunk
+  (benchmarks/sampler_bench.py: README, Sampler)."""
+
+  def run(param_leaves):
+    params = jax.tree.unflatten(param_treedef, list(param_leaves))
+    return tuple(jax.tree.leaves(nnx.merge(graphdef, params).split_layers()))
+
+  return jax.jit(run)
 
 
 def _on_cpu(mesh: Mesh | None) -> bool:

@@ -163,6 +163,11 @@ class Sampler:
     # A copy, never the model's own buffers: a trainer on the same devices donates those.
     self._params = transfer.reshard(params, self._param_shardings, param_dtypes, copy=True)
     self._param_leaves, self._param_treedef = jax.tree.flatten(self._params)
+    # On CPU every layer's weights are also held as arrays of their own, cut once per weight
+    # swap rather than once per decode chunk (`decode.layers_program`).
+    self._split_layers = (decode.layers_program(graphdef, self._param_treedef)
+                          if decode._on_cpu(self.mesh) else None)
+    self._layer_leaves = self._layers_of(self._param_leaves)
     self._param_paths = _paths_and_leaves(self._params)[0]
     self._param_dtypes = jax.tree.map(lambda x: x.dtype, self._params)
     self.version = version
@@ -257,6 +262,7 @@ class Sampler:
       if self._pending is pending:
         self._params, self.version = pending
         self._param_leaves = jax.tree.leaves(self._params)
+        self._layer_leaves = self._layers_of(self._param_leaves)
         self._pending = None
 
   # --------------------------------------------------------------------------------------
@@ -363,6 +369,9 @@ class Sampler:
       self.stats.prefill_tokens += u * job.piece
       self.stats.unshared_prefill_tokens += n * job.piece
 
+  def _layers_of(self, param_leaves: list[jax.Array]) -> tuple[jax.Array, ...] | None:
+    return None if self._split_layers is None else self._split_layers(tuple(param_leaves))
+
   def _decode_fn(self, truncate: bool, all_greedy: bool, view_pages: int) -> Callable:
     key = (truncate, all_greedy, view_pages)
     if key not in self._decode_fns:
@@ -452,7 +461,8 @@ class Sampler:
         if live:
           truncate, all_greedy = self._modes(live)
           self._state, out = self._decode_fn(truncate, all_greedy, self._view_pages(live))(
-              self._param_leaves, self._state, self._consts, self._device_table())
+              self._param_leaves, self._layer_leaves, self._state, self._consts,
+              self._device_table())
           inflight.append((out, self.version, list(owners)))
           for buf in live:
             buf.steps_dispatched += self.cfg.decode_chunk

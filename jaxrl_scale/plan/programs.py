@@ -252,7 +252,7 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
               2.0 * (n_mat - mcfg.vocab_size * mcfg.hidden_size) * prefill_tokens
               + attention_flops(mcfg, prefill_tokens, start + piece / 2),
               prefill_tokens, groups, dict(resident)),
-      Program("decode", mesh, lambda: chunk.lower(param_leaves, state, consts, table),
+      Program("decode", mesh, lambda: chunk.lower(param_leaves, None, state, consts, table),
               2.0 * n_mat * decode_tokens + attention_flops(mcfg, decode_tokens, context),
               decode_tokens, groups, dict(resident), paged_layers=mcfg.num_layers),
   ]
