@@ -311,8 +311,9 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   model = nnx.merge(graphdef, params)
   # On CPU each layer's weights are sliced out of the stacked arrays once per chunk (or,
   # given layer_leaves, once per weight swap by the caller) instead of once per step
-  # (XLA:CPU copies a dynamic slice before a matmul), and so are the rows' pages: the steps read and append to dense per-layer copies of them (the pool is written
-  # too, so nothing is copied back). Other platforms read the stacked weights in place and
+  # (XLA:CPU copies a dynamic slice before a matmul), and so are the rows' pages: the
+  # steps read and append to dense per-layer copies of them (the pool is written too, so
+  # nothing is copied back). Other platforms read the stacked weights in place and
   # gather (GPU) or page through (TPU kernel) the pool every step, holding no copy of
   # every layer's pages at once.
   layer_states = None
