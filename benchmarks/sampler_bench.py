@@ -22,11 +22,18 @@ by both sides, so both run the same weights. Measured in this run on this machin
    over 2 N FLOPs per token, N the parameters that take part in a matmul (all but an
    untied input embedding); our tokens/s as a fraction of it. Attention's own FLOPs (a few
    percent at these lengths) are not counted, so the fraction is slightly understated.
-3. Continuous vs static batching on a mixed-length workload: per-request token budgets
+3. The weight-matmul floor (`floor_program`): a loop of decode steps that run only the
+   model's weight matmuls (every layer's projections and the LM head, at the batch's rows,
+   through XLA's default kernels) and the cheap elementwise work that chains them. Its
+   tokens/s bound any decode built on these kernels, so floor / transformers bounds the
+   ratio from part 1. On CPU it sits well under the compute limit: at 32 rows each weight
+   is read from memory once per step for only 32 multiply-adds, and the matmul kernels
+   run well below the 2048^3 dot's FLOP rate.
+4. Continuous vs static batching on a mixed-length workload: per-request token budgets
    spread over 10x. Static = waves of `slots` requests, each wave waits for its longest
    sequence; continuous = the same sampler and slots refilled as sequences finish.
    Goal >= 1.5x.
-4. On a GPU/TPU: the decode step's achieved fraction of the HBM-bandwidth roofline (bytes
+5. On a GPU/TPU: the decode step's achieved fraction of the HBM-bandwidth roofline (bytes
    of weights and live KV cache read per step / step time / peak bandwidth).
 
 Goals (issue 13, 2-core CPU, float32): >= 2.0x transformers greedy, >= 2.5x at temperature
@@ -177,6 +184,65 @@ def _timed(sampler, requests, repeats: int = 1) -> tuple[float, list]:
   return best, outs
 
 
+def floor_program(model_cfg, batch: int, dtype: str, steps: int = 32):
+  """(jitted program, its arguments): a decode step's weight matmuls alone, at `batch` rows.
+
+  A jitted loop of `steps` steps. Each step runs every layer's q, k, v, o, gate, up and down
+  projections and then the LM head, on weights of the model's shapes and dtype, one array
+  per matrix (as the CPU sampler holds them). It does no attention, no sampling and no
+  cache writes. Between the matmuls it does only the cheap elementwise work that chains
+  them (a residual add, silu, an RMS scale, the logits' max), so no matmul can be dropped
+  or hoisted out of the loop.
+
+  Its tokens/s (`matmul_floor`) bound any decode that uses these matmul kernels: it reads
+  the same weights per step as the real decode, from the same memory hierarchy.
+  """
+  import jax
+  import jax.numpy as jnp
+
+  c = model_cfg
+  d, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
+  nh, kh = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+  shapes = [(d, nh), (d, kh), (d, kh), (nh, d), (d, f), (d, f), (f, d)]
+  key = jax.random.key(0)
+  weights = [jax.random.normal(jax.random.fold_in(key, i), s, dtype) / np.sqrt(s[0])
+             for i, s in enumerate(shapes * c.num_layers)]
+  head = jax.random.normal(jax.random.fold_in(key, 10_000), (v, d) if c.tie_embeddings else (d, v),
+                           dtype) / np.sqrt(d)
+  x0 = jax.random.normal(jax.random.fold_in(key, 10_001), (batch, d), dtype)
+  group = c.num_heads // c.num_kv_heads
+
+  def step(weights, head, x):
+    for i in range(0, len(weights), len(shapes)):
+      wq, wk, wv, wo, wg, wu, wd = weights[i:i + len(shapes)]
+      kv = (x @ wk + x @ wv).reshape(batch, c.num_kv_heads, 1, c.head_dim)
+      a = x @ wq + jnp.broadcast_to(kv, (batch, c.num_kv_heads, group, c.head_dim)).reshape(
+          batch, nh)
+      x = x + a @ wo
+      x = x + (jax.nn.silu(x @ wg) * (x @ wu)) @ wd
+      x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+    spec = (((1,), (1,)), ((), ())) if c.tie_embeddings else (((1,), (0,)), ((), ()))
+    logits = jax.lax.dot_general(x, head, spec, preferred_element_type=jnp.float32)
+    return x + 1e-3 * jnp.max(logits, axis=-1, keepdims=True).astype(x.dtype)
+
+  def run(x, weights, head):
+    return jax.lax.fori_loop(0, steps, lambda _, x: step(weights, head, x), x)
+
+  return jax.jit(run), (x0, weights, head)
+
+
+def matmul_floor(model_cfg, batch: int, dtype: str, steps: int = 32, repeats: int = 3) -> float:
+  """Tokens/s of `floor_program` (see there), the best of `repeats` runs."""
+  run, args = floor_program(model_cfg, batch, dtype, steps)
+  run(*args).block_until_ready()  # compile
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    run(*args).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return batch * steps / best
+
+
 def _roofline(sampler, model_cfg, args, step_seconds: float, live_len: float) -> str:
   import jax
 
@@ -283,6 +349,15 @@ def main() -> int:
   log(f"[decode] compute limit: {flops / 1e9:.0f} GFLOP/s (best {args.dtype} 2048^3 matmul) / "
       f"(2 x {matmul_params / 1e6:.1f}M matmul params) = {limit:.0f} tokens/s; "
       f"ours = {ours_tps / limit:.1%} of it (goal >= 35%)")
+  floor = matmul_floor(model_cfg, args.batch, args.dtype)
+  report.update(matmul_floor_tok_s=round(floor, 1), fraction_of_floor=round(ours_tps / floor, 4))
+  line = (f"[decode] weight matmuls alone (no attention or sampling, batch {args.batch}): "
+          f"{floor:.0f} tokens/s = {floor / limit:.1%} of the compute limit; "
+          f"ours = {ours_tps / floor:.1%} of it")
+  if hf is not None:
+    report["floor_over_hf"] = round(floor / hf_tps, 3)
+    line += f"; it is {floor / hf_tps:.2f}x transformers (no decode on these kernels beats that)"
+  log(line)
   steps = sampler.stats.chunks * args.chunk
   log(_roofline(sampler, model_cfg, args, ours_s / max(steps, 1),
                 args.prompt_len + args.new_tokens / 2))

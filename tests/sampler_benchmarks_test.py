@@ -8,6 +8,10 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import sampler_bench  # noqa: E402  (benchmarks/ is not a package)
+
+from jaxrl_scale.models import config as model_config  # noqa: E402
 
 
 def _json(script, *args):
@@ -16,11 +20,30 @@ def _json(script, *args):
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_matmul_floor_runs_every_weight_matmul_of_a_decode_step(tied):
+  """The floor's FLOPs per step are the model's matmul FLOPs at this batch: dropping a
+  projection or the LM head (or XLA dead-coding one) would make it a false bound."""
+  cfg = model_config.ModelConfig(family="llama", vocab_size=96, hidden_size=32, num_layers=2,
+                                 num_heads=4, num_kv_heads=2, head_dim=8,
+                                 intermediate_size=64, tie_embeddings=tied)
+  batch = 4
+  run, args = sampler_bench.floor_program(cfg, batch, "float32", steps=3)
+  flops = run.lower(*args).compile().cost_analysis()["flops"]  # the loop body, counted once
+  d, f = cfg.hidden_size, cfg.intermediate_size
+  nh, kh = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+  per_layer = d * nh + 2 * d * kh + nh * d + 3 * d * f
+  matmul_flops = 2 * batch * (cfg.num_layers * per_layer + cfg.vocab_size * d)
+  assert matmul_flops <= flops <= 1.1 * matmul_flops  # + the elementwise work between them
+  assert sampler_bench.matmul_floor(cfg, batch, "float32", steps=3, repeats=1) > 0
+
+
 @pytest.mark.slow  # spawns torch; the engine tests check greedy parity in the default run
 def test_sampler_bench_quick_matches_transformers_greedy():
   r = _json("sampler_bench.py", "--quick", "--skip-mixed", "--repeats", "1", "--json")
   assert r["greedy_match"] == 1.0  # same checkpoint, same tokens as transformers generate
-  for key in ("ours_tok_s", "hf_tok_s", "ratio", "compute_limit_tok_s", "fraction_of_limit"):
+  for key in ("ours_tok_s", "hf_tok_s", "ratio", "compute_limit_tok_s", "fraction_of_limit",
+              "matmul_floor_tok_s", "fraction_of_floor", "floor_over_hf"):
     assert r[key] > 0
 
 
