@@ -205,10 +205,10 @@ def floor_program(model_cfg, batch: int, dtype: str, steps: int = 32):
   nh, kh = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
   shapes = [(d, nh), (d, kh), (d, kh), (nh, d), (d, f), (d, f), (f, d)]
   key = jax.random.key(0)
-  weights = [jax.random.normal(jax.random.fold_in(key, i), s, dtype) / np.sqrt(s[0])
+  weights = [jax.random.normal(jax.random.fold_in(key, i), s, dtype) / float(np.sqrt(s[0]))
              for i, s in enumerate(shapes * c.num_layers)]
   head = jax.random.normal(jax.random.fold_in(key, 10_000), (v, d) if c.tie_embeddings else (d, v),
-                           dtype) / np.sqrt(d)
+                           dtype) / float(np.sqrt(d))
   x0 = jax.random.normal(jax.random.fold_in(key, 10_001), (batch, d), dtype)
   group = c.num_heads // c.num_kv_heads
 
@@ -243,25 +243,37 @@ def matmul_floor(model_cfg, batch: int, dtype: str, steps: int = 32, repeats: in
   return batch * steps / best
 
 
-def _roofline(sampler, model_cfg, args, step_seconds: float, live_len: float) -> str:
+def _roofline(sampler, model_cfg, args, step_seconds: float, live_len: float,
+              ) -> tuple[str, dict]:
+  """(report line, JSON fields): the decode step against the HBM-bandwidth roofline."""
   import jax
 
   device = jax.devices()[0]
   if device.platform == "cpu":
-    return "roofline: skipped (CPU run; HBM roofline applies to GPU/TPU)"
+    return "roofline: skipped (CPU run; HBM roofline applies to GPU/TPU)", {}
   peak = args.hbm_gbps
   if peak is None:
     kind = device.device_kind
     peak = next((v for k, v in _PEAK_GBPS.items() if k.lower() in kind.lower()), None)
   if peak is None:
-    return f"roofline: unknown peak bandwidth for {device.device_kind}; pass --hbm-gbps"
-  param_bytes = sum(x.nbytes for x in jax.tree.leaves(sampler.params))
+    return f"roofline: unknown peak bandwidth for {device.device_kind}; pass --hbm-gbps", {}
+  # Every weight is read once per step, except an untied input embedding: a gather of the
+  # batch's rows.
+  param_bytes = sum(
+      x.nbytes for path, x in jax.tree.leaves_with_path(sampler.params)
+      if model_cfg.tie_embeddings or "embed_tokens" not in jax.tree_util.keystr(path))
   itemsize = sampler._state.cache.kv.dtype.itemsize
   kv_bytes = (2 * model_cfg.num_layers * sampler.num_slots * live_len * model_cfg.num_kv_heads
               * model_cfg.head_dim * itemsize)
-  achieved = (param_bytes + kv_bytes) / step_seconds / 1e9
-  return (f"roofline: {achieved:.0f} GB/s of {peak:.0f} GB/s peak = {achieved / peak:.1%} "
-          f"(weights {param_bytes / 1e6:.1f} MB + live KV {kv_bytes / 1e6:.1f} MB per step)")
+  step_bytes = param_bytes + kv_bytes
+  achieved = step_bytes / step_seconds / 1e9
+  roofline_tps = args.batch * peak * 1e9 / step_bytes
+  line = (f"roofline: {achieved:.0f} GB/s of {peak:.0f} GB/s peak = {achieved / peak:.1%} "
+          f"(weights {param_bytes / 1e6:.1f} MB + live KV {kv_bytes / 1e6:.1f} MB per step; "
+          f"at the peak: {roofline_tps:.0f} tokens/s, ours {args.batch / step_seconds:.0f})")
+  return line, dict(hbm_gbps_peak=peak, hbm_gbps_achieved=round(achieved, 1),
+                    roofline_tok_s=round(roofline_tps, 1),
+                    fraction_of_roofline=round(achieved / peak, 4))
 
 
 def main() -> int:
@@ -359,8 +371,10 @@ def main() -> int:
     line += f"; it is {floor / hf_tps:.2f}x transformers (no decode on these kernels beats that)"
   log(line)
   steps = sampler.stats.chunks * args.chunk
-  log(_roofline(sampler, model_cfg, args, ours_s / max(steps, 1),
-                args.prompt_len + args.new_tokens / 2))
+  line, fields = _roofline(sampler, model_cfg, args, ours_s / max(steps, 1),
+                           args.prompt_len + args.new_tokens / 2)
+  report.update(fields)
+  log(line)
 
   if not args.skip_mixed:
     report.update(_mixed(args, model, prompts, rng, log))

@@ -305,22 +305,24 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   cover every live row's positions for the whole chunk (the engine grows the page table
   first). On a TPU `mesh` the ragged kernel reads each row's own length instead.
   `truncate` and `all_greedy` are static sampling modes (see `sampling.sample`).
-  `layer_leaves` (CPU only): `layers_program`'s output for these params, the layers'
-  weights already cut out of the stacked arrays; without it the chunk cuts them itself.
+  `layer_leaves`: `layers_program`'s output for these params (the sampler passes it where
+  `splits_layers`), the layers' weights already cut out of the stacked arrays. Without it
+  the steps read the stacked weights, except on CPU, where the chunk cuts them itself.
   """
   model = nnx.merge(graphdef, params)
-  # On CPU each layer's weights are sliced out of the stacked arrays once per chunk (or,
-  # given layer_leaves, once per weight swap by the caller) instead of once per step
-  # (XLA:CPU copies a dynamic slice before a matmul), and so are the rows' pages: the
-  # steps read and append to dense per-layer copies of them (the pool is written too, so
-  # nothing is copied back). Other platforms read the stacked weights in place and
-  # gather (GPU) or page through (TPU kernel) the pool every step, holding no copy of
-  # every layer's pages at once.
+  # XLA (CPU and GPU) copies a layer's weights out of the stacked arrays before its
+  # matmuls, every step: given layer_leaves (cut once per weight swap by the caller), the
+  # steps run the layers unrolled over those instead; without them, CPU cuts them once per
+  # chunk. On CPU the rows' pages are also copied once per chunk: the steps read and append
+  # to dense per-layer copies of them (the pool is written too, so nothing is copied back).
+  # GPU gathers the pages and the TPU kernel pages through the pool every step, holding no
+  # copy of every layer's pages at once.
   layer_states = None
-  if _on_cpu(mesh):
+  if layer_leaves is not None or _on_cpu(mesh):
     layer_states = model.split_layers()  # only traced for its structure when given
     if layer_leaves is not None:
       layer_states = jax.tree.unflatten(jax.tree.structure(layer_states), layer_leaves)
+  if _on_cpu(mesh):
     state = dataclasses.replace(
         state, cache=model.with_views(state.cache, table_SM, view_pages, mesh=mesh))
 
@@ -360,7 +362,8 @@ def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSt
                    num_steps: int, truncate: bool, all_greedy: bool,
                    view_pages: int) -> Callable:
   """jit(decode_chunk) taking (param_leaves, layer_leaves, state, consts, page table); the
-  state is donated. layer_leaves: `layers_program`'s output on CPU, else None. `view_pages`
+  state is donated. layer_leaves: `layers_program`'s output where `splits_layers`, else
+  None. `view_pages`
   bounds the attention read (see `decode_chunk`); the engine compiles a few values of it,
   so short sequences do not pay for reading the longest."""
 
@@ -377,16 +380,27 @@ def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSt
 @functools.lru_cache(maxsize=None)
 def layers_program(graphdef: nnx.GraphDef, param_treedef: Any) -> Callable:
   """jit taking param_leaves (a tuple) to every layer's weights as arrays of their own (flat
-  leaves of `Transformer.split_layers`), for `decode_program` on CPU: XLA:CPU copies a
-  slice of the stacked weights before each matmul, so the sampler cuts them once per
-  weight swap (one more copy of the layer weights held) instead of once per decode chunk
-  (benchmarks/sampler_bench.py: README, Sampler)."""
+  leaves of `Transformer.split_layers`), for `decode_program` where `splits_layers`: XLA
+  copies a slice of the stacked weights before each matmul, so the sampler cuts them once
+  per weight swap (one more copy of the layer weights held) instead of every step on GPU
+  or every decode chunk on CPU (benchmarks/sampler_bench.py: README, Sampler)."""
 
   def run(param_leaves):
     params = jax.tree.unflatten(param_treedef, list(param_leaves))
     return tuple(jax.tree.leaves(nnx.merge(graphdef, params).split_layers()))
 
   return jax.jit(run)
+
+
+def splits_layers(mesh: Mesh | None) -> bool:
+  """Whether a sampler on `mesh` holds every layer's weights as arrays of their own
+  (`layers_program`): on CPU and GPU. Not on TPU, whose generator memory `plan` budgets
+  for one copy of the weights, nor for an abstract mesh (compiled, never run)."""
+  if mesh is None:
+    devices = jax.devices()
+  else:
+    devices = list(mesh.devices.flat) if isinstance(mesh, Mesh) else []
+  return bool(devices) and all(d.platform in ("cpu", "gpu") for d in devices)
 
 
 def _on_cpu(mesh: Mesh | None) -> bool:

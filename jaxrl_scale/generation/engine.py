@@ -163,10 +163,10 @@ class Sampler:
     # A copy, never the model's own buffers: a trainer on the same devices donates those.
     self._params = transfer.reshard(params, self._param_shardings, param_dtypes, copy=True)
     self._param_leaves, self._param_treedef = jax.tree.flatten(self._params)
-    # On CPU every layer's weights are also held as arrays of their own, cut once per weight
-    # swap rather than once per decode chunk (`decode.layers_program`).
+    # On CPU and GPU every layer's weights are also held as arrays of their own, cut once
+    # per weight swap rather than every decode chunk or step (`decode.layers_program`).
     self._split_layers = (decode.layers_program(graphdef, self._param_treedef)
-                          if decode._on_cpu(self.mesh) else None)
+                          if decode.splits_layers(self.mesh) else None)
     self._layer_leaves = self._layers_of(self._param_leaves)
     self._param_paths = _paths_and_leaves(self._params)[0]
     self._param_dtypes = jax.tree.map(lambda x: x.dtype, self._params)

@@ -11,7 +11,7 @@ from flax import nnx
 
 from jaxrl_scale.config import SamplerConfig
 from jaxrl_scale.errors import UserError
-from jaxrl_scale.generation import engine, records
+from jaxrl_scale.generation import decode, engine, records
 from jaxrl_scale.models import sharding, transformer
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.parallel import transfer
@@ -198,6 +198,33 @@ def test_in_flight_update_continues_from_kept_cache(loaded, prompts):
   assert differs_from_b > 0  # the kept cache (built by the old weights) mattered
   # Later runs keep the new version.
   assert (sampler.generate(prompts[:1])[0].versions == 7).all()
+
+
+def _forget_programs():
+  for program in (decode.admit_program, decode.decode_program, decode.layers_program):
+    program.cache_clear()
+
+
+def test_gpu_path_decodes_from_the_per_swap_layer_weights(loaded, prompts, monkeypatch):
+  """The GPU path (decode sees no CPU): the steps run the layers over the sampler's own
+  per-layer weight copies and gather the rows' pages every step, with no per-chunk views."""
+  model, _ = loaded["qwen3"]
+  want = _sampler(model).generate(prompts[:4])  # the CPU path
+  _forget_programs()  # compiled programs are memoised without the platform in their key
+  monkeypatch.setattr(decode, "_on_cpu", lambda mesh: False)
+  try:
+    sampler = _sampler(model)
+    assert sampler._layer_leaves is not None
+    got = sampler.generate(prompts[:4])
+    for w, g in zip(want, got):
+      assert g.tokens.tolist() == w.tokens.tolist()
+      np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
+    # The steps read those copies, not the stacked weights: zeroed, they change the tokens.
+    sampler._layer_leaves = tuple(jnp.zeros_like(x) for x in sampler._layer_leaves)
+    zeroed = sampler.generate(prompts[:4])
+    assert any(z.tokens.tolist() != w.tokens.tolist() for z, w in zip(zeroed, want))
+  finally:
+    _forget_programs()
 
 
 def test_update_params_from_another_thread(loaded, prompts):
