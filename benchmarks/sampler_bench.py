@@ -189,7 +189,7 @@ def floor_program(model_cfg, batch: int, dtype: str, steps: int = 32):
 
   A jitted loop of `steps` steps. Each step runs every layer's q, k, v, o, gate, up and down
   projections and then the LM head, on weights of the model's shapes and dtype, one array
-  per matrix (as the CPU sampler holds them). It does no attention, no sampling and no
+  per matrix (as the CPU and GPU samplers hold them). It does no attention, no sampling and no
   cache writes. Between the matmuls it does only the cheap elementwise work that chains
   them (a residual add, silu, an RMS scale, the logits' max), so no matmul can be dropped
   or hoisted out of the loop.

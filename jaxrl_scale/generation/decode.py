@@ -363,9 +363,8 @@ def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSt
                    view_pages: int) -> Callable:
   """jit(decode_chunk) taking (param_leaves, layer_leaves, state, consts, page table); the
   state is donated. layer_leaves: `layers_program`'s output where `splits_layers`, else
-  None. `view_pages`
-  bounds the attention read (see `decode_chunk`); the engine compiles a few values of it,
-  so short sequences do not pay for reading the longest."""
+  None. `view_pages` bounds the attention read (see `decode_chunk`); the engine compiles a
+  few values of it, so short sequences do not pay for reading the longest."""
 
   def run(param_leaves, layer_leaves, state, consts, table_SM):
     params = jax.tree.unflatten(param_treedef, param_leaves)
@@ -396,17 +395,20 @@ def splits_layers(mesh: Mesh | None) -> bool:
   """Whether a sampler on `mesh` holds every layer's weights as arrays of their own
   (`layers_program`): on CPU and GPU. Not on TPU, whose generator memory `plan` budgets
   for one copy of the weights, nor for an abstract mesh (compiled, never run)."""
-  if mesh is None:
-    devices = jax.devices()
-  else:
-    devices = list(mesh.devices.flat) if isinstance(mesh, Mesh) else []
-  return bool(devices) and all(d.platform in ("cpu", "gpu") for d in devices)
+  platforms = _platforms(mesh)
+  return bool(platforms) and platforms <= {"cpu", "gpu"}
 
 
 def _on_cpu(mesh: Mesh | None) -> bool:
   """Whether programs for `mesh` (None: the default devices) run on XLA:CPU."""
+  return "cpu" in _platforms(mesh)
+
+
+def _platforms(mesh: Mesh | None) -> set[str]:
+  """The platforms of `mesh`'s devices (None: the default devices; none for an abstract
+  mesh)."""
   if mesh is None:
     devices = jax.devices()
   else:
     devices = mesh.devices.flat if isinstance(mesh, Mesh) else ()
-  return any(d.platform == "cpu" for d in devices)
+  return {d.platform for d in devices}
