@@ -164,6 +164,11 @@ class SamplerConfig:
   # newest sequence is preempted and restarts later (see generation/pages.py).
   page_size: int = 16
   kv_cache_tokens: int = 0
+  # On CPU and GPU, also hold every layer's weights as arrays of their own, cut out of the
+  # stacked weights at each weight swap: one more copy of the layer weights in generator
+  # memory, for faster decoding (XLA otherwise copies them out every step on GPU, every
+  # decode chunk on CPU; README, Sampler). TPUs always keep one copy.
+  layer_weight_copies: bool = True
   # Forced length interruption (paper sec. 4): at a thinking budget drawn uniformly from
   # [interrupt_min, interrupt_max] tokens, force the phrase, then answer within answer_budget.
   interrupt: bool = False

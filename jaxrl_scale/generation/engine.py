@@ -166,7 +166,8 @@ class Sampler:
     # On CPU and GPU every layer's weights are also held as arrays of their own, cut once
     # per weight swap rather than every decode chunk or step (`decode.layers_program`).
     self._split_layers = (decode.layers_program(graphdef, self._param_treedef)
-                          if decode.splits_layers(self.mesh) else None)
+                          if cfg.layer_weight_copies and decode.splits_layers(self.mesh)
+                          else None)
     self._layer_leaves = self._layers_of(self._param_leaves)
     self._param_paths = _paths_and_leaves(self._params)[0]
     self._param_dtypes = jax.tree.map(lambda x: x.dtype, self._params)

@@ -223,6 +223,11 @@ def test_gpu_path_decodes_from_the_per_swap_layer_weights(loaded, prompts, monke
     sampler._layer_leaves = tuple(jnp.zeros_like(x) for x in sampler._layer_leaves)
     zeroed = sampler.generate(prompts[:4])
     assert any(z.tokens.tolist() != w.tokens.tolist() for z, w in zip(zeroed, want))
+    # Without the copies (to save memory) the steps read the stacked weights.
+    one_copy = _sampler(model, layer_weight_copies=False)
+    assert one_copy._layer_leaves is None
+    for w, g in zip(want, one_copy.generate(prompts[:4])):
+      assert g.tokens.tolist() == w.tokens.tolist()
   finally:
     _forget_programs()
 
