@@ -6,6 +6,12 @@ libtpu takes it (`v5p:4x4x4`, `v6e:8x8`). The number in an accelerator type coun
 TensorCores on v4 and v5p (two per chip) and chips on v5e and v6e, so v5p-128 and v6e-64
 are both 64 chips. `resolve` turns either spelling into the libtpu topology name.
 
+Hosts: a slice is built with the hosts Cloud TPU gives it, since the mesh split and what the
+compiler accepts depend on them. v5e-8 and v6e-8 (2x4) are one host of 8 chips; larger v5e
+and v6e slices, and every v5p and v4 slice, have 4 chips (a 2x2 or 2x2x1 box) per host.
+libtpu's default puts at most 4 chips on a host, so the one-host-of-8 slices ask for it
+(`chips_per_host_bounds`).
+
 Per-chip figures (bf16 dense peak, HBM capacity, HBM bandwidth) are Google's published
 numbers, from the Cloud TPU system-architecture pages:
   v4   https://cloud.google.com/tpu/docs/v4       275 TFLOP/s, 32 GiB, 1,200 GB/s
@@ -70,6 +76,19 @@ class Slice:
   @property
   def devices(self) -> int:
     return self.chips * self.chip.devices_per_chip
+
+  @property
+  def host_bounds(self) -> tuple[int, int, int] | None:
+    """libtpu's chips_per_host_bounds for this slice; None: libtpu's default (4 per host)."""
+    dims = [int(x) for x in self.topology.split(":")[1].split("x")]
+    if self.chip.dims == 2 and self.chips == 8:  # v5e-8 / v6e-8: one host of 8 chips
+      return (dims[0], dims[1], 1)
+    return None
+
+  @property
+  def chips_per_host(self) -> int:
+    bounds = self.host_bounds
+    return math.prod(bounds) if bounds else min(self.chips, 4)
 
 
 def _chip(generation: str, source: str) -> Chip:
@@ -137,8 +156,9 @@ def topology_devices(sl: Slice) -> list:
   except ImportError:
     raise UserError("planning for a TPU needs libtpu: pip install -e \".[tpu]\"") from None
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  kwargs = {} if sl.host_bounds is None else {"chips_per_host_bounds": list(sl.host_bounds)}
   try:
-    topo = topologies.get_topology_desc(topology_name=sl.topology, platform="tpu")
+    topo = topologies.get_topology_desc(topology_name=sl.topology, platform="tpu", **kwargs)
   except Exception as e:  # libtpu's errors are long multi-line status strings
     first = str(e).strip().splitlines()[0][:200]
     raise UserError(f"--topology {sl.label!r}: libtpu refused topology {sl.topology}: "

@@ -48,3 +48,17 @@ def test_topology_devices_match_the_name():
   assert len(devices) == 64
   assert {d.process_index for d in devices} == set(range(16))  # 16 hosts of 4 chips
   assert chips.chip_for_device(devices[0]) is chips.CHIPS["v5p"]
+
+
+@pytest.mark.parametrize("name, hosts", [
+    ("v5e-8", 1), ("v6e-8", 1), ("v5e:2x4", 1),  # Cloud TPU: one host of 8 chips
+    ("v5e-4", 1), ("v6e-16", 4), ("v5e-256", 64),  # larger v5e / v6e: 4 chips per host
+    ("v5p-8", 1), ("v5p-16", 2), ("v5p-128", 16),  # v5p: 4 chips per host
+])
+def test_slices_have_the_hosts_cloud_tpu_gives(name, hosts):
+  pytest.importorskip("libtpu")
+  sl = chips.resolve(name)
+  devices = chips.topology_devices(sl)
+  assert len(devices) == sl.devices
+  assert len({d.process_index for d in devices}) == hosts
+  assert sl.chips_per_host * hosts == sl.chips

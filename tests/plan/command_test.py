@@ -56,6 +56,23 @@ def test_does_not_fit_exits_1_with_one_line(capsys):
   assert "does not fit on v5e:2x2" in err[0] and "sampler.num_slots" in err[0]
 
 
+def test_v5e_8_is_one_host_and_a_shortfall_exits_1(capsys):
+  """v5e-8 is one host of 8 chips: a run too big for it is compiled and reported as not
+  fitting (exit 1: program, need, capacity), not refused as a multi-host split (exit 2)."""
+  code = cli.main(["plan", "configs/cpu_tiny.yaml", "mesh.trainer_devices=4",
+                   "mesh.generator_devices=4", "sft.steps=0", "sampler.num_slots=4096",
+                   "sampler.max_new_tokens=65536", "optim.micro_batch_prompts=4",
+                   "rl.prompts_per_step=4", "--topology", "v5e-8",
+                   "--programs", "decode", "--json"])
+  captured = capsys.readouterr()
+  assert code == 1, captured.err[-500:]
+  plan = json.loads(captured.out)
+  assert plan["hosts"] == 1 and plan["chips"] == 8
+  err = [line for line in captured.err.splitlines() if line.startswith("jaxrl-scale plan:")]
+  assert len(err) == 1
+  assert "decode does not fit on v5e-8: needs " in err[0] and "of 16.00 GiB" in err[0]
+
+
 def test_bad_topology_is_a_one_line_error(capsys):
   code = cli.main(["plan", "configs/cpu_tiny.yaml", "--topology", "v5p-96"])
   assert code == 2
