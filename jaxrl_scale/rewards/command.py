@@ -28,7 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--correct-reward", type=float, default=1.0,
                       help="reward shown for a correct response (ScaleRL: +1)")
   parser.add_argument("--incorrect-reward", type=float, default=-1.0,
-                      help="reward shown otherwise, errors and timeouts included (ScaleRL: -1)")
+                      help="reward shown for a response judged not correct (ScaleRL: -1); an "
+                           "error or timeout gets none (training leaves such samples out)")
+  parser.add_argument("--truncated", action="store_true",
+                      help="score it as a response cut by the token budget: only an "
+                           "explicit final answer (a closed \\boxed{}) counts")
 
 
 def _read_response(path: str) -> str:
@@ -61,11 +65,12 @@ def run(args: argparse.Namespace) -> int:
   level = log.level
   log.setLevel(logging.CRITICAL)
   try:
-    result = scorer.score([(response, args.answer)])
+    result = scorer.score([(response, args.answer)], truncated=[args.truncated])
   finally:
     log.setLevel(level)
     scorer.close()
-  verdict, reward, error = result.verdicts[0], result.rewards[0], result.errors[0]
+  verdict, error = result.verdicts[0], result.errors[0]
+  reward = result.rewards[0] if result.valid[0] else None  # NaN is not JSON
   if isinstance(error, verifiers.AnswerFormatError):
     raise UserError(f"--answer: {error}")  # a typo in the ground truth, not a model failure
   if verdict is not None:
@@ -101,5 +106,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"verdict:   {'correct' if out['correct'] else 'incorrect'} ({status})")
     if out["detail"]:
       print(f"detail:    {out['detail']}")
-    print(f"reward:    {reward:g}")
+    shown = "none (invalid: training leaves it out)" if reward is None else f"{reward:g}"
+    print(f"reward:    {shown}")
   return 0

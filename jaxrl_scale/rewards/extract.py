@@ -14,6 +14,13 @@ no answer: it was still thinking):
   4. else the last number in the text ("-1,234.5", "50%", "3/4").
 Every step is linear in the response length; an answer longer than MAX_ANSWER_CHARS is no
 answer.
+
+A truncated response (it hit its token budget without ending) keeps only step 1, and only
+when nothing after the box overrides it: a closed box was delimited by the model, so the
+cut cannot have shortened it, while "answer is ..." runs to the end of a line the cut may
+have split ("answer is 12|5"), and the last math or number of an unfinished text is a
+guess from the middle of its reasoning (a last-number +1 there rewards running out of
+tokens). A model that boxed its answer and then went on checking keeps its answer.
 """
 
 from __future__ import annotations
@@ -49,7 +56,8 @@ class Extraction:
   Attributes:
     text: the answer as written, or None when there is none.
     method: "boxed", "answer_is", "last_math", "last_number"; or, with text None, "none",
-      "too_long" (the candidate exceeded MAX_ANSWER_CHARS) or "unfinished_think".
+      "too_long" (the candidate exceeded MAX_ANSWER_CHARS), "unfinished_think" or
+      "truncated" (cut by the token budget, no final box).
   """
   text: str | None
   method: str
@@ -196,8 +204,21 @@ def _last_math(text: str) -> tuple[int, str] | None:
   return best
 
 
-def extract_answer(response: str) -> Extraction:
-  """Finds the final answer in an untrusted response (see the module docstring)."""
+def extract_answer(response: str, truncated: bool = False) -> Extraction:
+  """Finds the final answer in an untrusted response (see the module docstring).
+
+  Args:
+    response: the model's text.
+    truncated: the response hit its token budget without ending; only a final closed
+      box is then an answer (module docstring).
+  """
+  found = _extract(response)
+  if truncated and found.method not in ("boxed", "unfinished_think"):
+    return Extraction(None, "truncated")
+  return found
+
+
+def _extract(response: str) -> Extraction:
   text = strip_think(response)
   if text is None:
     return Extraction(None, "unfinished_think")

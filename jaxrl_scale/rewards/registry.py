@@ -2,12 +2,17 @@
 
 A reward function takes the untrusted model response and the record's ground-truth
 answer and returns a `Verdict` (a bare bool is accepted too). It must not raise on any
-response; if it does anyway, the `Scorer` counts an error and gives the incorrect
-reward instead of crashing the run.
+response; if it does anyway, the `Scorer` counts an error and the sample gets no reward
+(it is invalid: left out of its group's advantages, never scored as wrong) instead of
+crashing the run.
 
   @registry.register_reward("yes_no")
   def yes_no(response: str, answer: str) -> bool:
     return response.strip().lower() == answer
+
+A function that also takes a keyword `truncated` is told when the response hit its token
+budget without ending, so it can refuse fallback answers from an unfinished text (the
+built-ins accept only an explicit final answer then); one without it is called as above.
 
 Built-in names: "math", "arithmetic", "countdown", "countdown_subset"
 (jaxrl_scale/rewards/verifiers.py).
@@ -18,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import inspect
 from collections.abc import Callable
 
 from jaxrl_scale.errors import UserError
@@ -108,3 +114,15 @@ def as_verdict(out: Verdict | bool) -> Verdict:
   if isinstance(out, bool):
     return Verdict(out, None, CORRECT if out else WRONG)
   raise TypeError(f"a reward function must return a Verdict or bool, got {type(out).__name__}")
+
+
+def takes_truncated(fn: RewardFn) -> bool:
+  """Whether `fn` accepts the keyword `truncated` (see the module docstring)."""
+  try:
+    params = inspect.signature(fn).parameters
+  except (TypeError, ValueError):  # some builtins and C callables have no signature
+    return False
+  param = params.get("truncated")
+  if param is not None:
+    return param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
+  return any(p.kind == p.VAR_KEYWORD for p in params.values())

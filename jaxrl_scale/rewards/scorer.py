@@ -1,11 +1,13 @@
 """Scores batches of (response, answer) pairs on host threads, with a deadline per call.
 
 Verification runs on daemon worker threads. Each call gets `timeout_s` from the moment a
-worker starts it; a call past its deadline is abandoned (reward "incorrect", counted as a
-timeout), its worker retires when (if) the call returns, and a fresh worker takes its
-place so the pool keeps its size. An exception in a reward function gives the incorrect
-reward and counts as an error. Neither ever propagates: one bad response must not stop a
-training run.
+worker starts it; a call past its deadline is abandoned (counted as a timeout), its worker
+retires when (if) the call returns, and a fresh worker takes its place so the pool keeps
+its size. An exception in a reward function counts as an error. Neither ever propagates:
+one bad response must not stop a training run. Neither is a verdict either: the sample is
+invalid (reward NaN, `valid` False), which the trainer leaves out of its group's
+advantages. Scoring it "incorrect" would teach the model that whatever makes the verifier
+slow or crash is a wrong answer, indistinguishable from one in the advantages.
 
 Threads cannot be killed, so the deadline bounds the *scorer's* latency, not the CPU a
 runaway call burns; the built-in verifiers bound their own work (safe_eval's limits on
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import queue
 import threading
 import time
@@ -38,6 +41,7 @@ class _Call:
   fn: registry.RewardFn
   response: str
   answer: str
+  truncated: bool = False  # passed only to functions that take it (registry.takes_truncated)
   state: int = _QUEUED
   started: float = 0.0
   verdict: registry.Verdict | None = None
@@ -49,15 +53,18 @@ class ScoreResult:
   """Rewards of one batch.
 
   Attributes:
-    rewards: one float per pair, in input order.
+    rewards: one float per pair, in input order; NaN where the call raised or timed out
+      (no verdict: the sample is invalid, neither correct nor wrong).
     verdicts: the Verdict per pair; None where the call raised or timed out.
     counts: this batch's counts for COUNT_KEYS.
     errors: the exception per pair where the call raised, else None.
+    valid: False where the call raised or timed out.
   """
   rewards: list[float]
   verdicts: list[registry.Verdict | None]
   counts: dict[str, int]
   errors: list[BaseException | None]
+  valid: list[bool]
 
 
 class Scorer:
@@ -66,7 +73,8 @@ class Scorer:
   Args:
     reward: a registered reward name or a function (response, answer) -> Verdict | bool.
     correct_reward: reward for a correct response (ScaleRL uses +1).
-    incorrect_reward: reward for anything else, including errors and timeouts (-1).
+    incorrect_reward: reward for a response judged not correct (-1); errors and timeouts
+      are not judged and get NaN.
     timeout_s: per-call deadline in seconds, measured from when a worker starts the call.
     num_threads: worker threads.
   """
@@ -78,6 +86,7 @@ class Scorer:
     if num_threads < 1:
       raise ValueError(f"num_threads must be >= 1, got {num_threads}")
     self.fn = registry.get_reward(reward) if isinstance(reward, str) else reward
+    self._takes_truncated = registry.takes_truncated(self.fn)
     self.name = reward if isinstance(reward, str) else getattr(reward, "__name__", "custom")
     self.correct_reward = float(correct_reward)
     self.incorrect_reward = float(incorrect_reward)
@@ -104,7 +113,11 @@ class Scorer:
         self._cond.notify_all()
       verdict, error = None, None
       try:
-        verdict = registry.as_verdict(call.fn(call.response, call.answer))
+        if call.truncated and self._takes_truncated:
+          out = call.fn(call.response, call.answer, truncated=True)
+        else:
+          out = call.fn(call.response, call.answer)
+        verdict = registry.as_verdict(out)
       except BaseException as e:  # noqa: BLE001  (anything a verifier raises is its error)
         error = e
       with self._cond:
@@ -127,11 +140,14 @@ class Scorer:
           return
         self._cond.wait(remaining)
 
-  def score(self, pairs: Sequence[tuple[str, str]]) -> ScoreResult:
+  def score(self, pairs: Sequence[tuple[str, str]],
+            truncated: Sequence[bool] | None = None) -> ScoreResult:
     """Rewards for (response, answer) pairs; blocks until each is done or timed out.
 
     Args:
       pairs: (model response, ground-truth answer) per item.
+      truncated: per item, whether the response hit its token budget without ending
+        (passed to reward functions that take it: registry.takes_truncated); None = none.
 
     Returns:
       ScoreResult with rewards in input order and this batch's counts (also added to
@@ -139,14 +155,19 @@ class Scorer:
     """
     if self._closed:
       raise RuntimeError("Scorer is closed")
-    calls = [_Call(self.fn, response, answer) for response, answer in pairs]
+    if truncated is None:
+      truncated = [False] * len(pairs)
+    elif len(truncated) != len(pairs):
+      raise ValueError(f"score: {len(truncated)} truncated flags for {len(pairs)} pairs")
+    calls = [_Call(self.fn, response, answer, bool(cut))
+             for (response, answer), cut in zip(pairs, truncated)]
     with self._cond:
       while self._workers < self.num_threads:
         self._spawn_worker()
     for call in calls:
       self._queue.put(call)
     counts = dict.fromkeys(COUNT_KEYS, 0)
-    rewards, verdicts, errors = [], [], []
+    rewards, verdicts, errors, valid = [], [], [], []
     for call in calls:
       self._wait(call)
       counts["total"] += 1
@@ -162,11 +183,14 @@ class Scorer:
         counts[verdict.reason] += 1
       verdicts.append(verdict)
       errors.append(call.error if call.state == _DONE else None)
-      correct = verdict is not None and verdict.correct
-      rewards.append(self.correct_reward if correct else self.incorrect_reward)
+      valid.append(verdict is not None)
+      if verdict is None:
+        rewards.append(math.nan)
+      else:
+        rewards.append(self.correct_reward if verdict.correct else self.incorrect_reward)
     for key, n in counts.items():
       self.totals[key] += n
-    return ScoreResult(rewards, verdicts, counts, errors)
+    return ScoreResult(rewards, verdicts, counts, errors, valid)
 
   def _log(self, key: str, message: str) -> None:
     self._logged[key] += 1

@@ -5,7 +5,11 @@ Ground-truth formats follow the record contract in jaxrl_scale/data/tasks.py:
   arithmetic  an integer in plain decimal ("46", "-7").
   countdown   json.dumps({"numbers": [3, 5, 2], "target": 16}).
 A malformed ground truth is the dataset's fault, not the model's: it raises
-`AnswerFormatError`, which the Scorer counts as an error.
+`AnswerFormatError`, which the Scorer counts as an error (the sample gets no reward).
+
+Each takes `truncated` (the response hit its token budget without ending): then only an
+explicit, delimited final answer counts (a closed \boxed{}, or countdown's <answer> tag),
+never a fallback such as the last number or the last line (extract.py says why).
 """
 
 from __future__ import annotations
@@ -29,17 +33,20 @@ class AnswerFormatError(ValueError):
 
 
 def _no_answer(method: str) -> registry.Verdict:
+  if method == "truncated":
+    return registry.Verdict(False, None, registry.NO_ANSWER,
+                            "truncated by the token budget, no explicit final answer")
   return registry.Verdict(False, None, registry.NO_ANSWER, f"no final answer found ({method})")
 
 
 @registry.register_reward("math")
-def math_reward(response: str, answer: str) -> registry.Verdict:
+def math_reward(response: str, answer: str, *, truncated: bool = False) -> registry.Verdict:
   r"""Final answer (\boxed{}, "the answer is", last math, last number) equivalent to `answer`.
 
   Compared by type (math.py): numbers, radicals, expressions with variables, equations,
   inequalities and intervals, sets, tuples, matrices, percentages, text.
   """
-  found = math_answers.extract_answer(response)
+  found = math_answers.extract_answer(response, truncated)
   if found.text is None:
     return _no_answer(found.method)
   outcome = math_answers.compare(found.text, answer)
@@ -50,13 +57,14 @@ def math_reward(response: str, answer: str) -> registry.Verdict:
 
 
 @registry.register_reward("arithmetic")
-def arithmetic_reward(response: str, answer: str) -> registry.Verdict:
+def arithmetic_reward(response: str, answer: str, *, truncated: bool = False
+                      ) -> registry.Verdict:
   """The final answer is a plain integer equal to `answer` (no expressions: "12*3" for
   36 would let a model restate the question instead of computing it)."""
   gold_text = answer.strip()
   if not _INTEGER_RE.fullmatch(gold_text):
     raise AnswerFormatError(f"arithmetic answer must be an integer, got {answer!r}")
-  found = math_answers.extract_answer(response)
+  found = math_answers.extract_answer(response, truncated)
   if found.text is None:
     return _no_answer(found.method)
   text = math_answers.normalize(found.text)
@@ -118,7 +126,8 @@ def _trailing_expression(line: str) -> str:
   return line[i:].strip()
 
 
-def _countdown(response: str, answer: str, exact_use: bool) -> registry.Verdict:
+def _countdown(response: str, answer: str, exact_use: bool,
+               truncated: bool) -> registry.Verdict:
   numbers, target = parse_countdown_answer(answer)
   text = math_answers.strip_think(response)
   if text is None:
@@ -126,6 +135,8 @@ def _countdown(response: str, answer: str, exact_use: bool) -> registry.Verdict:
   candidate, method = _countdown_candidate(text)
   if candidate is None:
     return _no_answer(method)
+  if truncated and method == "last_line":  # the cut's last line: a fragment of reasoning
+    return _no_answer("truncated")
   if len(candidate) > safe_eval.MAX_CHARS:
     return _no_answer("too_long")
   expression = _expression_part(candidate)
@@ -154,16 +165,18 @@ def _countdown(response: str, answer: str, exact_use: bool) -> registry.Verdict:
 
 
 @registry.register_reward("countdown")
-def countdown_reward(response: str, answer: str) -> registry.Verdict:
+def countdown_reward(response: str, answer: str, *, truncated: bool = False
+                     ) -> registry.Verdict:
   """An expression over the numbers, each used exactly once, equal to the target.
 
   "Exactly once" is what the built-in countdown prompts ask for (jaxrl_scale/data/tasks.py)
   and what TinyZero's countdown verifier checks; "countdown_subset" allows leaving numbers out.
   """
-  return _countdown(response, answer, exact_use=True)
+  return _countdown(response, answer, exact_use=True, truncated=truncated)
 
 
 @registry.register_reward("countdown_subset")
-def countdown_subset_reward(response: str, answer: str) -> registry.Verdict:
+def countdown_subset_reward(response: str, answer: str, *, truncated: bool = False
+                            ) -> registry.Verdict:
   """Like "countdown", but each number may be used at most once (a subset suffices)."""
-  return _countdown(response, answer, exact_use=False)
+  return _countdown(response, answer, exact_use=False, truncated=truncated)

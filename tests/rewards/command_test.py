@@ -78,3 +78,14 @@ def test_math_shows_parsed_type_and_normal_form_of_both_sides(tmp_path, capsys):
   assert "predicted: expression: (11*a + c)" in text
   assert "gold:      equation: 7 = (11*a + c)" in text
   assert "verdict:   incorrect (wrong)" in text
+
+
+def test_truncated_flag_refuses_the_last_number(tmp_path, capsys):
+  path = tmp_path / "r.txt"
+  path.write_text("adding them, 5 + 7 = 12")
+  argv = ["reward", "--task", "math", "--answer", "12", "--response-file", str(path), "--json"]
+  assert cli.main(argv) == 0
+  assert json.loads(capsys.readouterr().out)["reward"] == 1.0
+  assert cli.main([*argv, "--truncated"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out["reward"] == -1.0 and out["reason"] == "no_answer"

@@ -42,3 +42,21 @@ def test_many_boxes_are_bounded():
   assert found.text == "9"  # identical boxes count once; at most MAX_BOXES are joined
   found = extract.extract_answer(" ".join(f"\\boxed{{{i}}}" for i in range(100)))
   assert found.text.count(",") == extract.MAX_BOXES - 1
+
+
+@pytest.mark.parametrize("response,expected,method", [
+    # Cut by the token budget: only a closed box is a final answer (its closing brace was
+    # written, so the cut cannot have shortened it).
+    ("Adding the parts gives 5 + 7 = 12", None, "truncated"),
+    ("So the pair is $(7, 6)$ and next", None, "truncated"),
+    ("The answer is 12", None, "truncated"),  # "12" may be the start of "125"
+    (r"So $\boxed{12}$. Let me double check: 5 + 7 = 1", "12", "boxed"),
+    (r"First $\boxed{255}$. Wait. The final answer is $10,4", None, "truncated"),
+    ("<think>5 + 7 = 12", None, "unfinished_think"),
+    (r"<think>5 + 7</think> So \boxed{12} and", "12", "boxed"),
+    (r"<think>5 + 7</think> It is 12", None, "truncated"),
+    (r"The value is \boxed{12", None, "truncated"),  # an unclosed box is not an answer
+])
+def test_extract_truncated(response, expected, method):
+  found = extract.extract_answer(response, truncated=True)
+  assert (found.text, found.method) == (expected, method)

@@ -1,6 +1,7 @@
 """The thread-pool scorer: order, reward pair, counts, errors and deadlines."""
 
 import logging
+import math
 import threading
 
 import pytest
@@ -40,7 +41,7 @@ def test_many_pairs_match_sequential_scoring():
     assert scorer.score(pairs).rewards == expected
 
 
-def test_exception_gives_incorrect_reward_and_is_counted(caplog):
+def test_exception_marks_the_sample_invalid_not_wrong(caplog):
   def flaky(response: str, answer: str) -> bool:
     if response == "boom":
       raise RuntimeError("verifier bug")
@@ -49,7 +50,9 @@ def test_exception_gives_incorrect_reward_and_is_counted(caplog):
   with scorer_lib.Scorer(flaky, num_threads=2) as scorer:
     with caplog.at_level(logging.WARNING, logger=scorer_lib.__name__):
       result = scorer.score([("a", "a"), ("boom", "a"), ("a", "a")])
-  assert result.rewards == [1.0, -1.0, 1.0]
+  # No reward at all (NaN), not the incorrect one: a verifier bug is not the model's error.
+  assert result.rewards[0] == result.rewards[2] == 1.0 and math.isnan(result.rewards[1])
+  assert result.valid == [True, False, True]
   assert result.counts["errors"] == 1 and result.verdicts[1] is None
   assert isinstance(result.errors[1], RuntimeError)
   assert "verifier bug" in caplog.text
@@ -58,7 +61,8 @@ def test_exception_gives_incorrect_reward_and_is_counted(caplog):
 def test_bad_return_type_is_an_error():
   with scorer_lib.Scorer(lambda r, a: 1.0) as scorer:
     result = scorer.score([("a", "a")])
-  assert result.counts["errors"] == 1 and result.rewards == [-1.0]
+  assert result.counts["errors"] == 1 and math.isnan(result.rewards[0])
+  assert result.valid == [False]
 
 
 def test_timeout_abandons_the_call_and_the_pool_keeps_working():
@@ -73,7 +77,8 @@ def test_timeout_abandons_the_call_and_the_pool_keeps_working():
   try:
     result = scorer.score([("hang", "x"), ("a", "a"), ("b", "b")])
     assert result.counts["timeouts"] == 1
-    assert result.rewards == [-1.0, 1.0, 1.0]
+    assert math.isnan(result.rewards[0]) and result.rewards[1:] == [1.0, 1.0]
+    assert result.valid == [False, True, True]
     assert result.verdicts[0] is None and result.errors[0] is None
     # A replacement worker took over; the next batch still runs.
     assert scorer.score([("c", "c")]).rewards == [1.0]
@@ -81,6 +86,34 @@ def test_timeout_abandons_the_call_and_the_pool_keeps_working():
   finally:
     release.set()
     scorer.close()
+
+
+def test_truncated_responses_reach_verifiers_that_take_the_flag():
+  seen = []
+
+  def aware(response: str, answer: str, *, truncated: bool = False) -> bool:
+    seen.append((response, truncated))
+    return True
+
+  with scorer_lib.Scorer(aware, num_threads=1) as scorer:
+    scorer.score([("a", "x"), ("b", "x")], truncated=[True, False])
+  assert sorted(seen) == [("a", True), ("b", False)]
+  # A verifier without the flag is called as before.
+  with scorer_lib.Scorer(lambda r, a: r == a, num_threads=1) as scorer:
+    assert scorer.score([("a", "a")], truncated=[True]).rewards == [1.0]
+
+
+def test_truncated_response_earns_nothing_from_the_last_number():
+  # Cut by the token budget mid-reasoning, no <think> tag: the trailing 12 is not an answer.
+  pairs = [("Let me add: 5 + 7 = 12", "12"), (r"So \boxed{12} and now I check: 5 +", "12")]
+  with scorer_lib.Scorer("math", num_threads=1) as scorer:
+    cut = scorer.score(pairs, truncated=[True, True])
+    whole = scorer.score(pairs)
+  assert cut.rewards == [-1.0, 1.0] and cut.verdicts[0].reason == "no_answer"
+  assert cut.valid == [True, True]
+  assert whole.rewards == [1.0, 1.0]
+  with scorer_lib.Scorer("math") as scorer, pytest.raises(ValueError, match="truncated"):
+    scorer.score(pairs, truncated=[True])
 
 
 def test_invalid_arguments():

@@ -99,3 +99,20 @@ def test_math_verdict_reports_extraction():
   assert verdict.correct and verdict.extracted == r"\dfrac{3}{4}" and "boxed" in verdict.detail
   verdict = verifiers.math_reward("The answer is 7.", "8")
   assert verdict.reason == "wrong" and verdict.extracted == "7"
+
+
+@pytest.mark.parametrize("fn, response, answer, correct", [
+    (verifiers.math_reward, "5 + 7 = 12", "12", False),
+    (verifiers.math_reward, r"so \boxed{12}, checking 5 + 7 = 1", "12", True),
+    (verifiers.arithmetic_reward, "5 + 7 = 12", "12", False),
+    (verifiers.arithmetic_reward, "the answer is 12", "12", False),
+    (verifiers.countdown_reward, "(3+5)*2", CD, False),  # a last line may be a fragment
+    (verifiers.countdown_reward, "<answer>(3+5)*2</answer> let me verify: 3+", CD, True),
+    (verifiers.countdown_reward, r"\boxed{(3+5)*2} let me verify: 3+", CD, True),
+])
+def test_truncated_responses_earn_nothing_from_a_fallback(fn, response, answer, correct):
+  verdict = fn(response, answer, truncated=True)
+  assert verdict.correct is correct
+  if not correct:
+    assert verdict.reason == registry.NO_ANSWER and "truncated" in verdict.detail
+  assert fn(response, answer).correct  # complete, the same text is correct
