@@ -10,6 +10,13 @@ rewards -> group-centred advantages with the configured normalisation (ScaleRL: 
 std), zero-variance prompts weighted out of the loss, optional DAPO length penalty,
 forced-interruption tokens excluded from the loss, and the prompt axis padded to P with
 weight-0 rows so the step compiles once.
+
+What is not a verdict never becomes one: a completion whose verifier timed out or raised
+has reward NaN (invalid), which leaves it out of its group's advantage (rl/advantages.py);
+a completion cut by its token budget earns nothing from a fallback answer (the verifier is
+told it was truncated); a group with a non-finite generator log-prob on a trained token
+is dropped (weight 0, counted in batch/dropped_nonfinite_groups) rather than poisoning the
+whole step's loss, so the other groups still train.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -31,6 +39,8 @@ from jaxrl_scale.generation import records
 from jaxrl_scale.rl import advantages as advantages_lib
 from jaxrl_scale.rl import batch as batch_lib
 
+log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass
 class Group:
@@ -40,7 +50,8 @@ class Group:
     seq: admission number, unique in a run; seeds the sampler and orders the data.
     prompt: the prompt as the data layer produced it.
     completions: G sampler outputs (tokens, logprobs, versions, forced flags).
-    rewards_G: verifier rewards (rl.reward_correct / rl.reward_incorrect).
+    rewards_G: verifier rewards (rl.reward_correct / rl.reward_incorrect); NaN where the
+      verifier timed out or raised (an invalid sample, see `valid_G`).
     correct_G: which completions the verifier accepted.
     counts: verdict counts of this group (rewards.scorer.COUNT_KEYS).
     admitted_version: the sampler's policy version when the group was admitted.
@@ -53,6 +64,16 @@ class Group:
   correct_G: np.ndarray
   counts: dict[str, int]
   admitted_version: int
+
+  @property
+  def valid_G(self) -> np.ndarray:
+    """Which completions have a verdict (False where the verifier timed out or raised)."""
+    return np.isfinite(self.rewards_G)
+
+  @property
+  def nonfinite_logprobs(self) -> bool:
+    """Whether a trained (not forced) token has a NaN or infinite generator log-prob."""
+    return any(not np.isfinite(c.logprobs[~c.forced]).all() for c in self.completions)
 
   @property
   def versions(self) -> np.ndarray:
@@ -102,9 +123,14 @@ class GroupScorer:
 
   def score(self, prompt: sources.Prompt, completions: Sequence[records.Completion]
             ) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
-    """(rewards [G], correct [G], verdict counts) for one prompt's completions."""
+    """(rewards [G], correct [G], verdict counts) for one prompt's completions.
+
+    Rewards are NaN where the verifier timed out or raised (no verdict); a completion that
+    ran out of tokens is scored as truncated (no reward from a fallback answer).
+    """
     result = self._scorer(prompt.task).score(
-        [(self.text(c), prompt.answer) for c in completions])
+        [(self.text(c), prompt.answer) for c in completions],
+        truncated=[bool(c.truncated) for c in completions])
     correct = np.array([v is not None and v.correct for v in result.verdicts], bool)
     return np.asarray(result.rewards, np.float32), correct, dict(result.counts)
 
@@ -173,11 +199,18 @@ def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape
   correct_PG = np.zeros((p, g), bool)
   lengths_PG = np.zeros((p, g), np.int32)
   valid_PG = np.zeros((p, g), bool)
+  nonfinite = np.zeros((n,), bool)
   for i, grp in enumerate(groups):
     rewards_PG[i] = grp.rewards_G
     correct_PG[i] = grp.correct_G
     lengths_PG[i] = [c.num_tokens for c in grp.completions]
-    valid_PG[i] = True
+    # A group is the unit of the advantage: one bad log-prob drops all of it (weight 0),
+    # never the batch (a NaN loss skips the step) nor its own max IS weight (-inf).
+    nonfinite[i] = grp.nonfinite_logprobs
+    valid_PG[i] = ~nonfinite[i]
+  if nonfinite.any():
+    log.warning("dropped %d group(s) with non-finite generator log-probs (admission %s)",
+                int(nonfinite.sum()), [grp.seq for grp, bad in zip(groups, nonfinite) if bad])
   adv = advantages_lib.compute_advantages(
       rewards_PG, normalization=rl.advantage_norm, valid_PG=valid_PG,
       filter_zero_variance=rl.zero_variance_filter, lengths_PG=lengths_PG,
@@ -192,12 +225,17 @@ def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape
       trainable=[[~c.forced for c in grp.completions] for grp in groups],
       weights=weight_PG[:n], prompt_ids=[grp.seq % 2**31 for grp in groups],
       num_prompts=p)
-  stats = {f"rollout/{k}": float(v) for k, v in adv.stats.items()}
+  stats = {f"rollout/{k}": float(v) for k, v in adv.stats.items() if k != "num_invalid"}
+  judged_PG = valid_PG & np.isfinite(rewards_PG)
+  stats["batch/dropped_nonfinite_groups"] = float(nonfinite.sum())
+  # Groups the verifier's timeouts / errors left with fewer than 2 judged samples.
+  stats["batch/dropped_invalid_groups"] = float(np.sum(
+      ~nonfinite & (judged_PG[:n].sum(axis=1) < 2) & ~np.isfinite(rewards_PG[:n]).all(axis=1)))
   completions = [c for grp in groups for c in grp.completions]
   if completions:
     lengths = np.array([c.num_tokens for c in completions], np.float32)
     stats.update({
-        "rollout/pass_rate": float(correct_PG[valid_PG].mean()),
+        "rollout/pass_rate": float(correct_PG[judged_PG].mean()) if judged_PG.any() else 0.0,
         "rollout/length_mean": float(lengths.mean()),
         "rollout/length_max": float(lengths.max()),
         "rollout/truncated_frac": float(np.mean([c.truncated for c in completions])),
@@ -212,4 +250,8 @@ def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape
     total = max(counts.get("total", 0), 1)
     for key in ("no_answer", "unparseable", "errors", "timeouts"):
       stats[f"rollout/{key}_frac"] = counts.get(key, 0) / total
+    # Invalid samples (no verdict: left out of the advantages), by cause.
+    stats["rewards/invalid"] = float(np.sum(~np.isfinite(rewards_PG[:n])))
+    stats["rewards/timeouts"] = float(counts.get("timeouts", 0))
+    stats["rewards/errors"] = float(counts.get("errors", 0))
   return batch, stats, np.asarray(adv.keep_P)[:n]

@@ -1,8 +1,11 @@
 """Group-centred advantages, their normalisation, zero-variance filtering, length penalty.
 
 Layout: rewards and advantages are [P, G] (prompts x generations); `valid_PG` marks
-real completions (False for padding slots of a fixed-shape batch). Formulas: paper notes
-sections 3, 6 and 7.
+real completions (False for padding slots of a fixed-shape batch). A NaN reward is a
+sample the verifier could not judge (timeout, error): invalid too, so it is in neither its
+group's mean and std nor the batch std nor the loss, and a group left with fewer than 2
+valid samples, or with equal rewards among them, has no signal (zero variance). Shapes
+stay fixed. Formulas: paper notes sections 3, 6 and 7.
 
     A_i = r_i - mean_group(r)                      (centring, always)
     'prompt': A_i / (std_group(r) + eps)           (GRPO)
@@ -157,7 +160,8 @@ def compute_advantages(rewards_PG: jax.Array,
   """Advantages, loss weights and logging counts for one batch of groups.
 
   Args:
-    rewards_PG: verifier rewards (ScaleRL: +1 correct, -1 wrong).
+    rewards_PG: verifier rewards (ScaleRL: +1 correct, -1 wrong); NaN for a sample without
+      a verdict (invalid, see the module docstring).
     normalization: a registered normalisation: "batch" (ScaleRL), "prompt", "none".
     valid_PG: real completions; None means all.
     filter_zero_variance: drop prompts whose rewards are all equal from the loss (weight
@@ -169,7 +173,8 @@ def compute_advantages(rewards_PG: jax.Array,
     correct_PG: which completions are correct; None means rewards_PG > 0.
 
   Returns:
-    `Advantages`; stats holds num_prompts (with any valid completion), num_zero_variance,
+    `Advantages`; stats holds num_invalid (NaN rewards in real slots), num_prompts (with
+    any valid completion), num_zero_variance,
     num_kept, frac_zero_variance, num_all_correct / num_all_wrong (among those prompts),
     reward_mean (before the penalty), length_penalty_mean, advantage_abs_mean (kept).
   """
@@ -177,6 +182,11 @@ def compute_advantages(rewards_PG: jax.Array,
   rewards_PG = jnp.asarray(rewards_PG, jnp.float32)
   valid_PG = (jnp.ones(rewards_PG.shape, bool) if valid_PG is None
               else jnp.asarray(valid_PG).astype(bool))
+  judged_PG = jnp.isfinite(rewards_PG)
+  num_invalid = jnp.sum(valid_PG & ~judged_PG).astype(jnp.float32)
+  valid_PG = valid_PG & judged_PG
+  # where() keeps NaN out of every sum below, and out of their gradients.
+  rewards_PG = jnp.where(valid_PG, rewards_PG, 0.0)
   correct_PG = rewards_PG > 0 if correct_PG is None else jnp.asarray(correct_PG).astype(bool)
   n_valid = jnp.maximum(jnp.sum(valid_PG), 1).astype(jnp.float32)
   reward_mean = jnp.sum(jnp.where(valid_PG, rewards_PG, 0.0)) / n_valid
@@ -199,6 +209,7 @@ def compute_advantages(rewards_PG: jax.Array,
   all_correct_P = jnp.all(correct_PG | ~valid_PG, axis=-1) & present_P
   all_wrong_P = jnp.all(~correct_PG | ~valid_PG, axis=-1) & present_P
   stats = {
+      "num_invalid": num_invalid,
       "num_prompts": n_prompts,
       "num_zero_variance": n_zero_var,
       "num_kept": jnp.sum(keep_P).astype(jnp.float32),

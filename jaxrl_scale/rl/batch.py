@@ -16,7 +16,9 @@ Every per-token array is aligned with `tokens`: `gen_logp_PGS[p, g, s]` is the g
 log pi(tokens[s] | tokens[<s]), and the trainer's log-prob at s is read from the logits at
 s - 1. So `loss_mask[..., 0]` is always 0. Forced-interruption tokens were written by the
 pipeline, not sampled from pi_gen, so they have no ratio and take no gradient; they still
-condition the answer that follows.
+condition the answer that follows. Neither does a token whose generator log-prob is not
+finite (gen_logp 0, loss_mask 0 there): the RL batcher drops such a token's whole group,
+and the loss guards against it too (losses.policy_loss).
 
 Unused rows (padding prompts that keep the shape fixed) have weight 0 and input_mask 0.
 """
@@ -180,10 +182,11 @@ def pack_rl(prompts: Sequence[Sequence[int]],
         raise ValueError(f"gen_logprobs[{i}][{j}] has shape {logp.shape}, expected ({lc},)")
       train = (np.ones((lc,), bool) if trainable is None
                else np.asarray(trainable[i][j], bool).reshape(lc))
+      finite = np.isfinite(logp)
       out["tokens_PGS"][i, j] = tokens
       out["input_mask_PGS"][i, j] = input_mask
-      out["loss_mask_PGS"][i, j, lp:lp + lc] = train
-      out["gen_logp_PGS"][i, j, lp:lp + lc] = logp
+      out["loss_mask_PGS"][i, j, lp:lp + lc] = train & finite
+      out["gen_logp_PGS"][i, j, lp:lp + lc] = np.where(finite, logp, 0.0)
       out["advantages_PG"][i, j] = advantages[i, j]
       out["weight_PG"][i, j] = weights[i, j]
       out["prompt_id_PG"][i, j] = pid

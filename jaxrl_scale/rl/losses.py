@@ -306,7 +306,11 @@ def policy_loss(name: str,
   spec = get_loss(name)
   params = spec.params_cls() if params is None else params
   dtype = jnp.promote_types(logp_train_PGT.dtype, jnp.float32)
-  valid_PGT = batch.mask_PGT > 0
+  # A token whose recorded log-prob is not finite has no ratio: -inf would read as
+  # rho = exp(+inf), i.e. the maximum IS weight, and NaN would make the whole batch's loss
+  # NaN (and the step skip). It is left out like a masked token; the batcher drops its
+  # group before it gets here (pipeline/rollouts.py), this keeps any other caller safe.
+  valid_PGT = (batch.mask_PGT > 0) & jnp.isfinite(batch.logp_gen_PGT)
   # Prompt / padding positions may hold anything (-inf, garbage); zero them with where()
   # so neither the value nor the gradient can become NaN.
   logp_train_PGT = jnp.where(valid_PGT, logp_train_PGT.astype(dtype), 0.0)

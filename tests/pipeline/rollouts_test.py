@@ -1,11 +1,17 @@
+import threading
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxrl_scale import config
+from jaxrl_scale import rewards
 from jaxrl_scale.data import sources as data_sources
 from jaxrl_scale.generation import records
 from jaxrl_scale.models import tokenizer as tokenizer_lib
 from jaxrl_scale.pipeline import rollouts
+from jaxrl_scale.rl import losses
 
 TOK = tokenizer_lib.ByteTokenizer()
 
@@ -84,3 +90,98 @@ def test_min_version_and_errors():
   shape = rollouts.BatchShape(num_prompts=1, group_size=3, seq_len=12, pad_id=0)
   with pytest.raises(ValueError, match="expected 3"):
     rollouts.build_batch([g], config.RLConfig(), shape)
+
+
+def test_truncated_completion_earns_nothing_from_the_last_number():
+  # Cut by max_new_tokens (no EOS), no <think> tag: the trailing "12" is mid-reasoning.
+  scorer = rollouts.GroupScorer(config.RLConfig(), TOK, num_threads=2)
+  try:
+    group = scorer.group(0, _prompt(0, answer="12"),
+                         [_completion("5+7=12", 0, eos=False), _completion("5+7=12", 1),
+                          _completion(r"\boxed{12} check: 5+", 2, eos=False)], 0)
+  finally:
+    scorer.close()
+  np.testing.assert_array_equal(group.rewards_G, [-1.0, 1.0, 1.0])
+  np.testing.assert_array_equal(group.correct_G, [False, True, True])
+
+
+def test_verifier_errors_and_timeouts_make_samples_invalid_not_wrong():
+  release = threading.Event()
+
+  def verifier(response, answer):
+    if response == "hang":
+      release.wait(60)
+    if response == "boom":
+      raise RuntimeError("verifier bug")
+    return response == answer
+
+  scorer = rollouts.GroupScorer(config.RLConfig(), TOK, num_threads=2, timeout_s=0.5)
+  scorer._scorers["arithmetic"] = rewards.Scorer(verifier, timeout_s=0.5, num_threads=2)
+  try:
+    group = scorer.group(0, _prompt(0, answer="7"),
+                         [_completion(t, j) for j, t in enumerate(["7", "hang", "boom", "8"])],
+                         0)
+  finally:
+    release.set()
+    scorer.close()
+  np.testing.assert_array_equal(group.valid_G, [True, False, False, True])
+  assert group.rewards_G[0] == 1.0 and group.rewards_G[3] == -1.0
+  assert np.isnan(group.rewards_G[1:3]).all()
+  assert group.counts["timeouts"] == 1 and group.counts["errors"] == 1
+
+
+def test_build_batch_leaves_invalid_samples_out_of_the_advantages_and_counts_them():
+  rl = config.RLConfig(advantage_norm="none", zero_variance_filter=True)
+  shape = rollouts.BatchShape(num_prompts=4, group_size=4, seq_len=12, pad_id=TOK.PAD)
+  nan = np.nan
+  groups = [_group(0, list("abcd"), [1, -1, -1, nan]),     # mean of the 3 valid: -1/3
+            _group(1, list("abcd"), [nan, 1, 1, -1]),
+            _group(2, list("abcd"), [nan, nan, nan, 1])]  # 1 valid sample: dropped
+  groups[0].counts.update(timeouts=1, errors=0)
+  groups[1].counts.update(timeouts=0, errors=1)
+  groups[2].counts.update(timeouts=2, errors=1)
+  batch, stats, keep = rollouts.build_batch(groups, rl, shape)
+  np.testing.assert_array_equal(keep, [True, True, False])
+  np.testing.assert_allclose(batch.advantages_PG[:3], [[4 / 3, -2 / 3, -2 / 3, 0],
+                                                       [0, 2 / 3, 2 / 3, -4 / 3],
+                                                       [0, 0, 0, 0]], rtol=1e-6, atol=1e-7)
+  np.testing.assert_array_equal(batch.weight_PG[:3], [[1, 1, 1, 0], [0, 1, 1, 1], [0] * 4])
+  assert np.all(np.isfinite(batch.advantages_PG))
+  assert stats["rewards/invalid"] == 5
+  assert stats["rewards/timeouts"] == 3 and stats["rewards/errors"] == 2
+  assert stats["batch/dropped_invalid_groups"] == 1
+  assert stats["rollout/pass_rate"] == pytest.approx(4 / 7)  # of the 7 judged samples
+
+
+def _nonfinite_groups():
+  groups = [_group(i, ["1", "22", "3"], [1.0, -1.0, -1.0]) for i in range(3)]
+  groups[1].completions[1].logprobs[1] = -np.inf
+  groups[2].completions[0].logprobs[0] = np.nan
+  return groups
+
+
+def test_a_nonfinite_behaviour_logprob_drops_only_its_group():
+  rl = config.RLConfig(advantage_norm="batch")
+  shape = rollouts.BatchShape(num_prompts=4, group_size=3, seq_len=12, pad_id=TOK.PAD)
+  groups = _nonfinite_groups()
+  clean = [_group(0, ["1", "22", "3"], [1.0, -1.0, -1.0])]
+  # A forced token's log-prob takes no part in the loss: it does not drop its group.
+  forced = [True, False, False]
+  groups[0].completions[1] = _completion("22", 1, forced=forced)
+  groups[0].completions[1].logprobs[0] = -np.inf
+  batch, stats, keep = rollouts.build_batch(groups, rl, shape)
+  want, _, _ = rollouts.build_batch(clean, rl, shape)
+  np.testing.assert_array_equal(keep, [True, False, False])
+  np.testing.assert_array_equal(batch.weight_PG[:3], [[1, 1, 1], [0] * 3, [0] * 3])
+  np.testing.assert_allclose(batch.advantages_PG, want.advantages_PG, rtol=1e-6)
+  assert stats["batch/dropped_nonfinite_groups"] == 2
+  assert np.all(np.isfinite(batch.gen_logp_PGS))
+  # The step's loss stays finite and the kept group still gets its gradient.
+  logp_PGS = jnp.asarray(batch.gen_logp_PGS) - 0.1
+  fn = losses.make_policy_loss("cispo", aggregation="prompt_avg")
+  (value, _), grad = jax.value_and_grad(
+      lambda x: fn(x, jax.tree.map(jnp.asarray, batch.loss_batch())), has_aux=True)(logp_PGS)
+  assert np.isfinite(float(value))
+  grad = np.asarray(grad)
+  assert np.all(grad[0].sum(-1)[batch.loss_mask_PGS[0].sum(-1) > 0] != 0)
+  assert np.all(grad[1:] == 0)

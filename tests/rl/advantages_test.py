@@ -120,3 +120,30 @@ def test_a_fork_registers_a_normalization():
 
   out = advantages.compute_advantages(REWARDS[:1], normalization=name)
   np.testing.assert_allclose(out.advantages_PG, [[4 / 3, -4 / 3, -4 / 3, 4 / 3]], rtol=1e-6)
+
+
+def test_nan_rewards_are_invalid_samples_out_of_the_mean_std_and_loss():
+  # NaN is a sample without a verdict (verifier timeout or error): neither right nor wrong.
+  nan = np.nan
+  rewards = np.array([[1, -1, -1, nan],      # 3 valid: mean -1/3
+                      [1, nan, 1, 1],        # valid ones all equal: zero variance, dropped
+                      [nan, nan, nan, -1],   # 1 valid: dropped
+                      [1, 1, -1, -1]], np.float32)
+  out = advantages.compute_advantages(rewards, normalization="none")
+  want = np.array([[4 / 3, -2 / 3, -2 / 3, 0], [0] * 4, [0] * 4, [1, 1, -1, -1]])
+  np.testing.assert_allclose(out.advantages_PG, want, rtol=1e-6, atol=1e-7)
+  np.testing.assert_array_equal(out.weight_PG, [[1, 1, 1, 0], [0] * 4, [0] * 4, [1] * 4])
+  np.testing.assert_array_equal(out.keep_P, [True, False, False, True])
+  assert float(out.stats["num_invalid"]) == 5
+  assert float(out.stats["reward_mean"]) == pytest.approx((1 - 1 - 1 + 3 - 1) / 11)
+  # Batch normalisation: the std of the 7 kept centred values (4/3, -2/3, -2/3, 1, 1, -1, -1):
+  # mean 0, variance (16/9 + 4/9 + 4/9 + 4) / 7 = 20/21 (the NaN slot is not an 8th zero).
+  kept = np.array([4 / 3, -2 / 3, -2 / 3, 1, 1, -1, -1])
+  std = np.sqrt(np.mean((kept - kept.mean())**2))
+  assert std == pytest.approx(np.sqrt(20 / 21), rel=1e-12)
+  out = advantages.compute_advantages(rewards, normalization="batch", eps=EPS)
+  np.testing.assert_allclose(out.advantages_PG, want / (std + EPS), rtol=1e-5, atol=1e-6)
+  out = advantages.compute_advantages(rewards, normalization="prompt", eps=EPS)
+  np.testing.assert_allclose(out.advantages_PG[0], want[0] / (np.sqrt(8 / 9) + EPS),
+                             rtol=1e-5)
+  assert np.all(np.isfinite(out.advantages_PG))

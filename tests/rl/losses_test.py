@@ -386,3 +386,27 @@ def test_a_fork_registers_its_own_loss():
   assert float(mine) == pytest.approx(3.0 * float(base), rel=1e-6)
   with pytest.raises(ValueError, match="already registered"):
     losses.register_loss(name)(lambda *a: None)
+
+
+@pytest.mark.parametrize("bad", [-np.inf, np.nan, np.inf])
+@pytest.mark.parametrize("name", losses.LOSSES.names())
+def test_a_non_finite_generator_logprob_gets_no_weight_not_the_cap(name, bad):
+  # A token whose recorded log-prob is -inf has no ratio; CISPO used to read it as
+  # rho = exp(+inf), i.e. the maximum IS weight eps_max; NaN made the whole loss NaN.
+  lt, batch = random_batch(seed=5)
+  p, g, t = 0, 1, 0
+  assert batch.mask_PGT[p, g, t] == 1 and batch.weight_PG[p, g] == 1
+  lg_bad = batch.logp_gen_PGT.copy()
+  lg_bad[p, g, t] = bad
+  mask_out = batch.mask_PGT.copy()
+  mask_out[p, g, t] = 0.0
+  fn = losses.make_policy_loss(name, aggregation="prompt_avg")
+  vg = jax.jit(jax.value_and_grad(lambda x, b: fn(x, b), has_aux=True))
+  (value, diag), grad = vg(jnp.asarray(lt), batch._replace(logp_gen_PGT=lg_bad))
+  (want, want_diag), want_grad = vg(jnp.asarray(lt), batch._replace(mask_PGT=mask_out))
+  assert np.isfinite(value) and np.all(np.isfinite(grad))
+  assert float(grad[p, g, t]) == 0.0
+  np.testing.assert_allclose(value, want, rtol=1e-6)
+  np.testing.assert_allclose(grad, want_grad, rtol=1e-6, atol=1e-9)
+  for k, v in diag.items():  # the ratio diagnostics leave the token out too (no inf ratio_max)
+    np.testing.assert_allclose(v, want_diag[k], rtol=1e-6, err_msg=k)
