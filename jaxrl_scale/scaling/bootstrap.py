@@ -14,7 +14,12 @@ as arrays). On a well-determined curve the resampled optima lie close to it; on 
 ill-determined one (midpoint beyond the data) the refits slide along the flat valley of the
 loss, which is exactly the spread the intervals must show. The paper itself reports no
 bootstrap; its error bar on A is +-0.02 from three repeated runs (App. A.5), reported next
-to ours (`PAPER_A_MARGIN`).
+to ours (`PAPER_A_MARGIN`). The replicates hold eval noise only: seed-to-seed training
+variance enters where runs are compared (`seeds.py`).
+
+Seeds. `seed=None` (the default everywhere) draws fresh entropy, so two callers never share
+their draws by accident; the seed actually used is recorded on the result (`.seed`), and
+passing it back reproduces the draws exactly.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class SigmoidSamples:
   b_K: np.ndarray
   c_mid_K: np.ndarray
   r0_K: np.ndarray
+  seed: int | None = None  # the PRNG seed that drew the replicates
 
   @property
   def size(self) -> int:
@@ -68,6 +74,13 @@ def percentile_interval(values_K, level: float = 0.95) -> tuple[float, float]:
   return float(lo), float(hi)
 
 
+def resolve_seed(seed: int | None) -> int:
+  """`seed`, or fresh OS entropy (a 32-bit int, short enough to pass back as --seed)."""
+  if seed is not None:
+    return int(seed)
+  return int(np.random.SeedSequence().generate_state(1)[0])
+
+
 @dataclasses.dataclass(frozen=True)
 class Replicates:
   """Simulated data sets of a bootstrap, kept for refits under other constraints (shared A).
@@ -76,16 +89,18 @@ class Replicates:
     y_KN: replicate pass rates, one row per replicate.
     r0_K: replicate R0 (the fitted R0 when it is not drawn).
     w_N: fit weights. t_N: normalised log-compute of the fit (log(C / max C)).
+    seed: the PRNG seed that drew them.
   """
   y_KN: np.ndarray
   r0_K: np.ndarray
   w_N: np.ndarray
   t_N: np.ndarray
+  seed: int | None = None
 
 
 def simulate(compute, fit: fit_lib.SigmoidFit, noise_model: noise.NoiseModel, *,
              weights=None, series=None, r0_sd: float | None = None, n_boot: int = 1000,
-             seed: int = 0, resid=None) -> Replicates:
+             seed: int | None = None, resid=None) -> Replicates:
   """Replicate data sets: the fitted curve plus AR(1) noise drawn from the noise model.
 
   Args:
@@ -97,7 +112,7 @@ def simulate(compute, fit: fit_lib.SigmoidFit, noise_model: noise.NoiseModel, *,
     r0_sd: sd of the step-0 eval when R0 came from it (drawn with the first eval of each
       run, so it shares that eval's correlation); None or 0 keeps R0 fixed.
     n_boot: number of replicates K.
-    seed: PRNG seed.
+    seed: PRNG seed (None: fresh entropy; recorded as `Replicates.seed`).
     resid: residuals y - fit for every eval, resampled as standardised innovations
       (None: Gaussian innovations).
 
@@ -108,6 +123,7 @@ def simulate(compute, fit: fit_lib.SigmoidFit, noise_model: noise.NoiseModel, *,
   e = x_N.size
   mask = w_N > 0
   series = np.zeros(e, np.int64) if series is None else np.asarray(series)
+  seed = resolve_seed(seed)
   rng = np.random.default_rng(seed)
   if resid is None:
     u = rng.standard_normal(4096)
@@ -130,7 +146,7 @@ def simulate(compute, fit: fit_lib.SigmoidFit, noise_model: noise.NoiseModel, *,
     first = [int(np.flatnonzero(series == s)[0]) for s in ids]
     r0_K = fit.r0 + r0_sd * e_KE[:, first].mean(axis=1)
   t_N = np.where(w_N > 0, np.log(np.where(w_N > 0, x_N, 1.0)) - fit.log_scale, 0.0)
-  return Replicates(y_KN=y_KN, r0_K=r0_K, w_N=w_N, t_N=t_N)
+  return Replicates(y_KN=y_KN, r0_K=r0_K, w_N=w_N, t_N=t_N, seed=seed)
 
 
 def refit(fit: fit_lib.SigmoidFit, reps: Replicates, *, a_K=None, lm_steps: int = 40
@@ -144,13 +160,13 @@ def refit(fit: fit_lib.SigmoidFit, reps: Replicates, *, a_K=None, lm_steps: int 
   theta_KP, _ = fit_lib.refine_sigmoid_batch(theta_KP, reps.t_N, reps.y_KN, reps.w_N,
                                              steps=lm_steps, fit_r0=fit.fit_r0, fix_a=fix_a)
   a, b, c_mid, r0 = fit_lib.theta_to_params(theta_KP, fit.log_scale)
-  return SigmoidSamples(a_K=a, b_K=b, c_mid_K=c_mid, r0_K=np.asarray(r0))
+  return SigmoidSamples(a_K=a, b_K=b, c_mid_K=c_mid, r0_K=np.asarray(r0), seed=reps.seed)
 
 
 def bootstrap_sigmoid(compute, pass_rate, fit: fit_lib.SigmoidFit, *, weights=None,
                       noise_model: noise.NoiseModel | None = None, series=None,
                       r0_sd: float | None = None, r0_from_eval: bool = False,
-                      n_boot: int = 1000, seed: int = 0, lm_steps: int = 40
+                      n_boot: int = 1000, seed: int | None = None, lm_steps: int = 40
                       ) -> SigmoidSamples:
   """AR(1) residual-bootstrap replicates of a sigmoid fit.
 
@@ -166,7 +182,7 @@ def bootstrap_sigmoid(compute, pass_rate, fit: fit_lib.SigmoidFit, *, weights=No
     r0_from_eval: R0 is an eval not among `compute` (the live forecaster's step-0 point):
       its sd is the noise model's homoscedastic sd (ignored when r0_sd is given).
     n_boot: number of refits K.
-    seed: PRNG seed.
+    seed: PRNG seed (None: fresh entropy; recorded as `.seed` of the result).
     lm_steps: Levenberg-Marquardt steps per refit.
 
   Returns:

@@ -47,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--grid", choices=("auto", "paper"), default="auto",
                       help="auto: grid scaled to the data; paper: A 0.45..0.80, "
                       "C_mid 100..40000 GPU-hours")
-  parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+  parser.add_argument("--seed", type=int, default=None,
+                      help="bootstrap seed (default: fresh each call, printed with the "
+                      "result; pass it back to reproduce the numbers)")
 
 
 def _check_args(args) -> None:
@@ -117,21 +119,24 @@ def run(args) -> int:
   from jaxrl_scale.scaling import forecast
 
   curves = read_curves(args)
+  from jaxrl_scale.scaling import bootstrap as boot_lib
+  seed = boot_lib.resolve_seed(args.seed)
   options = forecast.AnalysisOptions(
       r0=args.r0, min_compute=args.min_compute, target_compute=args.target,
       target_pass_rate=args.target_pass_rate, backtest=args.backtest, eval_size=eval_size,
-      n_boot=args.bootstrap, level=args.level, seed=args.seed,
+      n_boot=args.bootstrap, level=args.level, seed=seed,
       fit=fit_lib.FitOptions(grid=args.grid))
   if len(curves) > 1 and args.target is None and args.backtest is None:
     # One common target so the forecasts are comparable.
     last = max(float(c.compute.max()) for c in curves)
     options = dataclasses.replace(options, target_compute=2.0 * last)
   # Runs get different seeds: a shared seed would give them the same bootstrap draws.
-  reports = [forecast.analyse(c, dataclasses.replace(options, seed=args.seed + 7919 * i))
+  reports = [forecast.analyse(c, dataclasses.replace(options, seed=seed + 7919 * i))
              for i, c in enumerate(curves)]
   comparison = None
   if len(reports) > 1:
-    comparison = compare_lib.compare(reports, level=args.level, options=options.fit)
+    comparison = compare_lib.compare(reports, level=args.level, options=options.fit,
+                                     seed=seed + 7919 * len(reports))
   if args.plot:
     from jaxrl_scale.scaling import plot
     plot.plot_reports(reports, args.plot, x_label=f"{args.x} (log scale)", y_label=args.y)
@@ -140,13 +145,14 @@ def run(args) -> int:
     if comparison is None:
       obj = reports[0].to_dict()
     else:
-      obj = {"runs": [r.to_dict() for r in reports], "comparison": comparison.to_dict()}
+      obj = {"seed": seed, "runs": [r.to_dict() for r in reports],
+             "comparison": comparison.to_dict()}
     if args.plot:
       obj["plot"] = args.plot
     print(json.dumps(obj, indent=2, allow_nan=False))
   else:
     from jaxrl_scale.scaling import text
-    print(text.render(reports, comparison, plot_path=args.plot))
+    print(text.render(reports, comparison, plot_path=args.plot, seed=seed))
   sys.stdout.flush()
   return 0
 

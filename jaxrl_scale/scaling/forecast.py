@@ -53,7 +53,7 @@ class AnalysisOptions:
   eval_size: float | None = None  # problems x samples per eval, where the file has none
   n_boot: int = 1000
   level: float = 0.95
-  seed: int = 0
+  seed: int | None = None  # None: fresh entropy, recorded as RunReport.seed
   fit: fit_lib.FitOptions = fit_lib.FitOptions()
 
 
@@ -108,6 +108,7 @@ class RunReport:
   weights: np.ndarray | None = dataclasses.field(default=None, repr=False)
   replicates: boot_lib.Replicates | None = dataclasses.field(default=None, repr=False)
   profile: profile_lib.ProfileA | None = dataclasses.field(default=None, repr=False)
+  seed: int | None = None  # the bootstrap's seed (AnalysisOptions.seed reproduces it)
 
   @property
   def name(self) -> str:
@@ -156,6 +157,7 @@ class RunReport:
                       (("A", "a"), ("B", "b"), ("C_mid", "c_mid"))},
         "level": self.level,
         "n_boot": 0 if self.samples is None else self.samples.size,
+        "seed": self.seed,
         "A_paper_margin": boot_lib.PAPER_A_MARGIN,
         "well_determined": self.well_determined,
         "messages": list(self.messages),
@@ -290,6 +292,7 @@ def fit_weighted(curve: io.Curve, fit_mask, r0: float | None, eval_size,
 
 def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> RunReport:
   """Fits one run and computes its forecasts (see `AnalysisOptions`)."""
+  options = dataclasses.replace(options, seed=boot_lib.resolve_seed(options.seed))
   fit_mask, heldout = _masks(curve, options)
   n = int(fit_mask.sum())
   if n < MIN_POINTS:
@@ -356,7 +359,7 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
       well_determined=well, messages=messages, target_compute=target, target_source=source,
       forecast=point, forecast_interval=band,
       power_forecast=float(power.predict(target)), backtest=backtest, noise=model,
-      r0_sd=r0_sd, weights=w, replicates=reps, profile=prof, **extra)
+      r0_sd=r0_sd, weights=w, replicates=reps, profile=prof, seed=options.seed, **extra)
 
 
 def _backtest(x, y, heldout, sigmoid, samples, power, options, max_fit, sd_E, prof

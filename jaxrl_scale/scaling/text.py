@@ -120,8 +120,12 @@ def render_comparison(reports: list[forecast.RunReport],
       cell = lambda probs, j, i=i: "" if i == j else f"{probs[(i, j)]:.2f}"
       rows.append([i] + [cell(c.p_b_greater, j) for j in names]
                   + [cell(c.p_a_greater, j) for j in names])
-    lines += [f"  probabilities from the joint bootstrap (a winner needs >= {c.level:.2f} "
-              "against every other run):", table(rows, indent="    ")]
+    lines += [f"  probabilities from the joint bootstrap with seed variance, B of the free "
+              f"fits (a winner needs >= {c.decisive:.3f} against every other run):",
+              table(rows, indent="    ")]
+  if c.seed_variance:
+    lines.append("  seed-to-seed variance in the probabilities:")
+    lines += [f"    {v.describe()}" for v in c.seed_variance]
   best = c.most_efficient or "none: no significant difference"
   lines.append(f"  most compute-efficient (highest B at the shared A): {best}")
   if c.higher_asymptote:
@@ -131,11 +135,14 @@ def render_comparison(reports: list[forecast.RunReport],
 
 
 def render(reports: list[forecast.RunReport], comparison: compare_lib.Comparison | None,
-           plot_path: str | None = None) -> str:
+           plot_path: str | None = None, seed: int | None = None) -> str:
   """The full human report: each run, then the comparison, then where the plot went."""
   parts = [render_run(r) for r in reports]
   if comparison is not None:
     parts.append(render_comparison(reports, comparison))
+  if seed is not None and reports[0].samples is not None:
+    parts.append(f"bootstrap seed {seed} (--seed {seed} reproduces these numbers); the "
+                 "intervals hold eval noise only, not a seed's training variance")
   if plot_path:
     parts.append(f"plot written to {plot_path}")
   return "\n\n".join(parts)

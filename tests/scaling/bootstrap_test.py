@@ -118,3 +118,28 @@ def test_r0_from_the_step0_eval_is_redrawn_with_its_noise():
   # Below the fitted range the curve hangs on R0: its spread there must grow.
   spread = lambda s: np.std(s.predict(500.0))
   assert spread(drawn) > 1.2 * spread(fixed), (spread(drawn), spread(fixed))
+
+
+def test_default_seed_is_fresh_recorded_and_reproducible():
+  row = synthetic.TABLE1[0]
+  compute, noisy, _, w, f = _half_fit(row, seed=6)
+  one = bootstrap.bootstrap_sigmoid(compute, noisy, f, weights=w, n_boot=N_BOOT)
+  two = bootstrap.bootstrap_sigmoid(compute, noisy, f, weights=w, n_boot=N_BOOT)
+  assert one.seed != two.seed
+  assert not np.array_equal(one.a_K, two.a_K)
+  again = bootstrap.bootstrap_sigmoid(compute, noisy, f, weights=w, n_boot=N_BOOT,
+                                      seed=one.seed)
+  np.testing.assert_array_equal(again.a_K, one.a_K)
+
+
+def test_analyse_default_seed_is_fresh_and_recorded():
+  from jaxrl_scale.scaling import io
+  compute, noisy, _ = synthetic.simulate_evals(synthetic.TABLE1[0], seed=8)
+  curve = io.Curve(name="r", path="r", compute=compute, pass_rate=noisy,
+                   line=np.arange(compute.size), r0=float(noisy[0]), is_start=compute == 0)
+  opts = forecast.AnalysisOptions(n_boot=N_BOOT)
+  one, two = forecast.analyse(curve, opts), forecast.analyse(curve, opts)
+  assert one.seed != two.seed and one.forecast_interval != two.forecast_interval
+  again = forecast.analyse(curve, dataclasses.replace(opts, seed=one.seed))
+  assert again.forecast_interval == one.forecast_interval
+  assert one.to_dict()["seed"] == one.seed

@@ -137,3 +137,31 @@ def test_group_pools_seeds_into_one_fit_and_eval_size_weights(tmp_path, capsys):
                                                                   ("recipe", "other")}
   # ScaleRL (B 1.92) against the code curve (B 1.09): a clear, significant winner.
   assert cmp["most_efficient"] == "recipe"
+
+
+def test_default_seed_varies_is_reported_and_reproduces(tmp_path, capsys):
+  path = _run_file(tmp_path, "runA")
+  one = _json(capsys, ["fit", path, "--json"] + BOOT)
+  two = _json(capsys, ["fit", path, "--json"] + BOOT)
+  assert isinstance(one["seed"], int) and one["seed"] != two["seed"]
+  assert one["intervals"] != two["intervals"]
+  again = _json(capsys, ["fit", path, "--json", "--seed", str(one["seed"])] + BOOT)
+  assert again["intervals"] == one["intervals"] and again["seed"] == one["seed"]
+  assert cli.main(["fit", path, "--seed", "7"] + BOOT) == 0
+  assert "--seed 7" in capsys.readouterr().out
+
+
+def test_comparison_says_where_seed_variance_comes_from(tmp_path, capsys):
+  a = _run_file(tmp_path, "a", seed=1)
+  b = _run_file(tmp_path, "b", seed=2)
+  seeds = [_run_file(tmp_path, f"s{i}", seed=30 + i) for i in range(3)]
+  argv = ["fit", a, b, "--group", "g=" + ",".join(seeds), "--seed", "3"] + BOOT
+  d = _json(capsys, argv + ["--json"])
+  sv = {e["run"]: e for e in d["comparison"]["seed_variance"]}
+  assert sv["a"]["source"] == "prior" and sv["a"]["n_seeds"] == 1
+  assert sv["g"]["source"] == "seeds" and len(sv["g"]["A_per_seed"]) == 3
+  assert d["comparison"]["seed"] == d["seed"] + 7919 * 3
+  assert cli.main(argv) == 0
+  out = capsys.readouterr().out
+  assert "one run: prior seed sd of A 0.02" in out
+  assert "B: eval noise only" in out
