@@ -239,10 +239,12 @@ def test_nonfinite_steps_are_skipped_then_abort(task_file, tmp_path, monkeypatch
 
   def poisoned(groups, rl, shape):
     batch, stats, keep = real(groups, rl, shape)
-    bad = batch.gen_logp_PGS.copy()
+    # NaN advantages: a NaN generator log-prob no longer reaches the loss (its token is
+    # left out, and build_batch drops its group), so poison what the loss does multiply.
+    bad = batch.advantages_PG.copy()
     bad[:] = np.nan
     import dataclasses
-    return dataclasses.replace(batch, gen_logp_PGS=bad), stats, keep
+    return dataclasses.replace(batch, advantages_PG=bad), stats, keep
 
   monkeypatch.setattr(rollouts, "build_batch", poisoned)
   cfg = _cfg(task_file, tmp_path / "run", "optim.max_nonfinite_steps=2", steps=4)
