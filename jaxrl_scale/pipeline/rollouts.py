@@ -227,6 +227,7 @@ def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape
       num_prompts=p)
   stats = {f"rollout/{k}": float(v) for k, v in adv.stats.items() if k != "num_invalid"}
   judged_PG = valid_PG & np.isfinite(rewards_PG)
+  judged_any_PG = np.isfinite(rewards_PG) & (np.arange(p) < n)[:, None]  # log-probs aside
   stats["batch/dropped_nonfinite_groups"] = float(nonfinite.sum())
   # Groups the verifier's timeouts / errors left with fewer than 2 judged samples.
   stats["batch/dropped_invalid_groups"] = float(np.sum(
@@ -235,7 +236,9 @@ def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape
   if completions:
     lengths = np.array([c.num_tokens for c in completions], np.float32)
     stats.update({
-        "rollout/pass_rate": float(correct_PG[judged_PG].mean()) if judged_PG.any() else 0.0,
+        # Of the judged samples (a verdict exists); NaN (written as null) when none is.
+        "rollout/pass_rate": (float(correct_PG[judged_any_PG].mean()) if judged_any_PG.any()
+                              else float("nan")),
         "rollout/length_mean": float(lengths.mean()),
         "rollout/length_max": float(lengths.max()),
         "rollout/truncated_frac": float(np.mean([c.truncated for c in completions])),
