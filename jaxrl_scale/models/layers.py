@@ -30,18 +30,53 @@ def param(value: jax.Array, axes: tuple[str | None, ...]) -> nnx.Param:
   return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
+def held(w: jax.Array, param_dtype: Any) -> jax.Array:
+  """`w` as the model computes with it: rounded to `param_dtype`, gradients straight through.
+
+  The model's function is the one its `param_dtype` weights define, whatever precision the
+  array carries. The generator holds a param_dtype copy, so this is a no-op there; the
+  trainer holds float32 masters of a bf16 model, and without the rounding its forward would
+  be a slightly different policy from the one the generator sampled (the float32 LM head
+  read the unrounded master: on-policy log-prob gaps of ~1e-3, issue 33). The gradient
+  passes to the float32 master unrounded, as if the rounding were not there, so updates
+  smaller than a bf16 spacing still accumulate in the master.
+  """
+  want = jnp.dtype(param_dtype)
+  if w.dtype == want or not jnp.issubdtype(w.dtype, jnp.floating):
+    return w
+  return _round_through(w, want)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _round_through(w: jax.Array, dtype: jnp.dtype) -> jax.Array:
+  return w.astype(dtype).astype(w.dtype)
+
+
+def _round_through_fwd(w, dtype):
+  return _round_through(w, dtype), None
+
+
+def _round_through_bwd(dtype, _, g):
+  del dtype
+  return (g,)
+
+
+_round_through.defvjp(_round_through_fwd, _round_through_bwd)
+
+
 class RMSNorm(nnx.Module):
   """RMSNorm over the last axis, computed in float32 as Hugging Face does."""
 
   def __init__(self, dim: int, eps: float, param_dtype: jnp.dtype):
     self.scale = param(jnp.ones((dim,), param_dtype), ("norm",))
     self.eps = eps
+    self.param_dtype = jnp.dtype(param_dtype)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
     # HF casts back before the scale multiply; same order keeps bf16 parity.
-    scale = self.scale[...].astype(x.dtype)
+    scale = held(self.scale[...], self.param_dtype).astype(x.dtype)
     return scale.reshape((1,) * (x.ndim - 1) + scale.shape) * x32.astype(x.dtype)
 
 
@@ -54,6 +89,7 @@ class Einsum(nnx.Module):
     _contraction(spec)  # a spec it cannot compute fails here, not at the first call
     self.spec = spec
     self.dtype = dtype
+    self.param_dtype = jnp.dtype(param_dtype)
     init = nnx.initializers.normal(stddev=0.02)
     self.kernel = param(init(rngs.params(), shape, param_dtype), axes)
     if bias_axes is not None:
@@ -67,11 +103,12 @@ class Einsum(nnx.Module):
     # A dot_general with the contracted axes in x's order, not jnp.einsum: for "BTNH,NHD"
     # einsum contracted (H, N), and XLA:CPU then transposed the whole kernel on every call
     # (o_proj, every decode step; benchmarks/sampler_bench.py).
-    y = jax.lax.dot_general(x.astype(self.dtype), self.kernel[...].astype(self.dtype), dims)
+    kernel = held(self.kernel[...], self.param_dtype).astype(self.dtype)
+    y = jax.lax.dot_general(x.astype(self.dtype), kernel, dims)
     if perm is not None:
       y = jnp.transpose(y, perm)
     if self.bias is not None:
-      bias = self.bias[...].astype(self.dtype)
+      bias = held(self.bias[...], self.param_dtype).astype(self.dtype)
       y = y + bias.reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
     return y
 

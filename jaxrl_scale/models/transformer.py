@@ -39,6 +39,9 @@ Paged KV-cache path (sampler decode)
   `prefill` (below), whose keys and values the sampler scatters into the pages.
 
 Dtypes: params in cfg.param_dtype, activations in cfg.dtype, softmax of attention in float32.
+A model holding wider arrays than cfg.param_dtype (the trainer's float32 masters) computes
+with them rounded to cfg.param_dtype (`layers.held`), so trainer and generator run one
+function.
 With cfg.lm_head_fp32 the LM head matmul and log-softmax run in float32 (ScaleRL "FP32
 logits"; the paper traces a large gain in the asymptote to this).
 """
@@ -125,11 +128,13 @@ class Embedder(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     init = nnx.initializers.normal(stddev=0.02)
     shape = (cfg.vocab_size, cfg.hidden_size)
-    self.embedding = layers.param(init(rngs.params(), shape, jnp.dtype(cfg.param_dtype)),
+    self.param_dtype = jnp.dtype(cfg.param_dtype)
+    self.embedding = layers.param(init(rngs.params(), shape, self.param_dtype),
                                   ("vocab", "embed"))
 
   def __call__(self, tokens_BT: jax.Array) -> jax.Array:
-    return jnp.take(self.embedding[...], tokens_BT, axis=0)
+    # Only the looked-up rows are rounded (`layers.held`), not the [V, D] table.
+    return layers.held(jnp.take(self.embedding[...], tokens_BT, axis=0), self.param_dtype)
 
 
 class Transformer(nnx.Module):
@@ -419,6 +424,9 @@ def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> layers.DecoderLayer:
 
 
 def _logits(h_BTD: jax.Array, w: jax.Array, spec: str, cfg: ModelConfig) -> jax.Array:
+  # The head's weights as the generator holds them (param_dtype), also when the trainer's
+  # float32 master is upcast for the FP32 head: one policy on both sides.
+  w = layers.held(w, cfg.param_dtype)
   if cfg.lm_head_fp32:
     # ScaleRL FP32 logits; HIGHEST so TPUs do not drop to a single bf16 matmul pass.
     dtype, precision = jnp.float32, jax.lax.Precision.HIGHEST

@@ -48,3 +48,45 @@ def test_o_proj_does_not_transpose_its_kernel():
   x = jax.ShapeDtypeStruct((32, 1, 8, 64), jnp.float32)
   hlo = jax.jit(call).lower(state, x).compile().as_text()
   assert "transpose(" not in hlo
+
+
+# --------------------------------------------------------------------------------------
+# layers.held: a wider array (the trainer's float32 master) computes as its param_dtype copy.
+
+
+def test_held_rounds_like_the_generators_copy_and_passes_gradients_unrounded():
+  rng = np.random.default_rng(0)
+  w = jnp.asarray(rng.standard_normal((64,)).astype(np.float32))
+  copy = w.astype(jnp.bfloat16)  # what parallel.transfer gives the generator
+  assert not np.array_equal(np.asarray(w), np.asarray(copy, np.float32))  # it does round
+  np.testing.assert_array_equal(np.asarray(layers.held(w, jnp.bfloat16)),
+                                np.asarray(copy, np.float32))
+  # A float32 cotangent reaches the master as it is, not rounded to bf16: updates below a
+  # bf16 spacing still accumulate in the master.
+  c = jnp.asarray(rng.standard_normal((64,)).astype(np.float32) * 1e-3 + 1.0)
+  grad = jax.grad(lambda w: jnp.sum(layers.held(w, jnp.bfloat16) * c))(w)
+  np.testing.assert_array_equal(np.asarray(grad), np.asarray(c))
+  assert not np.array_equal(np.asarray(c), np.asarray(c.astype(jnp.bfloat16), np.float32))
+  # Already in param_dtype (the generator) or not a float: untouched.
+  assert layers.held(copy, jnp.bfloat16) is copy
+  ids = jnp.arange(3)
+  assert layers.held(ids, jnp.bfloat16) is ids
+
+
+def test_einsum_and_norm_compute_with_the_param_dtype_weights():
+  mod = layers.Einsum("BTD,DF->BTF", (16, 24), (None, None), rngs=nnx.Rngs(0),
+                      param_dtype=jnp.bfloat16, dtype=jnp.float32)
+  norm = layers.RMSNorm(16, 1e-6, jnp.bfloat16)
+  rng = np.random.default_rng(2)
+  master = rng.standard_normal((16, 24)).astype(np.float32)
+  scale = (1 + 0.1 * rng.standard_normal(16)).astype(np.float32)
+  x = jnp.asarray(rng.standard_normal((2, 3, 16)).astype(np.float32))
+
+  def run(kernel, norm_scale):
+    mod.kernel.set_value(jnp.asarray(kernel))
+    norm.scale.set_value(jnp.asarray(norm_scale))
+    return np.asarray(mod(norm(x)))
+
+  as_master = run(master, scale)  # the trainer's float32 arrays of a bf16 model
+  as_copy = run(master.astype(jnp.bfloat16), scale.astype(jnp.bfloat16))  # the generator's
+  np.testing.assert_array_equal(as_master, as_copy)
