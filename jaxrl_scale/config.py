@@ -346,10 +346,14 @@ class CheckpointConfig:
   every: int = 50  # steps between checkpoints (0 = only at the end and on signals)
   keep: int = 3
   async_save: bool = True
+  # After SIGTERM/SIGINT the run saves and exits; past this many seconds a watchdog ends it
+  # (exit 1, earlier checkpoints intact). 30 s is a preemptible VM's notice; 0 = no deadline.
+  preempt_grace_seconds: float = 30.0
 
   def __post_init__(self):
     _check(self.every >= 0, "checkpoint.every", "must be >= 0")
     _check(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+    _check(self.preempt_grace_seconds >= 0, "checkpoint.preempt_grace_seconds", "must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,10 @@ Several processes: each samples a disjoint share of the prompts (`shard`) on its
 generator devices, with the seeds the prompts have in the full list, and the per-process
 counts are summed (`gather`); every process gets the same numbers, equal to what a single
 process would compute up to float rounding of the length mean.
+
+A stop request (SIGTERM) interrupts the sampler's `generate` with `preempt.Interrupted`,
+which `run` passes on: the eval is abandoned, not scored. Sharded, an interrupted process
+still takes part in the exchange (so no process waits for it) and every process raises.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from jaxrl_scale import preempt
 from jaxrl_scale.data import sources
 from jaxrl_scale.generation import records
 
@@ -128,14 +133,19 @@ class Evaluator:
     index, count = self.shard
     mine = list(range(index, len(self.prompts), count))
     counts = {"correct": 0.0, "samples": 0.0, "any_correct": 0.0, "prompts": 0.0,
-              "tokens": 0.0, "truncated": 0.0}
+              "tokens": 0.0, "truncated": 0.0, "interrupted": 0.0}
+    completions = None
     if mine:
       requests = [
           records.Request(self.prompts[i].token_ids, prompt_id=i, sample_index=j,
                           seed=records.sequence_seed(self.seed, i, j),
                           temperature=self.temperature)
           for i in mine for j in range(self.k)]
-      completions = self.sampler.generate(requests)
+      try:
+        completions = self.sampler.generate(requests)
+      except preempt.Interrupted:
+        counts["interrupted"] = 1.0
+    if completions is not None:
 
       def score(n: int) -> np.ndarray:
         return self.scorer.score(self.prompts[mine[n]],
@@ -150,6 +160,8 @@ class Evaluator:
                     truncated=float(sum(bool(c.truncated) for c in completions)))
     counts["seconds"] = time.perf_counter() - t0
     parts = self.gather(counts)
+    if any(p["interrupted"] for p in parts):
+      raise preempt.Interrupted()
     total = {k: sum(p[k] for p in parts) for k in counts if k != "seconds"}
     samples = max(total["samples"], 1.0)
     return {

@@ -130,7 +130,10 @@ def run(args) -> int:
   if len(set(distributed.allgather(has_checkpoint, name="has_checkpoint"))) > 1:
     raise UserError(f"run directory {run_dir}: some processes see checkpoints and some do "
                     "not; run.output_dir must be a directory all processes share")
-  if args.resume and not has_checkpoint:
+  # An interrupted SFT warm start left its state (no RL checkpoint yet): it continues.
+  warm_state = (run_dir / "warm_start").is_dir() and any(
+      p.name.isdigit() for p in (run_dir / "warm_start").iterdir())
+  if args.resume and not (has_checkpoint or warm_state):
     raise UserError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}")
 
   from jaxrl_scale.pipeline import loop as loop_lib  # pylint: disable=g-import-not-at-top

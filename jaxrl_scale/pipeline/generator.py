@@ -43,6 +43,11 @@ training group (training admission pauses until all of them are admitted), while
 training sequences already in flight keep decoding and reach the queue as usual. Eval
 completions go back to the caller, never into the queue. Before `start()` (the initial
 eval) `generate` runs the Sampler in the caller's thread.
+
+Interrupts (`interrupt()`, e.g. on SIGTERM, see `jaxrl_scale.preempt`): a trainer waiting in
+`next_groups` or `generate` raises Interrupted within one poll (50 ms), and an eval before
+`start()` stops at the next decode chunk. An interrupted eval is abandoned: its requests
+not yet admitted never start, and its sequences in flight are dropped as they finish.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from typing import Any, NamedTuple
 
 from jaxrl_scale.generation import engine
 from jaxrl_scale.generation import records
+from jaxrl_scale.preempt import Interrupted  # noqa: F401  (raised here; callers catch it)
 from jaxrl_scale.pipeline import queue as queue_lib
 from jaxrl_scale.pipeline import rollouts
 from jaxrl_scale.pipeline import sources
@@ -65,10 +71,6 @@ from jaxrl_scale.pipeline import staleness as staleness_lib
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.05  # how often blocked waits re-check stop requests and conditions
-
-
-class Interrupted(Exception):
-  """`interrupt()` was called while the trainer waited for rollouts."""
 
 
 class _Stopped(Exception):
@@ -243,7 +245,9 @@ class PipelineSource:
     tag = completion.prompt_id
     with self._cond:
       job = self._eval
-      assert job is not None and job.number == tag.job, "eval completion without its job"
+      if job is None or job.number != tag.job:
+        assert tag.job <= self._eval_count, "eval completion without its job"
+        return  # of an interrupted eval: dropped
       job.results[tag.index] = completion
       job.remaining -= 1
       if job.remaining == 0:
@@ -276,9 +280,14 @@ class PipelineSource:
                            f"{self._error}") from self._error
 
   def interrupt(self) -> None:
-    """Makes a waiting (or the next) `next_groups` raise Interrupted; callable from a
-    signal handler."""
+    """Makes a waiting (or the next) `next_groups` or `generate` raise Interrupted;
+    callable from a signal handler or another thread."""
     self._interrupt.set()
+
+  def _check_interrupt(self, sampler: Any = None, index: int = 0) -> None:
+    del sampler, index
+    if self._interrupt.is_set():
+      raise Interrupted()
 
   def next_groups(self, version: int) -> list[rollouts.Group]:
     """The next P groups in admission order, for the trainer at `version`; waits for them.
@@ -323,12 +332,16 @@ class PipelineSource:
 
     Called from the trainer thread (e.g. by `eval.Evaluator`); blocks until all are done.
     Runs with the newest weights posted before the call. See the module docstring.
+
+    Raises:
+      Interrupted: `interrupt()` was called (before or during the call).
     """
     requests = list(requests)
     if not requests:
       return []
+    self._check_interrupt()
     if self._thread.ident is None:  # not started: nothing else drives the sampler
-      return self.sampler.generate(requests)
+      return self.sampler.generate(requests, on_chunk=self._check_interrupt)
     base_seed = getattr(self.sampler, "seed", 0)
     with self._cond:
       if self._eval is not None:
@@ -351,6 +364,12 @@ class PipelineSource:
       if self._stop.is_set() or not self._thread.is_alive():
         self._check()
         raise GeneratorError("generator stopped while an eval was running")
+      if self._interrupt.is_set():
+        with self._cond:
+          if self._eval is job:  # abandon it: training admission resumes, results dropped
+            self._eval = None
+            self._cond.notify_all()
+        raise Interrupted()
     return [dataclasses.replace(c, prompt_id=r.prompt_id)
             for c, r in zip(job.results, requests)]
 

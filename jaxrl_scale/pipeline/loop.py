@@ -11,6 +11,12 @@ One iteration (step s, trainer at policy version s - 1):
   6. write one metrics row (step, compute_hours, FLOPs, ...) and the progress line;
   7. checkpoint every `checkpoint.every` steps, at the end, and on SIGTERM / SIGINT.
 
+A signal (`preempt.StopRequest`) interrupts the wait for rollouts or an eval in progress at
+once (a train step in progress finishes). An interrupted eval is redone after resume: the
+checkpoint is written at its step, holding the step's metrics row as `pending_row`, and the
+resumed loop evaluates the restored (identical) params with the same seeds before its first
+step, then writes that row. The stream never holds a row without its scheduled eval.
+
 compute_hours (`clock.RLClock`) counts the accelerator time of generation and training
 only: the loop's wall time less evaluation, checkpointing and compiles, which each row
 logs separately (time/eval_s, time/checkpoint_s, time/compile_s, per step).
@@ -44,6 +50,7 @@ import numpy as np
 
 from jaxrl_scale import checkpoint as checkpoint_lib
 from jaxrl_scale import metrics as metrics_lib
+from jaxrl_scale import preempt
 from jaxrl_scale.config import Config
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.pipeline import clock as clock_lib
@@ -77,6 +84,8 @@ class HostState:
     curriculum: No-Positive-Resampling state (None when off).
     sft_compute_hours: accelerator-hours of the SFT warm start.
     seed: run seed (sampler seeds derive from it and the sequence counter).
+    pending_row: the metrics row of step `step` when a stop interrupted its eval (the
+      resumed run redoes the eval, then writes the row); None otherwise.
   """
 
   step: int = 0
@@ -89,6 +98,7 @@ class HostState:
   curriculum: dict[str, Any] | None = None
   sft_compute_hours: float = 0.0
   seed: int = 0
+  pending_row: dict[str, Any] | None = None
 
   def to_json(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -96,6 +106,7 @@ class HostState:
   @classmethod
   def from_json(cls, data: dict[str, Any], origin: str) -> HostState:
     names = {f.name for f in dataclasses.fields(cls)}
+    data = {"pending_row": None, **data}  # checkpoints from before preemption at any moment
     missing = names - set(data)
     if missing:
       raise UserError(f"{origin}: checkpoint host state lacks {sorted(missing)}")
@@ -133,6 +144,12 @@ def combine_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
   return out
 
 
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+  """A metrics row as plain JSON values (host state is saved as JSON)."""
+  return {k: v if isinstance(v, (list, str)) or v is None else float(v)
+          for k, v in row.items()}
+
+
 class ProcessFailed(RuntimeError):
   """Another process of a multi-process run failed; this one stops with it."""
 
@@ -155,6 +172,7 @@ class Loop:
     flops_per_token: forward FLOPs per token (2 x parameters).
     progress: the console display.
     gather: multi-process runs: `parallel.distributed.allgather` (None: one process).
+    stop: the run's stop request (default: a new one, installed while `run` runs).
   """
 
   def __init__(self, cfg: Config, *, trainer: train_step.Trainer, source: Any,
@@ -163,7 +181,8 @@ class Loop:
                curriculum: curriculum_lib.NoPositiveResampling | None,
                shape: rollouts.BatchShape, state: HostState, clock: clock_lib.RLClock,
                flops_per_token: float, progress: progress_lib.Progress,
-               gather: Callable[..., list[Any]] | None = None):
+               gather: Callable[..., list[Any]] | None = None,
+               stop: preempt.StopRequest | None = None):
     self.cfg = cfg
     self.gather = gather
     self.trainer = trainer
@@ -182,7 +201,12 @@ class Loop:
     self._forecast_line: str | None = None
     self.last_eval: dict[str, float] | None = None
     self._signal: int | None = None
+    self.stop = stop if stop is not None else preempt.StopRequest(
+        cfg.checkpoint.preempt_grace_seconds)
+    self.stop.subscribe(self._on_stop)
     self._t_start = time.perf_counter()
+    self._excluded: dict[str, float] = {}
+    self._t_row = self._t_start
     self._train_s = 0.0
     self._wait_s = 0.0
     self._part_sizes: list[int] = []
@@ -190,20 +214,25 @@ class Loop:
 
   # ---- signals -----------------------------------------------------------------------------
 
-  def _handle_signal(self, signum, frame) -> None:
-    del frame
-    if self._signal is not None and signum == signal.SIGINT:
-      raise KeyboardInterrupt  # a second Ctrl-C: stop now
+  def _on_stop(self, signum: int) -> None:
+    """The stop request's callback (maybe in its watcher thread: flags and a print only)."""
     self._signal = signum
     interrupt = getattr(self.source, "interrupt", None)
     if interrupt is not None:
       interrupt()
-    self.progress.print(f"received {signal.Signals(signum).name}: saving a checkpoint after "
-                        "the current step, then exiting")
+    self.progress.print(f"received {signal.Signals(signum).name}: saving a checkpoint, then "
+                        "exiting")
+
+  def _interrupted_elsewhere(self) -> None:
+    """A sharded eval stops everywhere when any process was signalled (`eval.Evaluator`)."""
+    if self._signal is None:
+      self._signal = signal.SIGTERM
+      self.progress.print("another process received a signal: saving a checkpoint, then "
+                          "exiting")
 
   def request_stop(self, signum: int = signal.SIGTERM) -> None:
     """What a signal does, callable from anywhere (tests)."""
-    self._handle_signal(signum, None)
+    self.stop.request(signum)
 
   # ---- pieces ------------------------------------------------------------------------------
 
@@ -253,7 +282,8 @@ class Loop:
       source = {"processes": self.gather(source, name="source_state")}
     self.state.source = source
     self.state.policy_version = step
-    self.state.metrics_rows = step + 1
+    # Rows 0..step are final; with the step's eval pending, rows 0..step - 1.
+    self.state.metrics_rows = step + (self.state.pending_row is None)
     if self.curriculum is not None:
       with self.curriculum_lock:
         self.state.curriculum = self.curriculum.state_dict()
@@ -264,10 +294,18 @@ class Loop:
     """Row 0: the starting policy's pass rate (the forecast's R0), at compute 0.
 
     The RL compute clock starts after it: measuring the starting point is not training.
+    A stop during it leaves row 0 pending (`save(0)` then records that; `run` stops).
     """
     row: dict[str, Any] = {}
     if self.evaluator is not None:
-      row.update(self.evaluate(0))
+      try:
+        row.update(self.evaluate(0))
+      except preempt.Interrupted:
+        self._interrupted_elsewhere()
+        self.state.pending_row = {}
+        self.progress.print("  the eval of step 0 was interrupted: it is redone on resume")
+        return
+    self.state.pending_row = None
     self.state.flops = 0.0
     row.update(compute_hours=0.0, flops=0.0)
     self.state.compute_hours = 0.0
@@ -279,17 +317,11 @@ class Loop:
   # ---- the loop ----------------------------------------------------------------------------
 
   def run(self) -> Outcome:
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = {}
-    if in_main:
-      for sig in (signal.SIGTERM, signal.SIGINT):
-        previous[sig] = signal.signal(sig, self._handle_signal)
     try:
-      return self._run()
+      with self.stop.installed():
+        return self._run()
     finally:
       self.clock.stop()
-      for sig, handler in previous.items():
-        signal.signal(sig, handler)
 
   def _stopped(self, step: int) -> Outcome | None:
     if self._signal is None:
@@ -302,11 +334,20 @@ class Loop:
     cfg = self.cfg
     total = cfg.run.steps
     step = self.state.step
+    # A stop interrupted this step's eval before the checkpoint: redo it first (step 0's
+    # before the clock starts, as in a fresh run).
+    redo = self.state.pending_row is not None and self._signal is None
+    if redo and step == 0:
+      self.initial_eval()
     self.progress.restart(step)
     self._t_start = time.perf_counter()
     self.clock.start()
-    excluded = dict(self.clock.excluded_s)
-    t_row = time.perf_counter()
+    self._excluded = dict(self.clock.excluded_s)
+    self._t_row = time.perf_counter()
+    if redo and step > 0:
+      row, self.state.pending_row = self.state.pending_row, None
+      if self._finish_step(step, row):
+        return self._stopped(step)
     while step < total:
       t0 = time.perf_counter()
       got = self._next_groups(step)
@@ -330,25 +371,44 @@ class Loop:
       if self.gather is not None:
         source_metrics = combine_metrics(self.gather(source_metrics, name="source_metrics"))
       row.update(source_metrics)
-      if cfg.eval.every and (step % cfg.eval.every == 0 or step == total):
-        row.update(self.evaluate(step))
-      row["compute_hours"] = self.clock.hours
-      for kind, total_s in self.clock.excluded_s.items():
-        row[f"time/{kind}_s"] = total_s - excluded.get(kind, 0.0)
-      excluded = dict(self.clock.excluded_s)
-      now = time.perf_counter()
-      row["time/step_s"], t_row = now - t_row, now  # wall time since the previous row
-      row["flops"] = self.state.flops
-      self.state.compute_hours = row["compute_hours"]
-      self.writer.write(step, row)
-      self.progress.step(step, row)
-      self._print_forecast()
-      if self.on_step is not None:
-        self.on_step(step, row)
-      self._check_nonfinite(step, row)
-      if step == total or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
-        self.save(step)
+      if self._finish_step(step, row):
+        return self._stopped(step)
     return self._stopped(step) or Outcome("done", step, None, self.last_eval)
+
+  def _finish_step(self, step: int, row: dict[str, Any]) -> bool:
+    """Eval (when due), then writes the row and checkpoints (when due) for `step`.
+
+    Returns True when a stop interrupted the eval: the row is kept as `pending_row` (for
+    the checkpoint) and not written.
+    """
+    cfg = self.cfg
+    if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.run.steps):
+      try:
+        row.update(self.evaluate(step))
+      except preempt.Interrupted:
+        self._interrupted_elsewhere()
+        self.state.pending_row = _jsonable(row)
+        self.state.compute_hours = self.clock.hours
+        self.progress.print(f"  the eval of step {step} was interrupted: it is redone on "
+                            "resume")
+        return True
+    row["compute_hours"] = self.clock.hours
+    for kind, total_s in self.clock.excluded_s.items():
+      row[f"time/{kind}_s"] = total_s - self._excluded.get(kind, 0.0)
+    self._excluded = dict(self.clock.excluded_s)
+    now = time.perf_counter()
+    row["time/step_s"], self._t_row = now - self._t_row, now  # since the previous row
+    row["flops"] = self.state.flops
+    self.state.compute_hours = row["compute_hours"]
+    self.writer.write(step, row)
+    self.progress.step(step, row)
+    self._print_forecast()
+    if self.on_step is not None:
+      self.on_step(step, row)
+    self._check_nonfinite(step, row)
+    if step == cfg.run.steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
+      self.save(step)
+    return False
 
   def _next_groups(self, step: int
                    ) -> tuple[list[rollouts.Group], list[rollouts.Group]] | None:

@@ -33,6 +33,7 @@ from jaxrl_scale import checkpoint as checkpoint_lib
 from jaxrl_scale import config as config_lib
 from jaxrl_scale import eval as eval_lib
 from jaxrl_scale import metrics as metrics_lib
+from jaxrl_scale import preempt
 from jaxrl_scale.config import Config
 from jaxrl_scale.data import sources as data_sources
 from jaxrl_scale.errors import UserError
@@ -182,6 +183,11 @@ def _make_source(cfg: Config, sampler: engine.Sampler, admitter: sources.Admitte
   return sources.RoundSource(sampler, admitter, scorer, p, rounds=rounds, pool=pool)
 
 
+def signal_name(stop: preempt.StopRequest) -> str:
+  import signal  # pylint: disable=g-import-not-at-top
+  return signal.Signals(stop.signum or signal.SIGTERM).name
+
+
 def _replay_forecast(forecaster: Any, metrics_path: pathlib.Path, before_step: int) -> None:
   """Feeds the eval points of the kept metrics rows back into a fresh forecaster."""
   if not metrics_path.exists():
@@ -195,7 +201,8 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
          slices: mesh_lib.Slices, tok: tokenizer_lib.Tokenizer,
          prompts: data_sources.PromptSource, validation: list, model: nnx.Module,
          mcfg: model_config.ModelConfig, shape: rollouts.BatchShape,
-         progress: progress_lib.Progress, on_step) -> tuple[loop_lib.Outcome, Any, Any]:
+         progress: progress_lib.Progress, on_step, stop: preempt.StopRequest,
+         ) -> tuple[loop_lib.Outcome, Any, Any]:
   """Everything after the policy exists: warm start or restore, then the loop."""
   from jaxrl_scale.scaling import live  # pylint: disable=g-import-not-at-top
 
@@ -219,16 +226,24 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
   sampler = engine.Sampler(model, cfg.sampler, mesh=slices.generator, tokenizer=tok,
                            seed=cfg.run.seed, max_prompt_len=cfg.data.max_prompt_tokens,
                            generator_groups=slices.generator_groups)
+  # Driven from this thread (sync modes, evals, SFT checks): stops at a chunk on SIGTERM.
+  interruptible = preempt.Interruptible(sampler, stop)
   host = loop_lib.HostState(seed=cfg.run.seed)
+  warm_dir = run_dir / "warm_start"  # an interrupted warm start's state
   if not resume and cfg.sft.steps > 0:
     # Every process runs the same SFT steps; only process 0's sft.jsonl is kept.
     sft_dir = run_dir if distributed.is_primary() else pathlib.Path(
         cleanup.enter_context(tempfile.TemporaryDirectory(prefix="jaxrl_sft_")))
     # Its dev-set checks are sharded like the eval, so every process stops at the same step.
-    model, host.sft_compute_hours, _ = warm_start.run(
-        cfg, tok, model, slices.trainer, seq_len, sft_dir, progress, sampler=sampler,
-        scorer=scorer, pool=pool, shard=(shard.index, shard.count),
-        gather=(lambda c: distributed.allgather(c, name="sft_dev")) if multi else None)
+    try:
+      model, host.sft_compute_hours, _ = warm_start.run(
+          cfg, tok, model, slices.trainer, seq_len, sft_dir, progress, sampler=interruptible,
+          scorer=scorer, pool=pool, shard=(shard.index, shard.count),
+          gather=(lambda c: distributed.allgather(c, name="sft_dev")) if multi else None,
+          stop=stop, state_dir=warm_dir, agree=(lambda flag: any(distributed.allgather(
+              flag, name="sft_stop"))) if multi else None)
+    except preempt.Interrupted:
+      return loop_lib.Outcome("signal", 0, signal_name(stop)), None, host
   trainer = train_step.Trainer(model, slices.trainer, cfg.optim, rl_objective(cfg),
                                micro_batches=train_step.micro_batches_for(cfg.optim, p))
   del model  # its buffers now belong to the trainer (donated to every step)
@@ -246,12 +261,13 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
   admitter = sources.Admitter(prompts, g, shard.seed(cfg.run.seed))
   if resume:
     admitter.load_state(host.source)
-  source = _make_source(cfg, sampler, admitter, scorer, pool, local_p)
+  source = _make_source(cfg, sampler if cfg.pipeline.mode == "pipeline" else interruptible,
+                        admitter, scorer, pool, local_p)
   cleanup.callback(source.close)
   evaluator = None
   if cfg.eval.every and validation:
     # Pipelined: the generator thread drives the Sampler, so eval requests go through it.
-    eval_sampler = source if isinstance(source, generator.PipelineSource) else sampler
+    eval_sampler = source if isinstance(source, generator.PipelineSource) else interruptible
     evaluator = eval_lib.Evaluator(eval_sampler, validation, scorer,
                                    samples_per_prompt=cfg.eval.samples_per_prompt,
                                    temperature=cfg.eval.temperature, seed=cfg.run.seed,
@@ -276,12 +292,17 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
                        checkpointer=ckpt, forecaster=forecaster, curriculum=curriculum,
                        shape=shape, state=host, clock=clock,
                        flops_per_token=2.0 * mcfg.num_params(), progress=progress,
-                       gather=gather)
+                       gather=gather, stop=stop)
   loop.on_step = on_step
   prompts.set_keep(shard.keep_hook(loop.keep_prompt))
   if not resume:
     loop.initial_eval()
     loop.save(0)
+    if warm_start.has_state(warm_dir):  # checkpoint 0 now holds the warm start's result
+      ckpt.wait()
+      distributed.barrier("checkpoint 0 saved")
+      if distributed.is_primary():
+        warm_start.discard(warm_dir)
   if isinstance(source, generator.PipelineSource):
     source.start()
   return loop.run(), forecaster, loop.state
@@ -301,8 +322,19 @@ def train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool = False,
     on_step: called with (step, metrics row) after each step (tests, benchmarks).
 
   Returns:
-    The loop's Outcome (done, or stopped by a signal with a checkpoint saved).
+    The loop's Outcome (done, or stopped by a signal with a checkpoint saved, or before RL
+    with the warm start's state saved).
   """
+  # SIGTERM / SIGINT from here on stop the run at the next safe point with its state saved
+  # (`jaxrl_scale.preempt`), whatever it is doing: warm start, eval, generation, training.
+  stop = preempt.StopRequest(cfg.checkpoint.preempt_grace_seconds)
+  with stop.installed():
+    return _train(cfg, run_dir, resume=resume, config_path=config_path, stream=stream,
+                  on_step=on_step, stop=stop)
+
+
+def _train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool, config_path: str | None,
+           stream: TextIO | None, on_step, stop: preempt.StopRequest) -> loop_lib.Outcome:
   run_dir = pathlib.Path(run_dir)
   run_dir.mkdir(parents=True, exist_ok=True)
   primary = distributed.is_primary()
@@ -338,7 +370,10 @@ def train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool = False,
 
   with contextlib.ExitStack() as cleanup:  # closed in reverse order, also on errors
     outcome, forecaster, host = _run(cfg, run_dir, resume, cleanup, slices, tok, prompts,
-                                     validation, model, mcfg, shape, progress, on_step)
-  if primary:
+                                     validation, model, mcfg, shape, progress, on_step, stop)
+  if primary and (run_dir / "metrics.jsonl").exists():
     summary_lib.finish(cfg, run_dir, outcome, forecaster, host, progress)
+  elif outcome.reason == "signal":  # stopped in the warm start, before RL
+    progress.print(f"stopped by {outcome.signal_name} in the SFT warm start: run the same "
+                   "command again to continue it")
   return outcome

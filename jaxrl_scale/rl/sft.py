@@ -91,11 +91,13 @@ class SFTResult:
     skipped_too_long: examples dropped because prompt + solution exceed seq_len (or the
       prompt is empty: the first token is never a target).
     epochs: passes started over `examples` (re-iterable inputs restart when exhausted).
+    stopped: `should_stop` ended the run before `steps`.
   """
   trainer: train_step.Trainer
   history: list[dict[str, float]]
   skipped_too_long: int = 0
   epochs: int = 1
+  stopped: bool = False
 
 
 def _batches(examples: Iterable[Example], batch_size: int, seq_len: int, pad_id: int,
@@ -129,7 +131,8 @@ def run_sft(model: nnx.Module, mesh: Mesh, sft: SFTConfig, optim: OptimConfig,
             examples: Iterable[Example], *, seq_len: int, pad_id: int = 0,
             steps: int | None = None,
             on_metrics: Callable[[int, dict[str, float]], None] | None = None,
-            compiler_options: dict[str, Any] | None = None) -> SFTResult:
+            compiler_options: dict[str, Any] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> SFTResult:
   """Runs `steps` (default `sft.steps`) SFT updates over `examples`.
 
   Args:
@@ -144,6 +147,8 @@ def run_sft(model: nnx.Module, mesh: Mesh, sft: SFTConfig, optim: OptimConfig,
     steps: overrides `sft.steps`.
     on_metrics: called with (step, metrics) after each step's metrics reach the host.
     compiler_options: XLA options for the step (see `train_step.Trainer`).
+    should_stop: asked before each step; True ends the run there, with the steps done so
+      far (e.g. `preempt.StopRequest.is_set` on SIGTERM).
 
   Returns:
     An `SFTResult`; the trained policy is `result.trainer.model()`.
@@ -162,6 +167,10 @@ def run_sft(model: nnx.Module, mesh: Mesh, sft: SFTConfig, optim: OptimConfig,
 
   batches = _batches(examples, sft.batch_size, seq_len, pad_id, result)
   for step in range(steps):
+    if should_stop is not None and should_stop():
+      log.warning("SFT stopped by request after %d of %d steps", step, steps)
+      result.stopped = True
+      break
     try:
       batch = next(batches)
     except StopIteration:

@@ -96,11 +96,11 @@ class FakeSampler:
       if on_chunk is not None:
         on_chunk(self, self.chunks - 1)
 
-  def generate(self, requests):
+  def generate(self, requests, on_chunk=None):
     reqs = list(requests)
     order = {(r.prompt_id, r.sample_index): i for i, r in enumerate(reqs)}
     out = [None] * len(reqs)
-    for c in self.stream(reqs):
+    for c in self.stream(reqs, on_chunk=on_chunk):
       out[order[(c.prompt_id, c.sample_index)]] = c
     return out
 

@@ -1,6 +1,7 @@
 """Eval through the pipelined generator's own Sampler (PipelineSource.generate)."""
 
 import dataclasses
+import threading
 import time
 
 import jax
@@ -179,3 +180,39 @@ def test_real_sampler_pipeline_eval_matches_direct_generate(prompt_source, fakes
     assert set(a.versions.tolist()) == {3}
   _check_groups(consumed)
   assert sum(len(g) for g in consumed) == 5 * P
+
+
+def _long_eval_sampler(fakes):
+  # Training sequences end in 2 chunks, eval ones take 2,000 (at paper scale an eval of
+  # 16k samples of up to 14k tokens outlasts a preemption's grace period).
+  return fakes.Sampler(num_slots=4, length=lambda req: (
+      2 if isinstance(req.prompt_id, int) else 2000), chunk_s=0.002)
+
+
+def test_interrupt_abandons_a_running_eval(prompt_source, fakes):
+  sampler = _long_eval_sampler(fakes)
+  src = _source(sampler, prompt_source, fakes.Scorer()).start()
+  try:
+    groups = src.next_groups(0)
+    src.after_step(groups, None, 1)
+    threading.Timer(0.3, src.interrupt).start()
+    with pytest.raises(generator.Interrupted):
+      src.generate(_eval_requests(4))
+    chunks = sampler.chunks
+  finally:
+    src.close()
+  assert chunks < 1000  # it returned mid-eval, not after the 2,000 chunks
+  assert src._error is None  # the generator thread dropped the eval's sequences cleanly
+
+
+def test_interrupt_abandons_an_eval_before_start(prompt_source, fakes):
+  # The initial eval runs the Sampler in the caller's thread (the generator is not started).
+  sampler = _long_eval_sampler(fakes)
+  src = _source(sampler, prompt_source, fakes.Scorer())
+  threading.Timer(0.3, src.interrupt).start()
+  try:
+    with pytest.raises(generator.Interrupted):
+      src.generate(_eval_requests(4))
+  finally:
+    src.close()
+  assert sampler.chunks < 1000
