@@ -67,6 +67,7 @@ import collections
 import dataclasses
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -96,6 +97,117 @@ def _paths_and_leaves(tree: Any) -> tuple[list[str], list[Any]]:
   flat = jax.tree_util.tree_flatten_with_path(tree)[0]
   paths = [jax.tree_util.keystr(p).removesuffix(".value") for p, _ in flat]
   return paths, [x for _, x in flat]
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """What a Sampler allocates on its generator mesh, as sharded ShapeDtypeStructs.
+
+  `Sampler.__init__` takes its geometry and shardings from here, and `jaxrl-scale plan`
+  builds the sampler's programs and counts its memory from the same object.
+
+  Attributes:
+    num_slots: this group's slots. data: the mesh's data axis.
+    buckets, max_len: prompt buckets in use and KV cache length per slot.
+    page_size, pages: the page pool (pages per data shard).
+    param_shardings: the weights' shardings (a tree like the model's params).
+    params: the weights as held (param_dtype, sharded): one copy.
+    layer_copies: whether every layer's weights are also held as arrays of their own (CPU,
+      GPU: `decode.layers_program`).
+    state_shardings, state: the slot state and page pool.
+    table: the page table.
+  """
+
+  num_slots: int
+  data: int
+  buckets: list[int]
+  max_len: int
+  page_size: int
+  pages: int
+  param_shardings: Any
+  params: Any
+  layer_copies: bool
+  state_shardings: decode.SlotState
+  state: decode.SlotState
+  table: jax.ShapeDtypeStruct
+
+  @property
+  def width(self) -> int:
+    """Page-table columns: pages of one full-length sequence."""
+    return -(-self.max_len // self.page_size)
+
+  def held_bytes_per_device(self) -> dict[str, float]:
+    """Bytes one generator device holds at the Sampler's peak, by kind.
+
+    The double buffer: a posted update (`update_params`) is a second copy of the weights
+    beside the live one until the swap; with layer copies, the live weights' per-layer
+    copies stay beside both. (Re-posting the weights already posted is a no-op, so an eval
+    adds no third copy.)
+    """
+    params = _bytes_per_device(self.params)
+    layers = 0.0
+    if self.layer_copies:
+      paths, leaves = _paths_and_leaves(self.params)
+      layers = _bytes_per_device([x for p, x in zip(paths, leaves)
+                                  if p.startswith("['layers']")])
+    cache = _bytes_per_device(self.state.cache)
+    return {"params": params, "pending_params": params, "layer_copies": layers,
+            "kv_cache": cache,
+            "slot_state": _bytes_per_device(self.state) - cache + _bytes_per_device(self.table)}
+
+
+def _bytes_per_device(tree: Any) -> float:
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs (the largest share)."""
+  total = 0.0
+  for x in jax.tree.leaves(tree):
+    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape
+    total += float(np.prod(shape, dtype=np.float64)) * np.dtype(x.dtype).itemsize
+  return total
+
+
+def layout(model_cfg: Any, params: Any, cfg: SamplerConfig, mesh: Mesh, *,
+           generator_groups: int = 1, max_prompt_len: int | None = None,
+           cache_dtype: str | None = None) -> Layout:
+  """The Layout of a Sampler for `params` (arrays or ShapeDtypeStructs, the model's tree).
+
+  Raises:
+    UserError: the group's slots do not split over the mesh's data axis, or prompts longer
+      than the largest bucket.
+  """
+  data = mesh.shape.get("data", 1)
+  local = mesh_lib.slots_per_group(cfg.num_slots, generator_groups)
+  if local % data:
+    per = f" ({local} per each of {generator_groups} generator groups)" if (
+        generator_groups > 1) else ""
+    raise UserError(f"config key 'sampler.num_slots': {cfg.num_slots}{per} is not a multiple "
+                    f"of the generator mesh's data axis ({data} devices)")
+  buckets, max_len = pages_lib.cache_geometry(cfg, max_prompt_len)
+  param_shardings = sharding.state_shardings(params, mesh)
+  # Floating weights are held in the model config's param_dtype, whatever the given model
+  # holds (e.g. the trainer's float32 masters): update_params casts to these too.
+  held = jax.numpy.dtype(model_cfg.param_dtype)
+
+  def struct(x, s):
+    value = x.get_value() if isinstance(x, nnx.Variable) else x
+    dtype = held if jax.numpy.issubdtype(value.dtype, jax.numpy.floating) else value.dtype
+    out = jax.ShapeDtypeStruct(value.shape, dtype, sharding=s)
+    return x.replace(out) if isinstance(x, nnx.Variable) else out
+
+  structs = jax.tree.map(struct, params, param_shardings,
+                         is_leaf=lambda x: isinstance(x, nnx.Variable))
+  page_size, pages = pages_lib.pool_geometry(cfg, local, data, max_len)
+  state_shardings = decode.state_shardings(model_cfg, mesh, local)
+  state = jax.eval_shape(
+      lambda: decode.empty_state(model_cfg, local, data, pages, page_size, cache_dtype))
+  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       state, state_shardings)
+  table = jax.ShapeDtypeStruct((local, -(-max_len // page_size)), np.int32,
+                               sharding=decode.table_sharding(mesh))
+  return Layout(num_slots=local, data=data, buckets=buckets, max_len=max_len,
+                page_size=page_size, pages=pages, param_shardings=param_shardings,
+                params=structs,
+                layer_copies=bool(cfg.layer_weight_copies and decode.splits_layers(mesh)),
+                state_shardings=state_shardings, state=state, table=table)
 
 
 class Sampler:
@@ -133,54 +245,45 @@ class Sampler:
     self.pipeline_depth = pipeline_depth
     self.mesh = mesh if mesh is not None else mesh_lib.single_device_mesh(
         axes=mesh_lib.GENERATOR_AXES)
-    data = self.mesh.shape.get("data", 1)
-    local = mesh_lib.slots_per_group(cfg.num_slots, generator_groups)
-    if local % data:
-      per = f" ({local} per each of {generator_groups} generator groups)" if (
-          generator_groups > 1) else ""
-      raise UserError(f"config key 'sampler.num_slots': {cfg.num_slots}{per} is not a multiple "
-                      f"of the generator mesh's data axis ({data} devices)")
-    self.num_slots = local
+    graphdef, params = nnx.split(model)
+    lay = layout(model.cfg, params, cfg, self.mesh, generator_groups=generator_groups,
+                 max_prompt_len=max_prompt_len, cache_dtype=cache_dtype)
+    data = lay.data
+    self.num_slots = lay.num_slots
 
     if eos_ids is None:
       eos_ids = tokenizer.eos_ids if tokenizer is not None else model.cfg.eos_token_ids
     self.eos_ids = tuple(int(i) for i in eos_ids)
 
-    self.buckets, self.max_len = pages_lib.cache_geometry(cfg, max_prompt_len)
+    self.buckets, self.max_len = lay.buckets, lay.max_len
 
     self._decode_text, self._stops, self.phrase_tokens, think_end = records.text_rules(
         cfg, tokenizer, think_end_id)
 
     # Device placement: params over 'tp', slots over 'data', small per-call inputs replicated.
-    graphdef, params = nnx.split(model)
     self._graphdef = graphdef
-    self._param_shardings = sharding.state_shardings(params, self.mesh)
-    # Floating weights are held in the model config's param_dtype, whatever the given
-    # model holds (e.g. the trainer's float32 masters): update_params casts to these too.
-    held = jax.numpy.dtype(model.cfg.param_dtype)
-    param_dtypes = jax.tree.map(
-        lambda x: held if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x.dtype, params)
+    self._param_shardings = lay.param_shardings
     # A copy, never the model's own buffers: a trainer on the same devices donates those.
-    self._params = transfer.reshard(params, self._param_shardings, param_dtypes, copy=True)
+    self._params = transfer.reshard(params, self._param_shardings, lay.params, copy=True)
     self._param_leaves, self._param_treedef = jax.tree.flatten(self._params)
     # On CPU and GPU every layer's weights are also held as arrays of their own, cut once
     # per weight swap rather than every decode chunk or step (`decode.layers_program`).
     self._split_layers = (decode.layers_program(graphdef, self._param_treedef)
-                          if cfg.layer_weight_copies and decode.splits_layers(self.mesh)
-                          else None)
+                          if lay.layer_copies else None)
     self._layer_leaves = self._layers_of(self._param_leaves)
     self._param_paths = _paths_and_leaves(self._params)[0]
     self._param_dtypes = jax.tree.map(lambda x: x.dtype, self._params)
     self.version = version
     self._pending: tuple[Any, int] | None = None
+    self._posted: tuple[list, int] | None = None  # (weak refs to the source leaves, version)
     self._lock = threading.Lock()
 
-    self._state_shardings = decode.state_shardings(model.cfg, self.mesh, self.num_slots)
+    self._state_shardings = lay.state_shardings
     self._consts = jax.device_put(
         decode.constants(self.eos_ids, self.phrase_tokens, think_end),
         NamedSharding(self.mesh, PartitionSpec()))
 
-    page_size, pages = pages_lib.pool_geometry(cfg, self.num_slots, data, self.max_len)
+    page_size, pages = lay.page_size, lay.pages
     self._pool = pages_lib.PagePool(page_size, pages, data, self.num_slots // data, self.max_len)
     self._table_sharding = decode.table_sharding(self.mesh)
     # The TPU kernel reads each row's own length, so one decode program serves all lengths.
@@ -233,13 +336,25 @@ class Sampler:
     if paths != self._param_paths:
       raise ValueError("update_params: param tree structure differs from the sampler's model "
                        f"({len(paths)} arrays vs {len(self._param_paths)})")
+    with self._lock:
+      posted = self._posted
+    if posted is not None and posted[1] == int(version) and all(
+        ref() is x for ref, x in zip(posted[0], leaves)):
+      # The very arrays already posted (an eval right after the step posted them): a
+      # second transfer would only hold a third copy of the weights for a while.
+      return
     params = jax.tree.unflatten(self._param_treedef, leaves)
     # Dispatched, not waited for: `placed` may still be computing (the trainer's step that
     # produces `params` included). copy=True: colocated, the trainer donates `params` to
     # its next step, so the sampler must hold buffers of its own.
     placed = transfer.reshard(params, self._param_shardings, self._param_dtypes, copy=True)
+    try:  # weak: holding the trainer's arrays would keep donated or old weights alive
+      refs = [weakref.ref(x) for x in leaves]
+    except TypeError:  # a leaf that takes no weak reference (a Python scalar)
+      refs = None
     with self._lock:
       self._pending = (placed, int(version))
+      self._posted = None if refs is None else (refs, int(version))
 
   @property
   def update_pending(self) -> bool:

@@ -79,6 +79,23 @@ def _local_spec(x: jax.Array, per_process: int) -> PartitionSpec:
   return PartitionSpec()
 
 
+def local_copy_bytes_per_device(leaves: Any, dtypes: Any) -> float:
+  """Bytes per device of the copy `to_local` gathers onto each process's devices of the
+  leaves' device set (arrays or sharded ShapeDtypeStructs, on several processes), in
+  `dtypes`: `jaxrl-scale plan` counts it beside the trainer's state."""
+  leaves = jax.tree.leaves(leaves)
+  want = [jnp.dtype(getattr(w, "dtype", w)) for w in jax.tree.leaves(dtypes)]
+  grid = _by_process(leaves[0].sharding._device_assignment)  # pylint: disable=protected-access
+  per_process = grid.shape[1]
+  total = 0.0
+  for x, dtype in zip(leaves, want):
+    spec = _local_spec(x, per_process)
+    shape = [n // per_process if i < len(spec) and spec[i] else n
+             for i, n in enumerate(x.shape)]
+    total += float(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+  return total
+
+
 @functools.lru_cache(maxsize=16)
 def _gather_fn(out_shardings: tuple, dtypes: tuple):
   return jax.jit(lambda xs: tuple(x.astype(d) for x, d in zip(xs, dtypes)),

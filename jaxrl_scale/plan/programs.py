@@ -33,9 +33,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_scale.config import Config
-from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import decode
-from jaxrl_scale.generation import pages as pages_lib
+from jaxrl_scale.generation import engine
 from jaxrl_scale.models import sharding
 from jaxrl_scale.models.config import ModelConfig
 from jaxrl_scale.parallel import mesh as mesh_lib
@@ -169,7 +168,7 @@ def build(cfg: Config, mcfg: ModelConfig, devices: list) -> tuple[mesh_lib.Slice
         "sft_step", cfg, mcfg, slices.trainer, sft_lib.SFTObjective(),
         sft_lib.optim_config(cfg.optim, cfg.sft), micro, sft_batch, cfg.sft.batch_size, seq))
 
-  programs.append(_cast_program(mcfg, slices.trainer, programs[0].resident["optimizer"]))
+  programs.append(_cast_program(mcfg, slices, programs[0].resident["optimizer"]))
   sampler = _sampler_programs(cfg, mcfg, slices)
   programs.extend(sampler)
   if slices.colocated:
@@ -177,7 +176,7 @@ def build(cfg: Config, mcfg: ModelConfig, devices: list) -> tuple[mesh_lib.Slice
     # stay allocated while the sampler runs, and the sampler's weights and KV cache while the
     # trainer steps.
     trainer_state = programs[0].resident["params"] + programs[0].resident["optimizer"]
-    sampler_state = sampler[0].resident["params"] + sampler[0].resident["kv_cache"]
+    sampler_state = sum(sampler[0].resident.values())
     for prog in programs:
       if prog.name in ("train_step", "sft_step", "weight_cast"):
         prog.also_resident += sampler_state
@@ -186,35 +185,44 @@ def build(cfg: Config, mcfg: ModelConfig, devices: list) -> tuple[mesh_lib.Slice
   return slices, programs
 
 
-def _cast_program(mcfg: ModelConfig, mesh: Mesh, optimizer_bytes: float) -> Program:
-  """The trainer-side float32 -> param_dtype cast of the weights sent to the generator."""
+def _cast_program(mcfg: ModelConfig, slices: mesh_lib.Slices, optimizer_bytes: float
+                  ) -> Program:
+  """The trainer-side float32 -> param_dtype cast of the weights sent to the generator.
+
+  Beside it stay the optimizer state and, across hosts with split roles, the process-local
+  copy `transfer.to_local` gathers onto each process's trainer devices before the move.
+  """
+  mesh = slices.trainer
   _, master = abstract_params(mcfg, mesh, dtype="float32")
   leaves = jax.tree.leaves(master)
   dtypes = tuple(jnp.dtype(mcfg.param_dtype) if jnp.issubdtype(x.dtype, jnp.floating)
                  else x.dtype for x in leaves)
   fn = transfer.cast_program(dtypes)
+  cast = sum(_per_chip([x]) * jnp.dtype(d).itemsize / x.dtype.itemsize
+             for x, d in zip(leaves, dtypes) if d != x.dtype)
+  resident = {"params": _per_chip(leaves), "optimizer": optimizer_bytes, "cast_copy": cast}
+  gathered = 0.0
+  if slices.num_processes > 1 and not slices.colocated:
+    gathered = transfer.local_copy_bytes_per_device(leaves, dtypes)
+    resident["gathered_copy"] = gathered
   return Program("weight_cast", mesh, lambda: fn.lower(tuple(leaves)), 0.0, 0,
-                 resident={"params": _per_chip(leaves)}, also_resident=optimizer_bytes)
+                 resident=resident, also_resident=optimizer_bytes + gathered)
 
 
 def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -> list[Program]:
   mesh = slices.generator
   scfg = cfg.sampler
-  slots = slices.slots_per_group(scfg.num_slots)
-  data = mesh.shape.get("data", 1)
-  if slots % data:
-    raise UserError(f"config key 'sampler.num_slots': {slots} slots per generator group are "
-                    f"not a multiple of its data axis ({data} devices)")
-  buckets, max_len = pages_lib.cache_geometry(scfg, cfg.data.max_prompt_tokens)
-  graphdef, params = abstract_params(mcfg, mesh, dtype=mcfg.param_dtype)
-  param_leaves, treedef = jax.tree.flatten(params)
+  graphdef, abstract = sharding.abstract_model(mcfg)
+  # The run's own constructor derives the sampler's shapes and shardings (engine.Sampler).
+  lay = engine.layout(mcfg, abstract, scfg, mesh, generator_groups=slices.generator_groups,
+                      max_prompt_len=cfg.data.max_prompt_tokens)
+  slots, data, buckets, max_len = lay.num_slots, lay.data, lay.buckets, lay.max_len
+  page, pages, width = lay.page_size, lay.pages, lay.width
+  param_leaves, treedef = jax.tree.flatten(lay.params)
   param_leaves = tuple(param_leaves)
-  shardings = decode.state_shardings(mcfg, mesh, slots)
-  page, pages = pages_lib.pool_geometry(scfg, slots, data, max_len)
-  width = -(-max_len // page)
-  state = jax.eval_shape(lambda: decode.empty_state(mcfg, slots, data, pages, page, None))
-  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                       state, shardings)
+  shardings, state, table = lay.state_shardings, lay.state, lay.table
+  layers = (jax.eval_shape(decode.layers_program(graphdef, treedef), param_leaves)
+            if lay.layer_copies else None)
   rep = NamedSharding(mesh, PartitionSpec())
   consts = jax.tree.map(lambda x: _struct(x, rep), decode.constants([0], [0], -1))
   n, bucket = slots, buckets[-1]
@@ -230,10 +238,16 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
                          last_n=i32(n),
                          seed_n=i32(n), temperature_n=f32(n), top_k_n=i32(n), top_p_n=f32(n),
                          limit_n=i32(n), force_at_n=i32(n), answer_budget_n=i32(n))
-  table = jax.ShapeDtypeStruct((slots, width), jnp.int32, sharding=decode.table_sharding(mesh))
-  cache_bytes = _per_chip(state.cache)
-  resident = {"params": _per_chip(param_leaves), "kv_cache": cache_bytes,
-              "batch": _per_chip(state) - cache_bytes}
+  held = lay.held_bytes_per_device()
+  # Everything the Sampler holds, by kind: the live weights, the posted update waiting for
+  # the swap (the double buffer), per-layer copies (CPU/GPU), the page pool, slot state.
+  resident = {"params": held["params"], "pending_params": held["pending_params"],
+              "kv_cache": held["kv_cache"], "batch": held["slot_state"]}
+  if held["layer_copies"]:
+    resident["layer_copies"] = held["layer_copies"]
+  # Held beside each program, not among its arguments (the compiler does not see them).
+  beside_prefill = held["pending_params"] + held["layer_copies"]
+  beside_decode = held["pending_params"] + (0.0 if layers is not None else held["layer_copies"])
   admit = decode.admit_program(graphdef, treedef, shardings, start)
   truncate = scfg.top_p < 1.0 or scfg.top_k > 0
   steps = scfg.decode_chunk
@@ -251,8 +265,9 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
               # The prefill computes no logits (XLA drops the unused LM head).
               2.0 * (n_mat - mcfg.vocab_size * mcfg.hidden_size) * prefill_tokens
               + attention_flops(mcfg, prefill_tokens, start + piece / 2),
-              prefill_tokens, groups, dict(resident)),
-      Program("decode", mesh, lambda: chunk.lower(param_leaves, None, state, consts, table),
+              prefill_tokens, groups, dict(resident), also_resident=beside_prefill),
+      Program("decode", mesh, lambda: chunk.lower(param_leaves, layers, state, consts, table),
               2.0 * n_mat * decode_tokens + attention_flops(mcfg, decode_tokens, context),
-              decode_tokens, groups, dict(resident), paged_layers=mcfg.num_layers),
+              decode_tokens, groups, dict(resident), also_resident=beside_decode,
+              paged_layers=mcfg.num_layers),
   ]

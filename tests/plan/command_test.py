@@ -90,11 +90,13 @@ def test_colocated_roles_count_each_others_state(capsys):
   train, decode = rows["train_step"], rows["decode"]
   trainer_state = (train["resident_bytes_per_chip"]["params"]
                    + train["resident_bytes_per_chip"]["optimizer"])
-  sampler_state = (decode["resident_bytes_per_chip"]["params"]
-                   + decode["resident_bytes_per_chip"]["kv_cache"])
+  # The sampler holds its weights twice (live and a posted update) besides its KV cache.
+  sampler_state = sum(decode["resident_bytes_per_chip"].values())
+  pending = decode["resident_bytes_per_chip"]["pending_params"]
+  assert pending == decode["resident_bytes_per_chip"]["params"] > 0
   assert trainer_state > 0 and sampler_state > 0
-  assert decode["also_resident_bytes_per_chip"] == trainer_state
-  assert rows["prefill"]["also_resident_bytes_per_chip"] == trainer_state
+  assert decode["also_resident_bytes_per_chip"] == trainer_state + pending
+  assert rows["prefill"]["also_resident_bytes_per_chip"] == trainer_state + pending
   assert train["also_resident_bytes_per_chip"] == sampler_state
   assert decode["hbm_bytes_per_chip"] >= trainer_state + sampler_state
 
