@@ -127,7 +127,7 @@ def render_comparison(reports: list[forecast.RunReport],
     lines.append("  seed-to-seed variance in the probabilities:")
     lines += [f"    {v.describe()}" for v in c.seed_variance]
   best = c.most_efficient or "none: no significant difference"
-  lines.append(f"  most compute-efficient (highest B at the shared A): {best}")
+  lines.append(f"  most compute-efficient (higher B with P >= {c.decisive:.3f}): {best}")
   if c.higher_asymptote:
     lines.append(f"  higher asymptote A (significant): {c.higher_asymptote}")
   lines += [f"  note: {m}" for m in c.messages]
