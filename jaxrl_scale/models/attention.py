@@ -6,10 +6,13 @@ Hugging Face. Scores are scaled by head_dim**-0.5 and the softmax runs in float3
 output has q's dtype. A query with no visible key (a left-padding query) gets finite
 garbage, never NaN; callers ignore it.
 
-- "einsum": plain XLA, for CPU and GPU (and the reference the kernel is tested against).
+- "einsum": plain XLA, for CPU (and the reference the kernels are tested against).
 - "splash": the Pallas TPU splash-attention kernel (block-sparse causal mask, padding as
   segment ids), run per device under `jax.shard_map`.
-- "auto": "splash" when `sharding` lives on TPU devices, else "einsum".
+- "cudnn": cuDNN's fused flash attention on NVIDIA GPUs, through
+  `jax.nn.dot_product_attention(implementation="cudnn")` (`fused_attention`).
+- "auto": "splash" when `sharding` lives on TPU devices, "cudnn" on GPUs when cuDNN can run
+  the shapes (`auto_impl`), else "einsum".
 
 Paged decode (`paged_attention`): one new token per row is written into its page of the
 pool [L, D, P, C, 2K, H] and attends over the row's positions up to its own.
@@ -23,12 +26,13 @@ pool [L, D, P, C, 2K, H] and attends over the row's positions up to its own.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-IMPLS = ("auto", "einsum", "splash")
+IMPLS = ("auto", "einsum", "splash", "cudnn")
 
 # Finite (not -inf) so a query with no visible key gets a uniform softmax instead of NaN.
 _MASKED = float(np.finfo(np.float32).min)
@@ -44,9 +48,9 @@ def causal_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
     k_BTKH: keys (RoPE applied), K heads; N % K == 0.
     v_BTKH: values, K heads.
     mask_BT: True for real tokens; padding keys are never attended (left or right padding).
-    impl: "auto", "einsum" or "splash".
+    impl: "auto", "einsum", "splash" or "cudnn".
     sharding: the sharding of q_BTNH (batch rows on its first mesh axis). Required by
-      "splash"; "auto" picks "splash" when its devices are TPUs.
+      "splash"; "auto" picks by its devices' platform (`auto_impl`).
 
   Returns:
     out_BTNH in q's dtype.
@@ -54,9 +58,15 @@ def causal_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   if impl not in IMPLS:
     raise ValueError(f"attention impl {impl!r} is not one of {', '.join(IMPLS)}")
   if impl == "auto":
-    impl = "splash" if sharding is not None and _on_tpu(sharding.mesh) else "einsum"
+    impl = auto_impl(sharding, q_BTNH.dtype, q_BTNH.shape[-1])
   if impl == "einsum":
     return einsum_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT)
+  if impl == "cudnn":
+    why = cudnn_unsupported(q_BTNH.dtype, q_BTNH.shape[-1], _devices(sharding))
+    if why:
+      raise ValueError(f"attention impl 'cudnn': {why}")
+    return fused_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT, implementation="cudnn",
+                           sharding=sharding)
   if sharding is None:
     raise ValueError("attention impl 'splash' needs the activations' sharding (a NamedSharding)")
   return splash_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT, sharding=sharding)
@@ -66,6 +76,121 @@ def _on_tpu(mesh) -> bool:
   if isinstance(mesh, jax.sharding.AbstractMesh):
     return mesh.abstract_device is not None and mesh.abstract_device.platform == "tpu"
   return mesh.devices.flat[0].platform == "tpu"
+
+
+def _platform(sharding: jax.sharding.NamedSharding | None) -> str:
+  """'tpu', 'gpu' or 'cpu': where the activations live (their mesh's devices), or without a
+  sharding, where jit puts them (the default backend)."""
+  if sharding is None:
+    return jax.default_backend()
+  mesh = sharding.mesh
+  if isinstance(mesh, jax.sharding.AbstractMesh):
+    device = mesh.abstract_device
+    return device.platform if device is not None else jax.default_backend()
+  return mesh.devices.flat[0].platform
+
+
+def _devices(sharding: jax.sharding.NamedSharding | None) -> list:
+  if sharding is None or isinstance(sharding.mesh, jax.sharding.AbstractMesh):
+    return []
+  return list(sharding.mesh.devices.flat)
+
+
+def auto_impl(sharding: jax.sharding.NamedSharding | None, dtype, head_dim: int) -> str:
+  """What `causal_attention(impl="auto")` runs: "splash" on TPUs (it needs the sharding),
+  "cudnn" on GPUs when cuDNN runs the dtype and head dim (`cudnn_unsupported`), else
+  "einsum" (CPU, and the GPU cases cuDNN refuses: float32 compute, odd head dims)."""
+  platform = _platform(sharding)
+  if platform == "tpu" and sharding is not None:
+    return "splash"
+  if platform == "gpu" and not cudnn_unsupported(dtype, head_dim, _devices(sharding)):
+    return "cudnn"
+  return "einsum"
+
+
+def cudnn_unsupported(dtype, head_dim: int, devices: Sequence = ()) -> str:
+  """Why cuDNN's flash attention cannot run these activations ('' when it can): its kernels
+  take bfloat16 / float16 only, and head dims that are multiples of 8 up to 128 (256 on
+  Hopper and later; jax/_src/cudnn/fused_attention_stablehlo.py, check_is_flash_attention)."""
+  if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return f"needs bfloat16 or float16 activations, got {jnp.dtype(dtype).name}"
+  capability = getattr(devices[0], "compute_capability", "0") if devices else "9.0"
+  hopper = tuple(int(x) for x in str(capability).split(".")) >= (9, 0)
+  limit = 256 if hopper else 128
+  if head_dim % 8 or head_dim > limit:
+    return f"head_dim must be a multiple of 8 up to {limit} on this GPU, got {head_dim}"
+  return ""
+
+
+def fused_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
+                    mask_BT: jax.Array, *, implementation: str,
+                    sharding: jax.sharding.NamedSharding | None = None) -> jax.Array:
+  """`causal_attention` through `jax.nn.dot_product_attention` ("cudnn" on GPUs; "xla" is
+  the same call on any platform, which is how the CPU tests check this code).
+
+  The fused kernel's only padding input is a key length per row (keys s < len attended,
+  with the causal rule s <= t), which is right padding. Left padding is made right by
+  shifting each row left by its first real index (the padding wraps to the end), and the
+  output is shifted back. That needs each row's real tokens to be contiguous (left and/or
+  right padding, as every caller builds them; a hole inside a row would be attended). The
+  shift runs under `lax.cond` only when some row is left-padded: the trainer's and
+  prefill's batches are right-padded and skip it.
+
+  Queries keep every position (query lengths are T), so a right-padding query attends all
+  of its row's real keys, as in `einsum_attention`. A left-padding query (no visible key)
+  gets finite garbage; a row with no real token attends its first key (lengths are at
+  least 1, so no kernel sees an empty row).
+
+  Not covered here, left to `einsum_attention` by the callers: more keys than queries
+  (chunked prefill after a cached prefix); the XLA implementation's causal mask is
+  aligned top-left (query t sees keys s <= t), which is wrong for S > T.
+
+  Args:
+    q_BTNH, k_BTKH, v_BTKH, mask_BT: as in `causal_attention`.
+    implementation: "cudnn" or "xla" (passed to `jax.nn.dot_product_attention`).
+    sharding: the activations' sharding; q, k and v are pinned to rows over its batch axes
+      and heads over 'tp' where that divides the kv heads, the only splits cuDNN's
+      partitioner accepts (none over T or H).
+  """
+  b, t, n, h = q_BTNH.shape
+  k = k_BTKH.shape[2]
+  if n % k:
+    raise ValueError(f"query heads {n} are not a multiple of kv heads {k}")
+  mask_BT = mask_BT.astype(jnp.bool_)
+  any_B = jnp.any(mask_BT, axis=1)
+  first_B = jnp.where(any_B, jnp.argmax(mask_BT, axis=1), 0).astype(jnp.int32)
+  lens_B = jnp.maximum(jnp.sum(mask_BT, axis=1, dtype=jnp.int32), 1)
+  left = jnp.any(first_B > 0)
+
+  qkv = jax.lax.cond(left, lambda xs: tuple(_shift_rows(x, first_B) for x in xs),
+                     lambda xs: xs, (q_BTNH, k_BTKH, v_BTKH))
+  if sharding is not None:
+    qkv = tuple(jax.lax.with_sharding_constraint(x, _fused_spec(sharding, k)) for x in qkv)
+  out_BTNH = jax.nn.dot_product_attention(
+      *qkv, scale=h ** -0.5, is_causal=True, key_value_seq_lengths=lens_B,
+      implementation=implementation)
+  out_BTNH = jax.lax.cond(left, lambda x: _shift_rows(x, t - first_B), lambda x: x, out_BTNH)
+  return out_BTNH.astype(q_BTNH.dtype)
+
+
+def _shift_rows(x_BT: jax.Array, by_B: jax.Array) -> jax.Array:
+  """Row b rotated left by by_B[b] along axis 1 (position p takes p + by_B[b], mod T)."""
+  t = x_BT.shape[1]
+  index_BT = (jnp.arange(t, dtype=jnp.int32)[None, :] + by_B[:, None]) % t
+  index = index_BT.reshape(index_BT.shape + (1,) * (x_BT.ndim - 2))
+  return jnp.take_along_axis(x_BT, index, axis=1)
+
+
+def _fused_spec(sharding: jax.sharding.NamedSharding, kv_heads: int
+                ) -> jax.sharding.NamedSharding:
+  """[B, T, heads, H] split as cuDNN's partitioner takes it: rows as the activations, heads
+  over 'tp' when free and dividing the kv heads (q, k and v must share one spec)."""
+  mesh = sharding.mesh
+  batch_axes = _axes(sharding.spec[0] if len(sharding.spec) else None)
+  tp = mesh.shape.get("tp", 1)
+  heads = "tp" if tp > 1 and "tp" not in batch_axes and kv_heads % tp == 0 else None
+  batch = tuple(batch_axes) if batch_axes else None
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(batch, None, heads, None))
 
 
 def einsum_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,

@@ -22,7 +22,7 @@ FAMILIES = ("llama", "qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16")
 # The full-sequence attention kernels of `models.attention` (kept here so that reading a
 # config never imports JAX).
-ATTENTION_IMPLS = ("auto", "einsum", "splash")
+ATTENTION_IMPLS = ("auto", "einsum", "splash", "cudnn")
 
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
