@@ -78,6 +78,7 @@ class Slices:
   colocated: bool
   num_processes: int = 1
   process_index: int = 0
+  note: str = ""  # why the layout differs from the config's (`single_accelerator`)
 
   @property
   def generator_groups(self) -> int:
@@ -113,9 +114,10 @@ class Slices:
       kind = "colocated trainer" if self.colocated else "trainer"
       return (f"{kind}: {one(self.trainer)}; generator (this process's, one per each of "
               f"{self.num_processes} processes): {one(self.generator)}")
+    note = f"\n  note: {self.note}" if self.note else ""
     if self.colocated:
-      return f"colocated: {one(self.trainer)}"
-    return f"trainer: {one(self.trainer)}; generator: {one(self.generator)}"
+      return f"colocated: {one(self.trainer)}{note}"
+    return f"trainer: {one(self.trainer)}; generator: {one(self.generator)}{note}"
 
 
 def slots_per_group(num_slots: int, groups: int) -> int:
@@ -300,7 +302,7 @@ def make_slices(cfg: MeshConfig, devices: Sequence | None = None, *,
   """
   devices = list(devices if devices is not None else jax.devices())
   hosts = sorted({d.process_index for d in devices})
-  hint = ""
+  hint = note = ""
   if len(hosts) > 1:
     index = jax.process_index() if process_index is None else process_index
     train_devs, gen_devs = split_by_process(cfg, devices, index)
@@ -316,6 +318,11 @@ def make_slices(cfg: MeshConfig, devices: Sequence | None = None, *,
     num_processes = len(hosts)
   else:
     index = hosts[0] if hosts else 0
+    platform = single_accelerator(devices)
+    if platform and not cfg.colocated:
+      cfg = dataclasses.replace(cfg, colocated=True)
+      note = (f"one {platform} device: the trainer and the generator share it "
+              "(mesh.colocated=true)")
     train_devs, gen_devs = split_devices(cfg, devices)
     if not cfg.colocated:
       hint = _generator_tp_hint(devices, len(train_devs), len(gen_devs))
@@ -323,7 +330,21 @@ def make_slices(cfg: MeshConfig, devices: Sequence | None = None, *,
   trainer = _mesh(train_devs, cfg.trainer_tp, TRAINER_AXES, "trainer_tp")
   generator = _mesh(gen_devs, cfg.generator_tp, GENERATOR_AXES, "generator_tp", hint)
   return Slices(trainer=trainer, generator=generator, colocated=cfg.colocated,
-                num_processes=num_processes, process_index=index)
+                num_processes=num_processes, process_index=index, note=note)
+
+
+def single_accelerator(devices: Sequence) -> str:
+  """The platform ('gpu', 'tpu') when `devices` are exactly one accelerator, else ''.
+
+  One device cannot be split into a trainer and a generator slice, so `make_slices` runs
+  both roles on it (colocated) instead of refusing the default config: `jaxrl-scale train`
+  on one GPU works out of the box. A single CPU device keeps the error, which points at
+  mesh.simulated_cpu_devices (the CPU demo simulates 8).
+  """
+  if len(devices) != 1:
+    return ""
+  platform = getattr(devices[0], "platform", "cpu")
+  return "" if platform == "cpu" else platform
 
 
 def single_device_mesh(device=None, axes: tuple[str, str] = TRAINER_AXES) -> Mesh:

@@ -165,3 +165,39 @@ def test_slots_split_over_generator_groups():
   with pytest.raises(UserError, match="'sampler.num_slots': 100 .* 16 generator groups"):
     slices.slots_per_group(100)
   assert mesh.make_slices(config.MeshConfig()).slots_per_group(100) == 100
+
+
+# ---- one accelerator: colocated by default -------------------------------------------------
+
+import types  # noqa: E402
+
+
+def _fake(platform, i=0):
+  return types.SimpleNamespace(platform=platform, id=i, process_index=0)
+
+
+@pytest.mark.parametrize("devices, want", [
+    ([_fake("gpu")], "gpu"),
+    ([_fake("tpu")], "tpu"),
+    ([_fake("gpu"), _fake("gpu", 1)], ""),  # two GPUs split as configured
+    ([_fake("cpu")], ""),  # one CPU device keeps its error (simulate more)
+    ([], ""),
+])
+def test_single_accelerator(devices, want):
+  assert mesh.single_accelerator(devices) == want
+
+
+def test_one_gpu_runs_colocated_with_a_note(monkeypatch):
+  """The default config (colocated false) on one GPU builds colocated slices instead of
+  refusing; the CPU device stands in for the GPU (nothing compiles)."""
+  one = jax.devices()[:1]
+  with pytest.raises(UserError, match="colocated"):
+    mesh.make_slices(config.MeshConfig(), one)
+  monkeypatch.setattr(mesh, "single_accelerator", lambda devices: "gpu")
+  slices = mesh.make_slices(config.MeshConfig(), one)
+  assert slices.colocated and slices.trainer.devices.size == slices.generator.devices.size == 1
+  text = slices.describe()
+  assert text.startswith("colocated") and "note: one gpu device" in text
+  assert len(text.splitlines()) == 2  # the layout line, then the one-line note
+  # Said colocated by the config: nothing to note.
+  assert not mesh.make_slices(config.MeshConfig(colocated=True), one).note
