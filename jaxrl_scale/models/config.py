@@ -83,7 +83,8 @@ class ModelConfig:
   eos_token_ids: tuple[int, ...] = ()
   pad_token_id: int | None = None
   # Full-sequence attention (trainer, prefill): "auto" = the Pallas TPU kernel on TPU devices
-  # when an activation sharding is given, else "einsum". See `models.attention`.
+  # when an activation sharding is given, cuDNN flash attention on GPUs for bf16/fp16
+  # activations, else "einsum". See `models.attention`.
   attention_impl: str = "auto"
 
   def __post_init__(self):
