@@ -85,8 +85,8 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
     sampler, scorer, pool: sample and score the dev prompts (needed with a stop target).
     shard, gather: several processes: each samples its share of the dev prompts and the
       counts are combined (see `eval.Evaluator`), so all of them stop at the same step.
-    stop: the run's stop request (None: never stops early); `sampler` should then be a
-      `preempt.Interruptible` so a dev check stops mid-way.
+    stop: the run's stop request (None: never stops early); a dev check in progress stops
+      at the next decode chunk.
     state_dir: where the state of an interrupted warm start is saved and resumed from (one
       directory all processes share).
     agree: several processes: `agree(flag)` is whether any process's flag is set (an

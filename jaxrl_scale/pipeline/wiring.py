@@ -237,7 +237,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
     # Its dev-set checks are sharded like the eval, so every process stops at the same step.
     try:
       model, host.sft_compute_hours, _ = warm_start.run(
-          cfg, tok, model, slices.trainer, seq_len, sft_dir, progress, sampler=interruptible,
+          cfg, tok, model, slices.trainer, seq_len, sft_dir, progress, sampler=sampler,
           scorer=scorer, pool=pool, shard=(shard.index, shard.count),
           gather=(lambda c: distributed.allgather(c, name="sft_dev")) if multi else None,
           stop=stop, state_dir=warm_dir, agree=(lambda flag: any(distributed.allgather(
