@@ -43,6 +43,7 @@ Goals (issue 13, 2-core CPU, float32): >= 2.0x transformers greedy, >= 2.5x at t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -80,6 +81,8 @@ def _parse() -> argparse.Namespace:
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   p.add_argument("--repeats", type=int, default=3, help="timed runs per side; best is kept")
   p.add_argument("--skip-hf", action="store_true", help="skip the transformers baseline")
+  p.add_argument("--attention", default="auto", choices=("auto", "einsum", "cudnn", "splash"),
+                 help="model.attention_impl of prefill (auto: cuDNN on GPU for bf16)")
   p.add_argument("--hf-threads", type=int, default=None,
                  help="torch threads (default: the best of 1 and torch's default)")
   p.add_argument("--skip-mixed", action="store_true", help="skip the mixed-length workload")
@@ -295,6 +298,9 @@ def main() -> int:
     path = tempfile.mkdtemp(prefix="sampler_bench_")
     _write_checkpoint(args, path)
   model, model_cfg = hf_io.load_hf_model(path, param_dtype=args.dtype)
+  if args.attention != model_cfg.attention_impl:
+    model_cfg = dataclasses.replace(model_cfg, attention_impl=args.attention)
+    model.cfg = model_cfg  # read by the layer loop at trace time (prefill's attention)
   n_params = model_cfg.num_params()
   embed = model_cfg.vocab_size * model_cfg.hidden_size
   matmul_params = n_params - (0 if model_cfg.tie_embeddings else embed)
@@ -302,7 +308,7 @@ def main() -> int:
   report.update(device=device, cpu_cores=os.cpu_count(), model=args.model or "random qwen3",
                 params=n_params, dtype=args.dtype, batch=args.batch,
                 prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                temperature=args.temperature, chunk=args.chunk)
+                temperature=args.temperature, chunk=args.chunk, attention=args.attention)
   log(f"device: {device}; model: {args.model or 'random qwen3'} hidden={model_cfg.hidden_size} "
       f"layers={model_cfg.num_layers} vocab={model_cfg.vocab_size} "
       f"({n_params / 1e6:.1f}M params, {args.dtype}); temperature {args.temperature}")

@@ -29,6 +29,7 @@ exactly as training does: micro-batch scan, AdamW update, non-finite check, diag
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -47,6 +48,11 @@ def parse_args() -> argparse.Namespace:
   p.add_argument("--remat", default="full", choices=("none", "full", "dots"),
                  help="optim.remat (recomputation gets no FLOP credit)")
   p.add_argument("--logits-chunk", type=int, default=512, help="optim.logits_chunk")
+  p.add_argument("--attention", default="auto", choices=("auto", "einsum", "cudnn", "splash"),
+                 help="model.attention_impl (auto: cuDNN on GPU for bf16, einsum on CPU)")
+  p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                 help="model.dtype, the activations (default: the preset's; masters stay "
+                      "param_dtype). cuDNN attention needs bfloat16")
   p.add_argument("--quick", action="store_true",
                  help="tiny shapes for a smoke run (preset tiny_llama, S=128, n=1024)")
   args = p.parse_args()
@@ -110,6 +116,7 @@ def main() -> None:
   mesh = jax.make_mesh((args.fsdp, args.tp), ("fsdp", "tp"), axis_types=(AxisType.Auto,) * 2,
                        devices=devices)
   cfg = model_config.preset(args.preset)
+  cfg = dataclasses.replace(cfg, attention_impl=args.attention, dtype=args.dtype or cfg.dtype)
   model = sharding.create_sharded_model(cfg, mesh, seed=0)
   num_params = sharding.param_count(nnx_params(model))
   batch = random_batch(np.random.default_rng(0), cfg.vocab_size, args.prompts,
@@ -148,7 +155,8 @@ def main() -> None:
         f"mesh fsdp={args.fsdp} tp={args.tp}")
   print(f"model: {args.preset}, {num_params / 1e6:.1f}M params, batch {rows} x {args.seq_len} "
         f"tokens, {args.micro_batches} micro-batch(es), remat {args.remat}, logits chunk "
-        f"{args.logits_chunk}; compile {compile_s:.1f} s")
+        f"{args.logits_chunk}, attention {args.attention}, {cfg.dtype} activations over "
+        f"{cfg.param_dtype} params; compile {compile_s:.1f} s")
   if trainer.memory_analysis is not None:
     m = trainer.memory_analysis
     print(f"memory: temporaries {m.temp_size_in_bytes / 2**30:.2f} GiB, arguments "
