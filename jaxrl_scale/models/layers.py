@@ -103,7 +103,13 @@ class Einsum(nnx.Module):
     # A dot_general with the contracted axes in x's order, not jnp.einsum: for "BTNH,NHD"
     # einsum contracted (H, N), and XLA:CPU then transposed the whole kernel on every call
     # (o_proj, every decode step; benchmarks/sampler_bench.py).
-    kernel = held(self.kernel[...], self.param_dtype).astype(self.dtype)
+    kernel = self.kernel[...]
+    if jnp.dtype(self.dtype) != self.param_dtype:
+      # Casting to the compute dtype rounds at least as much as param_dtype when the two
+      # agree; only a wider compute dtype needs `held` (which costs the train step a rounded
+      # copy of the layer weights: +1.0 GiB of temporaries on qwen3_1p7b / v5p-8).
+      kernel = held(kernel, self.param_dtype)
+    kernel = kernel.astype(self.dtype)
     y = jax.lax.dot_general(x.astype(self.dtype), kernel, dims)
     if perm is not None:
       y = jnp.transpose(y, perm)

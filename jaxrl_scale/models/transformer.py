@@ -346,14 +346,25 @@ class Transformer(nnx.Module):
       body = jax.checkpoint(body, policy=policy, prevent_cse=False)
     return jax.lax.scan(body, carry, (state_L, jnp.arange(self.cfg.num_layers), prefix_L))
 
-  def _head(self) -> tuple[jax.Array, str]:
-    if self.lm_head is None:
-      return self.embed_tokens.embedding[...], "BTD,VD->BTV"
-    return self.lm_head.kernel[...], "BTD,DV->BTV"
+  def head(self) -> tuple[jax.Array, str]:
+    """The LM head's weights as the model computes with them, and its einsum spec.
 
-  def logits(self, h_BTD: jax.Array) -> jax.Array:
-    """LM head; float32 (full-precision matmul) when cfg.lm_head_fp32."""
-    w, spec = self._head()
+    The weights are rounded to param_dtype (`layers.held`): the trainer's float32 master of
+    a bf16 model then gives the FP32 head the generator's bf16 values. A caller that runs
+    the head over chunks in a loop takes this once, outside the loop. Measured on the
+    qwen3_1p7b train step (bf16, 4 x 4 x 2048, v5p-8 by compilation): temporaries 7.17 GiB
+    without the rounding, 8.19 rounded inside the loop, 7.60 rounded once here.
+    """
+    if self.lm_head is None:
+      w, spec = self.embed_tokens.embedding[...], "BTD,VD->BTV"
+    else:
+      w, spec = self.lm_head.kernel[...], "BTD,DV->BTV"
+    return layers.held(w, self.cfg.param_dtype), spec
+
+  def logits(self, h_BTD: jax.Array, head: tuple[jax.Array, str] | None = None) -> jax.Array:
+    """LM head; float32 (full-precision matmul) when cfg.lm_head_fp32. `head`: `self.head()`
+    when the caller already took it."""
+    w, spec = self.head() if head is None else head
     return _logits(h_BTD, w, spec, self.cfg)
 
   def token_log_probs(self, h_BTD: jax.Array, targets_BT: jax.Array,
@@ -364,7 +375,7 @@ class Transformer(nnx.Module):
     of the sequence go through the head one at a time and are recomputed in the backward
     pass, which bounds memory for large vocabularies.
     """
-    w, spec = self._head()
+    w, spec = self.head()
     cfg = self.cfg
 
     def one(h_BtD: jax.Array, t_Bt: jax.Array) -> jax.Array:
@@ -424,9 +435,6 @@ def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> layers.DecoderLayer:
 
 
 def _logits(h_BTD: jax.Array, w: jax.Array, spec: str, cfg: ModelConfig) -> jax.Array:
-  # The head's weights as the generator holds them (param_dtype), also when the trainer's
-  # float32 master is upcast for the FP32 head: one policy on both sides.
-  w = layers.held(w, cfg.param_dtype)
   if cfg.lm_head_fp32:
     # ScaleRL FP32 logits; HIGHEST so TPUs do not drop to a single bf16 matmul pass.
     dtype, precision = jnp.float32, jax.lax.Precision.HIGHEST

@@ -17,10 +17,10 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 
-def _head_logprobs(model: nnx.Module, h_BTD: jax.Array, targets_BT: jax.Array,
-                   temperature: float) -> tuple[jax.Array, jax.Array]:
+def _head_logprobs(model: nnx.Module, head: tuple[jax.Array, str], h_BTD: jax.Array,
+                   targets_BT: jax.Array, temperature: float) -> tuple[jax.Array, jax.Array]:
   """(log p_T(target), target is the argmax) from hidden states, in float32."""
-  logits_BTV = model.logits(h_BTD).astype(jnp.float32)
+  logits_BTV = model.logits(h_BTD, head).astype(jnp.float32)
   if temperature != 1.0:
     # The sampler divides the float32 logits by T before its log-softmax
     # (generation/sampling.py); the same operation here gives the same numbers.
@@ -66,7 +66,8 @@ def token_logprobs(model: nnx.Module, tokens_BS: jax.Array, positions_BS: jax.Ar
   # The last position predicts past the sequence: never a target, so skip its logits.
   h_BTD, targets_BT = h_BSD[:, :-1], tokens_BS[:, 1:]
   b, t = targets_BT.shape
-  head = functools.partial(_head_logprobs, model, temperature=temperature)
+  # The head's weights are taken once, outside the chunk loop (`Transformer.head`).
+  head = functools.partial(_head_logprobs, model, model.head(), temperature=temperature)
   if chunk <= 0 or chunk >= t:
     logp_BT, top1_BT = head(h_BTD, targets_BT)
   else:
