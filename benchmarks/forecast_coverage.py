@@ -59,7 +59,8 @@ def _print_tally(name: str, t: coverage.Tally) -> None:
   print(f"{name:38s} {t.runs:4d}  F {_fmt(t.forecast_covered, t.runs)}  "
         f"A {_fmt(t.a_covered, t.runs)}  |err|<=0.02 {t.close / t.runs:.3f}  "
         f"well {t.well:3d}: F {_fmt(t.well_forecast_covered, t.well)} "
-        f"A {_fmt(t.well_a_covered, t.well)}  ({t.seconds:.0f}s)", flush=True)
+        f"A {_fmt(t.well_a_covered, t.well)}  width {t.median_width:.4f}  "
+        f"({t.seconds:.0f}s)", flush=True)
 
 
 def section_coverage(args) -> None:

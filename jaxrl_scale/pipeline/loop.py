@@ -259,7 +259,9 @@ class Loop:
       if self.cfg.forecast.target_compute_hours is None and step > 0:
         # The run's projected total at the current rate of compute per step.
         self.forecaster.target_compute = hours * self.cfg.run.steps / step
-      fit = self.forecaster.update(hours, out["val/pass_rate"], step=step)
+      fit = self.forecaster.update(hours, out["val/pass_rate"], step=step,
+                                   eval_size=out.get("val/num_prompts", float("nan"))
+                                   * out.get("val/samples_per_prompt", float("nan")))
       if fit is not None and fit.step == step:
         out.update(fit.as_metrics())
         self._forecast_line = "  " + fit.summary()  # printed under the step's line

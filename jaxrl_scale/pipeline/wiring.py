@@ -194,7 +194,9 @@ def _replay_forecast(forecaster: Any, metrics_path: pathlib.Path, before_step: i
     return
   for row in metrics_lib.read_metrics(metrics_path):
     if row.get("step", before_step) < before_step and row.get("val/pass_rate") is not None:
-      forecaster.update(row["compute_hours"], row["val/pass_rate"], step=row["step"])
+      forecaster.update(row["compute_hours"], row["val/pass_rate"], step=row["step"],
+                        eval_size=row.get("val/num_prompts", float("nan"))
+                        * row.get("val/samples_per_prompt", float("nan")))
 
 
 def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.ExitStack,

@@ -84,6 +84,11 @@ class Tally:
   well_forecast_covered: int = 0
   well_a_covered: int = 0
   seconds: float = 0.0
+  widths: list = dataclasses.field(default_factory=list)  # forecast interval width per run
+
+  @property
+  def median_width(self) -> float:
+    return float(np.median(self.widths)) if self.widths else float("nan")
 
   def rate(self, name: str) -> float:
     total = self.well if name.startswith("well_") else self.runs
@@ -142,6 +147,7 @@ def run_scenario(scenario: Scenario, n_runs: int, *, seed: int = 0, n_boot: int 
     tally.forecast_covered += f_ok
     tally.a_covered += a_ok
     tally.close += abs(report.forecast - truth) <= 0.02
+    tally.widths.append(hi - lo)
     if report.well_determined:
       tally.well += 1
       tally.well_forecast_covered += f_ok

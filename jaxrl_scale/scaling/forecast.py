@@ -326,8 +326,13 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
     r0_sd = float(model.sd()[curve.is_start][0]) if curve.is_start.any() else model.scale
   samples = reps = prof = None
   if options.n_boot > 0:
-    reps = boot_lib.simulate(x, sigmoid, model, weights=w, series=curve.series, r0_sd=r0_sd,
-                             n_boot=options.n_boot, seed=options.seed, resid=resid)
+    # The replicates span the evals up to the fit-fraction cut only, so the draws (and the
+    # intervals) are those of the file cut there, or of the live forecaster at that eval.
+    seen = ~heldout
+    reps = boot_lib.simulate(x[seen], sigmoid,
+                             dataclasses.replace(model, rel_sd=model.rel_sd[seen]),
+                             weights=w[seen], series=curve.series[seen], r0_sd=r0_sd,
+                             n_boot=options.n_boot, seed=options.seed, resid=resid[seen])
     samples = boot_lib.refit(sigmoid, reps)
     prof = profile_lib.profile_a(x, y, w, sigmoid, model, options.level, options=options.fit)
   power = fit_lib.fit_power_law(x, y, weights=fit_mask.astype(np.float64))

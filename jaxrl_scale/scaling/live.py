@@ -1,9 +1,10 @@
 """A forecaster the training loop feeds one eval point at a time.
 
-Every `update` refits the sigmoid on all points so far and bootstraps an interval, in NumPy
-on the host (nothing queues behind training on the accelerator); a refit with 200 bootstrap
-replicates and the profile-likelihood set of A costs 0.1-0.2 s on a CPU core (4-40 points):
-cheap enough for every eval.
+Every `update` runs `forecast.analyse` -- the very computation of `jaxrl-scale fit` -- on
+the points so far (weighted by each eval's binomial error when its size is given), in NumPy
+on the host (nothing queues behind training on the accelerator). So the live line and
+`jaxrl-scale fit --fit-fraction` (or fit on the file cut at that eval) print the same
+interval on the same data and seed.
 
     forecaster = live.LiveForecaster(target_compute=budget_hours)
     for each eval:
@@ -19,10 +20,9 @@ import math
 
 import numpy as np
 
-from jaxrl_scale.scaling import bootstrap as boot_lib
 from jaxrl_scale.scaling import fit as fit_lib
 from jaxrl_scale.scaling import forecast
-from jaxrl_scale.scaling import profile as profile_lib
+from jaxrl_scale.scaling import io
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +80,7 @@ class LiveForecaster:
     min_compute: points below this compute are kept but not fitted.
     n_boot: bootstrap refits per update for the intervals (0: none).
     level: interval level.
-    seed: bootstrap seed.
+    seed: bootstrap seed (every refit uses it, as `jaxrl-scale fit --seed` does).
     options: fitter settings.
   """
 
@@ -92,11 +92,13 @@ class LiveForecaster:
     self.n_boot = n_boot
     self.level = level
     self.seed = seed
-    self.options = options
+    self.options_fit = options
     self._r0_given = r0
     self._r0_stream: float | None = None
+    self._r0_size = float("nan")
     self._compute: list[float] = []  # fitted points, in eval order
     self._rate: list[float] = []
+    self._size: list[float] = []  # eval sizes (nan: not given)
     self.history: list[LiveForecast] = []
 
   @property
@@ -112,60 +114,79 @@ class LiveForecaster:
     made = [f for f in self.history if f.compute <= compute]
     return made[-1] if made else None
 
-  def update(self, compute: float, pass_rate: float, step: int | None = None
-             ) -> LiveForecast | None:
+  def update(self, compute: float, pass_rate: float, step: int | None = None,
+             eval_size: float | None = None) -> LiveForecast | None:
     """Adds one eval point and refits.
 
     A non-finite point is ignored. A point at lower compute than the last one means the run
     resumed from a checkpoint and replays evals: later points are dropped first.
 
+    Args:
+      compute: compute of the eval (the run's compute axis).
+      pass_rate: its pass rate.
+      step: its training step (step 0 / compute 0 is the starting policy: R0).
+      eval_size: problems x samples of the eval (val/num_prompts x
+        val/samples_per_prompt), as `jaxrl-scale fit` reads it from metrics.jsonl; with
+        every eval's size known the fit is weighted by the binomial error, as there.
+
     Returns:
       The new forecast, or None while there are fewer than 4 fittable points.
     """
     compute, pass_rate = float(compute), float(pass_rate)
+    size = float("nan") if eval_size is None else float(eval_size)
     if not (math.isfinite(compute) and math.isfinite(pass_rate)) or compute < 0:
       return self.latest
     if (compute == 0.0 or step == 0) and not self._compute and self._r0_stream is None:
       self._r0_stream = pass_rate  # the starting policy: R0, not a fitted point
+      self._r0_size = size
       return None
     keep = int(np.searchsorted(self._compute, compute, side="left"))
     if keep < len(self._compute):  # replayed evals replace those of the abandoned timeline
-      del self._compute[keep:], self._rate[keep:]
+      del self._compute[keep:], self._rate[keep:], self._size[keep:]
       self.history = [f for f in self.history if f.compute < compute]
     self._compute.append(compute)
     self._rate.append(pass_rate)
+    self._size.append(size)
     result = self._refit(compute, step)
     if result is not None:
       self.history.append(result)
     return result
 
+  def curve(self) -> io.Curve:
+    """The points fed so far as the curve `jaxrl-scale fit` would read from metrics.jsonl."""
+    start = self._r0_stream is not None
+    x = ([0.0] if start else []) + self._compute
+    return io.Curve(
+        name="live", path="<live>", compute=np.asarray(x, np.float64),
+        pass_rate=np.asarray(([self._r0_stream] if start else []) + self._rate, np.float64),
+        line=np.arange(len(x)), r0=self._r0_stream,
+        is_start=np.arange(len(x)) < int(start),
+        eval_size=np.asarray(([self._r0_size] if start else []) + self._size, np.float64))
+
+  def options(self) -> forecast.AnalysisOptions:
+    """The `jaxrl-scale fit` options this forecaster's refits use."""
+    return forecast.AnalysisOptions(
+        r0=self._r0_given, min_compute=self.min_compute, target_compute=self.target_compute,
+        n_boot=self.n_boot, level=self.level, seed=self.seed, fit=self.options_fit)
+
   def _refit(self, compute: float, step: int | None) -> LiveForecast | None:
-    x, y = np.asarray(self._compute), np.asarray(self._rate)
-    w = ((x > 0) & (x >= self.min_compute)).astype(float)
-    n = int(w.sum())
-    if n < forecast.MIN_POINTS:
+    x = np.asarray(self._compute)
+    if int(np.sum((x > 0) & (x >= self.min_compute))) < forecast.MIN_POINTS:
       return None
-    sig = fit_lib.fit_sigmoid(x, y, self.r0, weights=w, options=self.options)
-    samples = prof = None
-    if self.n_boot > 0:
-      model, _ = boot_lib.estimate_noise(x, y, sig, weights=w)
-      # R0 from the stream is a noisy eval: redrawn per replicate (a given R0 stays fixed).
-      samples = boot_lib.bootstrap_sigmoid(
-          x, y, sig, weights=w, noise_model=model, n_boot=self.n_boot, seed=self.seed + n,
-          r0_from_eval=self._r0_given is None and self._r0_stream is not None)
-      # As in `jaxrl-scale fit`: A and the forecast get the union with the profile set.
-      prof = profile_lib.profile_a(x, y, w, sig, model, self.level, options=self.options)
+    # One computation for both: the live line is `forecast.analyse` on the points so far,
+    # exactly what `jaxrl-scale fit --fit-fraction` (or fit on a truncated file) runs.
+    report = forecast.analyse(self.curve(), self.options())
+    sig = report.sigmoid
     was_well = bool(self.history) and self.history[-1].well_determined
-    well, messages = forecast.assess(sig, samples, float(np.max(x[w > 0])), self.level,
-                                     was_well=was_well)
-    point = band = None
-    if self.target_compute is not None:
-      point, band = forecast.forecast_at(sig, samples, self.target_compute, self.level, prof)
-    iv = (lambda name: None) if samples is None else (
-        lambda name: samples.interval(name, self.level))
-    a_band = None if prof is None else profile_lib.union(iv("a"), prof.a_interval())
+    well, messages = report.well_determined, report.messages
+    if was_well and not well:  # hysteresis of the flag only; the intervals stay fit's
+      well, messages = forecast.assess(sig, report.samples, report.max_fit_compute,
+                                       self.level, was_well=True)
     return LiveForecast(
-        step=step, compute=compute, n_points=n, a=sig.a, b=sig.b, c_mid=sig.c_mid, r0=sig.r0,
-        a_interval=a_band, b_interval=iv("b"), c_mid_interval=iv("c_mid"),
+        step=step, compute=compute, n_points=sig.n_points, a=sig.a, b=sig.b,
+        c_mid=sig.c_mid, r0=sig.r0, a_interval=report.interval("a"),
+        b_interval=report.interval("b"), c_mid_interval=report.interval("c_mid"),
         well_determined=well, messages=messages, target_compute=self.target_compute,
-        forecast=point, forecast_interval=band)
+        forecast=report.forecast if self.target_compute is not None else None,
+        forecast_interval=(report.forecast_interval if self.target_compute is not None
+                           else None))

@@ -103,14 +103,21 @@ def simulate_evals(row: Table1Row, *, n_evals: int = 80, spacing: str = "linear"
 
 
 def write_metrics_jsonl(path: str, compute, pass_rate, *, train_rows_per_eval: int = 2,
-                        steps_per_eval: int = 100) -> None:
-  """Writes a metrics.jsonl like `jaxrl-scale train` does: train rows between evals."""
+                        steps_per_eval: int = 100,
+                        eval_size: tuple[int, int] | None = None) -> None:
+  """Writes a metrics.jsonl like `jaxrl-scale train` does: train rows between evals.
+
+  `eval_size` (problems, samples per problem) is logged with every eval, as the trainer's
+  evaluator does.
+  """
   compute = np.asarray(compute, np.float64)
+  size = {} if eval_size is None else {"val/num_prompts": eval_size[0],
+                                       "val/samples_per_prompt": eval_size[1]}
   with open(path, "w", encoding="utf-8") as f:
     for i, (c, r) in enumerate(zip(compute, pass_rate)):
       step = i * steps_per_eval
       f.write(json.dumps({"step": step, "compute_hours": float(c),
-                          "val/pass_rate": float(r)}) + "\n")
+                          "val/pass_rate": float(r), **size}) + "\n")
       nxt = compute[i + 1] if i + 1 < compute.size else c
       for j in range(1, train_rows_per_eval + 1):
         frac = j / (train_rows_per_eval + 1)
