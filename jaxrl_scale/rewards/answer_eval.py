@@ -10,11 +10,18 @@ EvalError instead of running for hours.
 
 `close(a, b)`: exact equality for two rationals; otherwise a relative difference below
 1e-32 (an absolute one below 1e-40 near zero). So two spellings of one irrational number are
-equal and a decimal approximation of one is not (1.414 != sqrt 2, 3.14159 != pi).
+equal. Inside `with decimal_tolerance(rel, half_ulp):` (answer_compare uses it when only one
+side was written with decimals) a decimal also equals an exact value it is a rounding of:
+|a - b| <= half_ulp (the written decimal is correct to its last digit) and
+|a - b| <= rel * max(|a|, |b|). So 0.142857142857 == 1/7 and 1.4142 == sqrt 2, while
+1.414 != sqrt 2 (relative 1.5e-4) and 0.1428 != 1/7 (not a rounding of it). The setting is
+a context variable: each thread (and each verdict) has its own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from fractions import Fraction
 from typing import Any, Union
@@ -31,6 +38,20 @@ _REL_TOL = _MP.mpf(10) ** -32
 _ABS_TOL = _MP.mpf(10) ** -40
 
 Value = Union[Fraction, Any]  # Fraction or an mpc of _MP
+# (rel, half_ulp) while a decimal is compared with an exact value; None: exact comparison.
+_DECIMAL_TOLERANCE: contextvars.ContextVar = contextvars.ContextVar("decimal_tolerance",
+                                                                   default=None)
+
+
+@contextlib.contextmanager
+def decimal_tolerance(rel: float, half_ulp: Fraction):
+  """Within the block, `close` accepts a decimal rounding of a value (module docstring)."""
+  token = _DECIMAL_TOLERANCE.set((_MP.mpf(rel), _MP.mpf(half_ulp.numerator)
+                                  / half_ulp.denominator))
+  try:
+    yield
+  finally:
+    _DECIMAL_TOLERANCE.reset(token)
 
 
 class EvalError(ValueError):
@@ -276,11 +297,20 @@ def close(a: Value, b: Value) -> bool:
   """Equality up to rounding of the irrational parts (module docstring)."""
   if isinstance(a, _Infinity) or isinstance(b, _Infinity):
     return isinstance(a, _Infinity) and isinstance(b, _Infinity) and a.sign == b.sign
-  if isinstance(a, Fraction) and isinstance(b, Fraction):
-    return a == b
+  if isinstance(a, Fraction) and isinstance(b, Fraction) and a == b:
+    return True
+  tolerance = _DECIMAL_TOLERANCE.get()
+  if isinstance(a, Fraction) and isinstance(b, Fraction) and tolerance is None:
+    return False
   za, zb = _mp(a), _mp(b)
   diff = abs(za - zb)
-  return bool(diff <= _ABS_TOL or diff <= _REL_TOL * max(abs(za), abs(zb)))
+  scale = max(abs(za), abs(zb))
+  if diff <= _ABS_TOL or diff <= _REL_TOL * scale:
+    return True
+  if tolerance is None:
+    return False
+  rel, half_ulp = tolerance
+  return bool(diff <= half_ulp and diff <= rel * scale)
 
 
 def is_real(x: Value) -> bool:

@@ -212,21 +212,38 @@ class _Parser:
     return factors[0] if len(factors) == 1 else self.node("mul", tuple(factors))
 
   def mixed_number(self, whole: tuple) -> tuple | None:
-    """3\frac{1}{2} is 7/2 (a whole number then a proper fraction of literals), not 3/2."""
+    r"""3\frac{1}{2} and "3 1/2" are 7/2 (a whole number then a proper fraction of literals).
+
+    Two number tokens in a row were written apart ("3 1/2", "3\ 1/2"): nothing else reads
+    them, so the plain-text mixed number is unambiguous; "3 \cdot 1/2" stays a product.
+    """
     negative = whole[0] == "neg"
     if negative:
       whole = whole[1]
-    if not (whole[0] == "n" and whole[1].denominator == 1 and self.peek() == ("cmd", "frac")):
+    if not (whole[0] == "n" and whole[1].denominator == 1 and self.int_literal(-1)):
       return None
     start = self.pos
-    self.next()
-    num, den = self.group(), self.group()
+    if self.peek() == ("cmd", "frac"):
+      self.next()
+      num, den = self.group(), self.group()
+    elif (self.int_literal(0) and self.peek(1) == ("op", "/") and self.int_literal(2)
+          and self.peek(3) != ("op", "^")):
+      num = self.node("n", Fraction(int(self.next()[1])))
+      self.next()
+      den = self.node("n", Fraction(int(self.next()[1])))
+    else:
+      return None
     if (num[0] == den[0] == "n" and num[1].denominator == den[1].denominator == 1
         and 0 < num[1] < den[1] and not self.starts_implicit()):
       value = whole[1] + num[1] / den[1]
       return self.node("n", -value if negative else value)
     self.pos = start
     return None
+
+  def int_literal(self, offset: int) -> bool:
+    """Whether the token at `offset` (-1: the one just read) is a plain integer literal."""
+    kind, value = self.peek(offset) if self.pos + offset >= 0 else ("", "")
+    return kind == "num" and value.isdigit()
 
   def starts_implicit(self) -> bool:
     kind, value = self.peek()

@@ -62,7 +62,15 @@ _UNITS = {"cm", "mm", "km", "m", "kg", "mg", "g", "ml", "l", "s", "ms", "sec", "
 _PERCENT_WORDS = {"percent", "pct", "percentage"}
 _FILLER = {"approximately", "about", "exactly", "only", "just", "is", "are", "the", "a", "an",
            "of", "total", "answer", "final", "value", "equals", "so", "thus", "therefore"}
-_THOUSANDS_RE = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![,\d])", re.ASCII)
+_THOUSANDS_RE = re.compile(r"(?<![\d.,])[1-9]\d{0,2}(?:,\d{3})+(?![,\d])", re.ASCII)  # not "0,111"
+# Digit groups joined by a separator that never separates list items: ",\!", "{,}", a thin
+# or non-breaking space ("\,", "\!", "\ ", "~", U+2009, U+202F, U+00A0) or one plain space.
+# "12{,}345", "45,\! 678", "2\,000" and "3 000 000" are one number at any bracket depth;
+# "32, 349" stays two items (a comma and a space separate a list).
+_SPACED_THOUSANDS_RE = re.compile(
+    r"(?<![\d.,])[1-9]\d{0,2}(?:(?:,\\!\s?|\{,\}|\\[,! ]|~|[ \u2009\u202f\u00a0])\d{3})+(?![\d,])"
+    r"(?!\\!|\{,\}|\\,\d)")
+_GROUP_SEPARATOR_RE = re.compile(r",\\!\s?|\{,\}|\\[,! ]|[~ \u2009\u202f\u00a0]")
 _FRAC = (r"\frac", r"\dfrac", r"\tfrac", r"\cfrac")
 _MATRIX_ENVS = {"pmatrix", "bmatrix", "Bmatrix", "matrix", "smallmatrix", "array"}
 _CLOSERS = {"(": (")", "]"), "[": (")", "]")}
@@ -93,7 +101,8 @@ def tokenize(text: str) -> list[tuple[str, str]]:
   """Token list of kinds num, sym, const, func, cmd, op, rel, sep, text, set, row, begin, end."""
   if len(text) > MAX_CHARS:
     raise ParseError(f"answer longer than {MAX_CHARS} characters")
-  s = text.translate(_UNICODE).replace("{,}", ",").replace(r"\!", "").replace(r"\%", "%")
+  s = _SPACED_THOUSANDS_RE.sub(lambda m: _GROUP_SEPARATOR_RE.sub("", m.group()), text)
+  s = s.translate(_UNICODE).replace("{,}", ",").replace(r"\!", "").replace(r"\%", "%")
   if _THOUSANDS_RE.search(s):
     s = _thousands_outside_brackets(s)
   tokens: list[tuple[str, str]] = []

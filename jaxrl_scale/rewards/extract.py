@@ -1,7 +1,8 @@
 r"""Final-answer extraction from an untrusted math response.
 
 On the text after the last </think> (a response that opens <think> and never closes it has
-no answer: it was still thinking):
+no answer: it was still thinking), up to the start of a new chat turn ("<|im_start|>",
+"\nHuman: ", ...: what follows is not the model's answer), in math-verify's precedence:
   1. the final \boxed{...} (or \fbox{...}) answer: the last top-level box together with the
      boxes just before it that only connectors separate ("\boxed{-2} and \boxed{1}",
      "x = \boxed{2}, y = \boxed{3}"), joined as a list; a box repeated verbatim counts once.
@@ -11,7 +12,8 @@ no answer: it was still thinking):
      sentence (a $...$ right after it is taken whole);
   3. else the last $...$, \(...\) or \[...\] math of the text, unless a bare number comes
      after it, so "... is $(7, 6)$." gives "(7, 6)", never its last number;
-  4. else the last number in the text ("-1,234.5", "50%", "3/4").
+  4. else the last number in the text ("-1,234.5", "3 000", "2,74", "2 1/3", "50%", "3/4").
+With boxed_only (the "math_boxed" verifier) only step 1's boxes count.
 Every step is linear in the response length; an answer longer than MAX_ANSWER_CHARS is no
 answer.
 
@@ -43,9 +45,19 @@ _CONNECTOR_RE = re.compile(
     r"|(?:[A-Za-z](?:_\{?\w+\}?)?|\\[A-Za-z]+)\s*(?:=|\\in)|\\\\)*")
 _ANSWER_IS_RE = re.compile(r"answer\s*(?:is\b|:)\s*:?", re.IGNORECASE)
 _SENTENCE_END_RE = re.compile(r"\.(?:\s|$)")
+# A number of prose: thousands grouped by "," or one space ("1,234", "3 000 000"), a decimal
+# point or comma ("2,74": math.compare tells it from a pair by the gold), a mixed number
+# ("2 1/3"), a fraction, a percent sign.
 _NUMBER_RE = re.compile(
-    r"(?<![\w./])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+(?![\d/]|\.\d))?%?", re.ASCII)
-_BOUNDARY_RE = re.compile(r"[^0-9.,/%]")
+    r"(?<![\w./])(?:\d+ (?=\d+/\d))?"
+    r"(?:[1-9]\d{0,2}(?:,\d{3})+(?![\d,])|[1-9]\d{0,2}(?: \d{3})+(?![\d,])|\d+(?:,\d+(?!,?\d))?)"
+    r"(?:\.\d+)?(?:/\d+(?![\d/]|\.\d))?%?", re.ASCII)
+_BOUNDARY_RE = re.compile(r"[^0-9.,/% ]")
+# Where a new chat turn starts: the answer is in the text before it (a model that goes on
+# to write the next user turn has ended its own answer there).
+_CHAT_TURN_RE = re.compile(
+    r"<\|(?:im_start|im_end|eot_id|end_of_turn|start_header_id|endoftext|user)\|>"
+    r"|<(?:start|end)_of_turn>|\n(?:Human|User|USER|Question|Q):\s")
 _MATHY_RE = re.compile(r"[\d$\\]|^\(?[A-Za-z]\)?\.?$")
 
 
@@ -58,9 +70,13 @@ class Extraction:
     method: "boxed", "answer_is", "last_math", "last_number"; or, with text None, "none",
       "too_long" (the candidate exceeded MAX_ANSWER_CHARS), "unfinished_think" or
       "truncated" (cut by the token budget, no final box).
+    parts: with method "boxed" and several boxes that `text` did not join (prose between
+      them: "(a) ... \\boxed{12} (b) ... \\boxed{5}"), every box's content in order; a
+      question in parts is answered by all of them (math.compare_parts).
   """
   text: str | None
   method: str
+  parts: tuple[str, ...] = ()
 
 
 def strip_think(text: str) -> str | None:
@@ -155,7 +171,9 @@ def _after_answer_is(text: str, start: int = 0) -> str | None:
   end = _SENTENCE_END_RE.search(line)
   if end is not None:
     line = line[:end.start()]
-  line = line.strip().strip("*").strip()
+  line = line.strip().strip("*\"'“”").strip()
+  if line.endswith("."):  # 'answer is 42."': the period before a closing quote
+    line = line[:-1].rstrip()
   return line or None
 
 
@@ -196,6 +214,8 @@ def _last_math(text: str) -> tuple[int, str] | None:
       end -= 1
     window = max(0, end - 4 * MAX_ANSWER_CHARS)
     start = text.rfind(open_, window, end)
+    while open_ == "$" and start > window and text[start - 1] == "\\":  # "\$" is a dollar
+      start = text.rfind(open_, window, start - 1)
     if start < 0:
       continue
     content = text[start + len(open_):end].strip().rstrip(".,;").strip()
@@ -204,32 +224,44 @@ def _last_math(text: str) -> tuple[int, str] | None:
   return best
 
 
-def extract_answer(response: str, truncated: bool = False) -> Extraction:
+def extract_answer(response: str, truncated: bool = False,
+                   boxed_only: bool = False) -> Extraction:
   """Finds the final answer in an untrusted response (see the module docstring).
 
   Args:
     response: the model's text.
     truncated: the response hit its token budget without ending; only a final closed
       box is then an answer (module docstring).
+    boxed_only: only a closed box is an answer (step 1 without the later "answer is"), for
+      prompts that ask for one: prose, the last math and the last number never count.
   """
-  found = _extract(response)
+  found = _extract(response, boxed_only)
   if truncated and found.method not in ("boxed", "unfinished_think"):
     return Extraction(None, "truncated")
   return found
 
 
-def _extract(response: str) -> Extraction:
+def _extract(response: str, boxed_only: bool) -> Extraction:
   text = strip_think(response)
   if text is None:
     return Extraction(None, "unfinished_think")
+  turn = _CHAT_TURN_RE.search(text)
+  if turn is not None and turn.start() > 0 and text[:turn.start()].strip():
+    text = text[:turn.start()]
   answer, method = None, "none"
   boxes = find_boxes(text)
+  parts: tuple[str, ...] = ()
   if boxes:
-    later = _after_answer_is(text, boxes[-1][2] + 1)
+    later = None if boxed_only else _after_answer_is(text, boxes[-1][2] + 1)
     if later is not None and _MATHY_RE.search(later):
       answer, method = later, "answer_is"
     else:
       answer, method = _final_boxes(text, boxes), "boxed"
+      parts = _all_boxes(text, boxes)
+      if ", ".join(parts) == answer:  # the connectors already joined every box
+        parts = ()
+  if boxed_only and not answer:
+    return Extraction(None, "none")
   if not answer:
     answer = _after_answer_is(text)
     method = "answer_is"
@@ -245,4 +277,14 @@ def _extract(response: str) -> Extraction:
   answer = answer.strip()
   if len(answer) > MAX_ANSWER_CHARS:
     return Extraction(None, "too_long")
-  return Extraction(answer, method)
+  return Extraction(answer, method, parts if len(parts) > 1 else ())
+
+
+def _all_boxes(text: str, boxes: list[tuple[int, int, int]]) -> tuple[str, ...]:
+  """Distinct contents of the last MAX_BOXES top-level boxes: one per part of a question."""
+  contents: list[str] = []
+  for _, start, end in boxes[-MAX_BOXES:]:
+    content = text[start:end].strip()
+    if content and content not in contents and len(content) <= MAX_ANSWER_CHARS:
+      contents.append(content)
+  return tuple(contents)

@@ -31,6 +31,9 @@ from jaxrl_scale.rewards.extract import (  # noqa: F401  re-exported: the module
 )
 
 CORRECT, WRONG, UNPARSEABLE = "correct", "wrong", "unparseable"
+DEFAULT_REL_TOL = 1e-4  # a decimal against an exact value (compare)
+_DECIMAL_COMMA_RE = re.compile(r"[$\s]*(-?\d+),(\d+)[$\s.]*", re.ASCII)
+_DECIMAL_RE = re.compile(r"(?<![\d.])\d*\.(\d+)(?:[eE]([-+]?\d{1,3}))?", re.ASCII)
 _THOUSANDS_RE = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?!,?\d)", re.ASCII)
 _TEXT_MACRO_RE = re.compile(
     r"\\(?:text|textbf|textit|textrm|textnormal|mathrm|mathbf|mathit|mbox|operatorname|emph)"
@@ -74,7 +77,9 @@ def normalize(answer: str) -> str:
     s = _TEXT_MACRO_RE.sub(r" \1 ", s)
   s = _SIZING_RE.sub("", s.replace(r"\%", "%").replace("{,}", ","))
   for token in _DELETE:
-    s = s.replace(token, " " if token.startswith("\\") and token[1:2].isalpha() else "")
+    # Spacing commands become a space: "10\,00" must not read as 1000 ("1\,000" still does).
+    spacing = token.startswith("\\") and (token[1:2].isalpha() or token[1:2] in ",;: ")
+    s = s.replace(token, " " if spacing or token == "~" else "")
   s = re.sub(r"\bpercent\b", "%", s)
   if "=" in s:
     rhs = s.rsplit("=", 1)[1]
@@ -112,30 +117,99 @@ def _parse_prediction(predicted: str, gold: tuple) -> tuple | None:
   return tree
 
 
-def compare(predicted: str, gold: str) -> str:
+def _decimal_comma(text: str) -> str | None:
+  """ "2500,75" -> "2500.75" when the text is one number with a decimal comma, else None."""
+  m = _DECIMAL_COMMA_RE.fullmatch(text)
+  return None if m is None else f"{m.group(1)}.{m.group(2)}"
+
+
+def _decimal_places(text: str) -> int | None:
+  """Digits after the point of the most precise decimal literal in `text`; None if none."""
+  places = None
+  for m in _DECIMAL_RE.finditer(text):
+    k = len(m.group(1)) - int(m.group(2) or 0)
+    places = k if places is None else max(places, k)
+  return places
+
+
+def _reads_as_value(tree: tuple) -> bool:
+  return answer_compare.kind_of(tree) in ("number", "expression", "percentage")
+
+
+def compare(predicted: str, gold: str, rel_tol: float = DEFAULT_REL_TOL) -> str:
   """CORRECT, WRONG or UNPARSEABLE (the prediction is not an answer of the grammar).
 
   Args:
     predicted: the extracted answer (untrusted, at most MAX_ANSWER_CHARS characters).
     gold: the ground-truth answer.
+    rel_tol: how far a decimal may be from an exact value it stands for, relative to it
+      (answer_eval.close: it must also be a correct rounding at its own last digit); 0
+      compares decimals exactly.
   """
   if len(predicted) > MAX_ANSWER_CHARS:
     return UNPARSEABLE
+  gold = _unbox_gold(gold)
   g = parse(gold)
   if g is None:
     return CORRECT if _loose(normalize(predicted)) == _loose(normalize(gold)) else WRONG
   p = _parse_prediction(predicted, g)
+  # A decimal comma is told from a list by the other side: "2500,75" against one number is
+  # 2500.75; against a list or a pair it stays two items (math-verify reads bare numbers
+  # the same way; "1,234" with a group of three is a thousands separator before this).
+  if p is not None and p[0] == "list" and _reads_as_value(g):
+    comma = _decimal_comma(predicted.strip())
+    if comma is not None:
+      predicted, p = comma, parse(comma)
+  elif p is not None and g[0] == "list" and _reads_as_value(p):
+    comma = _decimal_comma(gold.strip())
+    if comma is not None:
+      gold, g = comma, parse(comma)
   if p is None:
     return UNPARSEABLE
   if g[0] == "text" or p[0] == "text":  # words: "\text{Yes}" == "yes", "\textbf{(A)}" == "A"
     return CORRECT if _loose(normalize(predicted)) == _loose(normalize(gold)) else WRONG
   if not answer_compare.has_value(p):
     return UNPARSEABLE
+  places_g, places_p = _decimal_places(gold), _decimal_places(predicted)
   try:
-    same = answer_compare.equivalent(g, p)
+    if rel_tol > 0 and (places_g is None) != (places_p is None):
+      # One side wrote decimals, the other an exact value: the decimal may round it.
+      places = places_g if places_p is None else places_p
+      with answer_eval.decimal_tolerance(rel_tol, Fraction(1, 2 * 10 ** max(places, 0))):
+        same = answer_compare.equivalent(g, p)
+    else:
+      same = answer_compare.equivalent(g, p)
   except (answer_eval.EvalError, answer_parse.ParseError, RecursionError):
     same = False
   return CORRECT if same else WRONG
+
+
+def compare_extraction(found: Extraction, gold: str,
+                       rel_tol: float = DEFAULT_REL_TOL) -> str:
+  """`compare` of an extracted answer; a question in parts may be answered box by box.
+
+  When the final box alone is not the gold and the response boxed one answer per part
+  (found.parts, prose between the boxes), the parts in order are compared as one list
+  answer, but only against a gold with exactly that many items.
+  """
+  outcome = compare(found.text, gold, rel_tol)
+  if outcome == CORRECT or len(found.parts) < 2:
+    return outcome
+  g = parse(_unbox_gold(gold))
+  if g is None or g[0] not in ("list", "tuple", "set") or len(g[1]) != len(found.parts):
+    return outcome
+  joined = ", ".join(found.parts)
+  if len(joined) > MAX_ANSWER_CHARS:
+    return outcome
+  return CORRECT if compare(joined, gold, rel_tol) == CORRECT else outcome
+
+
+def _unbox_gold(gold: str) -> str:
+  r"""A gold answer written with \boxed{...} is the content of its final boxes."""
+  if "boxed" not in gold and "fbox" not in gold:
+    return gold
+  found = extract_answer(gold)
+  return found.text if found.method == "boxed" else gold
 
 
 def is_equivalent(predicted: str, gold: str) -> bool:

@@ -1,4 +1,4 @@
-r"""Built-in verifiers: "math", "arithmetic", "countdown" and "countdown_subset".
+r"""Built-in verifiers: "math", "math_boxed", "arithmetic", "countdown" and "countdown_subset".
 
 Ground-truth formats follow the record contract in jaxrl_scale/data/tasks.py:
   math        any answer string ("72", "\frac{3}{4}", "50\%", "(1, 2)").
@@ -40,20 +40,31 @@ def _no_answer(method: str) -> registry.Verdict:
 
 
 @registry.register_reward("math")
-def math_reward(response: str, answer: str, *, truncated: bool = False) -> registry.Verdict:
+def math_reward(response: str, answer: str, *, truncated: bool = False,
+                boxed_only: bool = False,
+                rel_tol: float = math_answers.DEFAULT_REL_TOL) -> registry.Verdict:
   r"""Final answer (\boxed{}, "the answer is", last math, last number) equivalent to `answer`.
 
   Compared by type (math.py): numbers, radicals, expressions with variables, equations,
-  inequalities and intervals, sets, tuples, matrices, percentages, text.
+  inequalities and intervals, sets, tuples, matrices, percentages, text. `boxed_only`: only
+  a closed box is an answer ("math_boxed"); `rel_tol`: how close a decimal must be to an
+  exact value it stands for (math.compare; 0 compares decimals exactly).
   """
-  found = math_answers.extract_answer(response, truncated)
+  found = math_answers.extract_answer(response, truncated, boxed_only)
   if found.text is None:
     return _no_answer(found.method)
-  outcome = math_answers.compare(found.text, answer)
+  outcome = math_answers.compare_extraction(found, answer, rel_tol)
   # The parsed forms (math_answers.describe) cost a second parse: `jaxrl-scale reward`
   # shows them; training only needs the verdict.
   return registry.Verdict(outcome == registry.CORRECT, found.text, outcome,
                           f"from {found.method}")
+
+
+@registry.register_reward("math_boxed")
+def math_boxed_reward(response: str, answer: str, *, truncated: bool = False
+                      ) -> registry.Verdict:
+  """Like "math", but only a closed \\boxed{} is a final answer (no prose fallbacks)."""
+  return math_reward(response, answer, truncated=truncated, boxed_only=True)
 
 
 @registry.register_reward("arithmetic")

@@ -60,3 +60,35 @@ def test_many_boxes_are_bounded():
 def test_extract_truncated(response, expected, method):
   found = extract.extract_answer(response, truncated=True)
   assert (found.text, found.method) == (expected, method)
+
+
+@pytest.mark.parametrize("response,expected,method", [
+    # Issue 39: prose answers as models write them.
+    ("So the total is 3 000 000.", "3 000 000", "last_number"),
+    ("Soucis : 2,74 $ a..", "2,74", "last_number"),
+    ("He walks 2 1/3 miles.", "2 1/3", "last_number"),
+    ('Checked.\n\n"The final answer is 42."', "42", "answer_is"),
+    (r"Answer $ \frac{1}{2} \$ = \frac{10}{9} $", r"\frac{1}{2} \$ = \frac{10}{9}", "last_math"),
+    # A new chat turn ends the answer: its numbers are not the model's.
+    ("So she spends 250 dollars.\n<|im_start|>user\nNow what is 3 + 4?", "250", "last_number"),
+    ("The number is 12.\nHuman: thanks! what about 13 pears?", "12", "last_number"),
+])
+def test_extract_prose(response, expected, method):
+  found = extract.extract_answer(response)
+  assert (found.text, found.method) == (expected, method)
+
+
+def test_boxes_with_prose_between_are_parts():
+  found = extract.extract_answer("(a) It is $\\boxed{12}$.\n\n(b) Then $\\boxed{5}$.")
+  assert (found.text, found.parts) == ("5", ("12", "5"))
+  assert extract.extract_answer(r"$\boxed{-2}$ and $\boxed{1}$").parts == ()  # one list
+
+
+@pytest.mark.parametrize("response,expected,method", [
+    (r"So $\boxed{12}$. The final answer is 13.", "12", "boxed"),
+    ("The answer is 12.", None, "none"),
+    ("So the pair is $(7, 6)$.", None, "none"),
+])
+def test_boxed_only(response, expected, method):
+  found = extract.extract_answer(response, boxed_only=True)
+  assert (found.text, found.method) == (expected, method)

@@ -10,8 +10,10 @@ strings try to create must not exist afterwards.
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -121,14 +123,23 @@ print(json.dumps(module.run_suite(sys.argv[2])))
 
 
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-  canary = tmp_path_factory.mktemp("hostile") / "pwned"
+def suite():
+  # Not tmp_path_factory: its ".../pytest-42/..." would put the gold "42" in every injected
+  # path as a last number. Every digit of a mkdtemp name follows a letter or "_", so none
+  # reads as a number.
+  home = pathlib.Path(tempfile.mkdtemp(prefix="hostile"))
+  canary = home / "pwned"
+  yield _run_suite(canary), canary
+  shutil.rmtree(home, ignore_errors=True)
+
+
+def _run_suite(canary):
   repo = pathlib.Path(__file__).resolve().parents[2]
   env = dict(os.environ, PYTHONPATH=str(repo))
   proc = subprocess.run([sys.executable, "-c", _CHILD, __file__, str(canary)], cwd=repo,
                         env=env, capture_output=True, text=True, timeout=HANG_LIMIT_S)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1]), canary
+  return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_suite_size():

@@ -64,6 +64,20 @@ EQUIVALENT = [
     ("2, 1", "1, 2"),
     ("(B)", "B"),
     (r"\text{(B)}", r"\text{(B)}"),
+    # Issue 39: a decimal stands for an exact value it rounds, within relative 1e-4.
+    ("0.333333", r"\frac{1}{3}"),
+    ("3.14159265358979", r"\pi"),
+    ("1.4142", r"\sqrt{2}"),
+    ("0.142857142857", r"\frac{1}{7}"),
+    # Separators, decimal commas and mixed numbers.
+    ("1 000", "1000"),
+    (r"45,\! 678", "45678"),
+    (r"12{,}345", "12345"),
+    (r"2\,000\,000", "2000000"),
+    ("2500,75", "2500.75"),
+    ("0.111", "0,111"),
+    ("2 1/3", r"\frac{7}{3}"),
+    (r"-1\ 1/2", "-1.5"),
 ]
 
 # (predicted, gold): must NOT be judged equivalent.
@@ -71,10 +85,12 @@ NOT_EQUIVALENT = [
     ("41", "42"),
     ("-5", "5"),
     ("0.33", "1/3"),
-    ("0.333333", r"\frac{1}{3}"),
+    ("0.333", r"\frac{1}{3}"),  # relative error 1e-3 (the tolerance is 1e-4)
+    ("0.1428", r"\frac{1}{7}"),  # close, but not a rounding of 1/7 (0.1429 is; 3e-4 off)
+    ("3.1415", r"\pi"),  # a truncation: pi rounds to 3.1416
     ("1.414", r"\sqrt{2}"),
     ("3.14", r"\pi"),
-    ("3.14159265358979", r"\pi"),
+    ("3.14159265358979", "3.141592653589793"),  # two decimals compare exactly
     (r"2\pi", "6.28"),
     ("2", r"\sqrt{2}"),
     ("0.5%", "50%"),
@@ -84,7 +100,7 @@ NOT_EQUIVALENT = [
     ("[1, 2]", "(1, 2)"),
     ("1, 2, 3", "1, 2"),
     ("12", "1, 2"),
-    ("1 000", "1000"),
+    ("10 00", "1000"),  # not groups of three
     ("B", "C"),
     ("", "5"),
     ("x^2", "4"),
@@ -110,7 +126,7 @@ def test_tables_are_large_enough():
 def test_compare_distinguishes_unparseable_from_wrong():
   assert math_answers.compare("41", "42") == math_answers.WRONG
   assert math_answers.compare("x^2", "4") == math_answers.WRONG  # an expression, not 4
-  assert math_answers.compare("1 000", "1000") == math_answers.UNPARSEABLE
+  assert math_answers.compare("10 00", "1000") == math_answers.UNPARSEABLE
   assert math_answers.compare(r"\frac{1}{0}", "4") == math_answers.UNPARSEABLE
 
 
