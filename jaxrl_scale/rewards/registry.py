@@ -15,7 +15,7 @@ budget without ending, so it can refuse fallback answers from an unfinished text
 built-ins accept only an explicit final answer then); one without it is called as above.
 
 Built-in names: "math", "arithmetic", "countdown", "countdown_subset"
-(jaxrl_scale/rewards/verifiers.py).
+(jaxrl_scale/rewards/verifiers.py); "code", "code_fraction" (jaxrl_scale/rewards/code.py).
 """
 
 from __future__ import annotations
@@ -45,29 +45,38 @@ class Verdict:
     extracted: the final answer as found in the response (None when there is none).
     reason: one of REASONS.
     detail: a short human-readable explanation (extraction method, what differed).
+    score: optional partial credit in [0, 1] (e.g. the fraction of code tests passed);
+      the Scorer then rewards incorrect + score * (correct - incorrect). None: all or
+      nothing by `correct`.
   """
   correct: bool
   extracted: str | None
   reason: str
   detail: str = ""
+  score: float | None = None
 
   def __post_init__(self):
     if self.reason not in REASONS:
       raise ValueError(f"Verdict.reason must be one of {REASONS}, got {self.reason!r}")
     if self.correct != (self.reason == CORRECT):
       raise ValueError(f"Verdict.correct={self.correct} contradicts reason={self.reason!r}")
+    if self.score is not None and not 0.0 <= self.score <= 1.0:
+      raise ValueError(f"Verdict.score must be in [0, 1], got {self.score}")
 
 
 RewardFn = Callable[[str, str], "Verdict | bool"]
 
 _REWARDS: dict[str, RewardFn] = {}
 _BUILTINS_MODULE = "jaxrl_scale.rewards.verifiers"
+_MORE_BUILTINS = ("jaxrl_scale.rewards.code",)  # "code", "code_fraction"
 
 
 def _load_builtins() -> None:
   # Imported on first lookup, not at module import, because verifiers.py registers
   # itself through this module.
   importlib.import_module(_BUILTINS_MODULE)
+  for module in _MORE_BUILTINS:
+    importlib.import_module(module)
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:

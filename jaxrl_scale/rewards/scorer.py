@@ -186,6 +186,9 @@ class Scorer:
       valid.append(verdict is not None)
       if verdict is None:
         rewards.append(math.nan)
+      elif verdict.score is not None:  # partial credit (code_fraction)
+        rewards.append(self.incorrect_reward
+                       + verdict.score * (self.correct_reward - self.incorrect_reward))
       else:
         rewards.append(self.correct_reward if verdict.correct else self.incorrect_reward)
     for key, n in counts.items():

@@ -1,0 +1,212 @@
+"""The sandboxed child's bootstrap: limits, then the untrusted program. Stdlib only.
+
+code_sandbox.py runs this file's text as `python -I -S -c <text> <config JSON>` in a
+fresh temporary directory, in a new session, with a scrubbed environment. It is never
+imported by the package: it runs before any untrusted code, in the child only, so the
+limits are set without a `preexec_fn` (unsafe in the threaded parent).
+
+Order matters: limits and the uid switch first (they cannot be undone afterwards), then
+the readiness byte on the status pipe (the parent's proof that the sandbox came up: no
+byte means an infrastructure failure, not the program's fault), then the audit hook, then
+the program. With -I -S the child sees neither the parent's environment variables nor
+site-packages: programs get the standard library only.
+
+Modes (every case ends with a mark "\\n<nonce> <index> <ok|error> <payload>\\n" on
+fd 1, from which the parent splits the outputs and restarts its per-case wall clock):
+  single    run prog.py once as __main__, stdin and stdout as the parent set them.
+  stdin     for each (index, input file): input file on fd 0, a fresh sys.stdin, prog.py
+            as __main__ in a fresh namespace; its stdout up to the mark is the output.
+  function  exec prog.py once, find `fn_name` (a method of class Solution, else a
+            top-level function), call it on each (index, args) of cases.json; the mark's
+            payload is the JSON result. The program's own prints go nowhere.
+The parent compares the outputs; this process never judges, so whatever the program
+forges on fd 1 is at most an output of its own.
+"""
+
+import json
+import os
+import resource
+import sys
+
+CFG = json.loads(sys.argv[1])
+os.write(2, b"")  # stderr must exist before anything can fail loudly
+
+
+def _limit(name, value):
+  resource.setrlimit(getattr(resource, name), (value, value))
+
+
+def _isolate_network():
+  # A new network namespace has only a down loopback: connect() fails in the kernel,
+  # whatever the code path (C extensions included). Needs root or unprivileged user
+  # namespaces; when refused, the audit hook below is the only network guard.
+  import ctypes  # pylint: disable=g-import-not-at-top
+  flags = 0x40000000  # CLONE_NEWNET
+  if os.geteuid() != 0:
+    flags |= 0x10000000  # CLONE_NEWUSER (lets an unprivileged user own the new netns)
+  return ctypes.CDLL(None, use_errno=True).unshare(flags) == 0
+
+
+NET_ISOLATED = bool(CFG["isolate_network"]) and _isolate_network()
+CPU = CFG["cpu_s"]
+_limit("RLIMIT_CPU", CPU)  # SIGXCPU at the soft limit (soft == hard: then SIGKILL)
+_limit("RLIMIT_AS", CFG["memory_bytes"])
+_limit("RLIMIT_FSIZE", CFG["file_bytes"])
+_limit("RLIMIT_NOFILE", CFG["open_files"])
+_limit("RLIMIT_CORE", 0)
+if CFG["uid"] is not None:
+  # Root ignores RLIMIT_NPROC and may read and kill anything: run as nobody instead.
+  os.setgroups([])
+  os.setgid(CFG["uid"])
+  os.setuid(CFG["uid"])
+  _limit("RLIMIT_NPROC", CFG["processes"])
+elif os.geteuid() != 0:  # (root that cannot switch: only the audit hook limits forks)
+  # RLIMIT_NPROC counts every process of the user: allow this many beyond those that
+  # exist now (the number of all processes bounds the user's own from above).
+  _limit("RLIMIT_NPROC", len(os.listdir("/proc")) + CFG["processes"])
+
+HOME = os.getcwd()
+with open(CFG["program"], encoding="utf-8", errors="replace") as f:
+  SOURCE = f.read()
+os.write(CFG["status_fd"], b"N" if NET_ISOLATED else b"R")
+os.close(CFG["status_fd"])
+
+_REFUSED = frozenset((
+    "os.system", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
+    "subprocess.Popen", "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill",
+    "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
+    "socket.sendto", "socket.sendmsg", "ctypes.dlopen", "ctypes.dlsym",
+    "ctypes.call_function", "resource.setrlimit", "resource.prlimit", "os.setuid",
+    "sys.remote_exec", "_posixsubprocess.fork_exec"))
+_REFUSED_MODULES = frozenset(("ctypes", "_ctypes", "socket", "_socket", "subprocess",
+                              "_posixsubprocess", "multiprocessing", "_multiprocessing",
+                              "pty", "ssl", "_ssl", "asyncio"))
+_PATH_EVENTS = frozenset(("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod",
+                          "os.chown", "os.symlink", "os.link", "os.truncate", "os.utime",
+                          "shutil.rmtree", "shutil.move", "shutil.copyfile"))
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_OWN_PROC = ("/proc/self", f"/proc/{os.getpid()}")
+_realpath, _startswith = os.path.realpath, str.startswith
+
+
+def _inside(path):
+  if isinstance(path, int):
+    return True  # an fd the process already holds
+  if isinstance(path, bytes):
+    path = path.decode("utf-8", "replace")
+  real = _realpath(path)
+  return real == HOME or _startswith(real, HOME + "/")
+
+
+def _hook(event, args):
+  # Refuses, by raising, what a test program never needs. Not a security boundary on its
+  # own (README "Code rewards" lists what it misses); the uid switch, limits and the
+  # network namespace are the kernel-enforced parts.
+  if event in _REFUSED:
+    raise PermissionError(f"sandbox: {event} is not allowed")
+  if event == "import":
+    if args[0].partition(".")[0] in _REFUSED_MODULES:
+      raise PermissionError(f"sandbox: import {args[0]} is not allowed")
+  elif event == "open":
+    path, mode, flags = args
+    writes = (mode is not None and any(c in mode for c in "wax+")) or (
+        flags is not None and flags & _WRITE_FLAGS)
+    if writes and not _inside(path):
+      raise PermissionError(f"sandbox: writing {path!r} is not allowed")
+    if isinstance(path, str) and _startswith(path, "/proc/"):
+      if not _startswith(path, _OWN_PROC) or ".." in path:
+        raise PermissionError(f"sandbox: reading {path!r} is not allowed")
+  elif event in _PATH_EVENTS:
+    for arg in args:
+      if isinstance(arg, (str, bytes)) and not _inside(arg):
+        raise PermissionError(f"sandbox: {event} outside the sandbox directory")
+  elif event == "object.__setattr__" and args[1] in ("__code__", "__globals__"):
+    raise PermissionError("sandbox: rewriting function code is not allowed")
+
+
+sys.addaudithook(_hook)
+del _isolate_network, _limit  # nothing left that the program should call
+
+import io  # pylint: disable=g-import-not-at-top,wrong-import-position
+import traceback  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_MARK = ("\n" + CFG["nonce"] + " ").encode()
+_MODE = CFG["mode"]
+_CODE = compile(SOURCE, "prog.py", "exec")
+_STDOUT = sys.stdout
+
+
+def _mark(index, kind, payload=""):
+  """Ends case `index` on the real stdout: "\n<nonce> <index> <kind> <payload>\n"."""
+  os.write(1, _MARK + f"{index} {kind} {payload}\n".encode())
+
+
+def _join_threads():
+  # A program that runs main() on a thread (for a bigger stack) exits when it ends.
+  threading = sys.modules.get("threading")
+  if threading is not None:
+    for thread in threading.enumerate():
+      if thread is not threading.main_thread() and not thread.daemon:
+        thread.join()
+
+
+def _run_stdin_case(index, path):
+  fd = os.open(path, os.O_RDONLY)
+  os.dup2(fd, 0)
+  os.close(fd)
+  sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
+  sys.stdout = _STDOUT
+  kind = "ok"
+  try:
+    exec(_CODE, {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
+    _join_threads()
+  except SystemExit as e:
+    kind = "ok" if e.code in (None, 0) else "error"
+  except BaseException:  # pylint: disable=broad-except  (the program's error, reported)
+    traceback.print_exc()
+    kind = "error"
+  try:
+    sys.stdout.flush()
+  except BaseException:  # pylint: disable=broad-except  (a closed or replaced stdout)
+    kind = "error"
+  sys.stdout = _STDOUT
+  _STDOUT.flush()
+  _mark(index, kind)
+
+
+def _run_function_cases(cases):
+  import json as _json  # pylint: disable=g-import-not-at-top,reimported
+  sys.stdout = io.StringIO()  # the program's prints go nowhere; only the marks reach fd 1
+  namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+  exec(_CODE, namespace)  # noqa: S102  (sandboxed)
+  solution = namespace.get("Solution")
+  if isinstance(solution, type) and hasattr(solution, CFG["fn_name"]):
+    fn = getattr(solution(), CFG["fn_name"])
+  elif callable(namespace.get(CFG["fn_name"])):
+    fn = namespace[CFG["fn_name"]]
+  else:
+    sys.stderr.write(f"no function {CFG['fn_name']!r}\n")
+    sys.exit(3)
+  for index, args in cases:
+    try:
+      result = fn(*args)
+      payload = _json.dumps(result, default=repr)
+      kind = "ok"
+    except BaseException:  # pylint: disable=broad-except  (the program's error, reported)
+      traceback.print_exc()
+      kind, payload = "error", ""
+    sys.stdout.seek(0)
+    sys.stdout.truncate()
+    _mark(index, kind, payload)
+
+
+if _MODE == "single":
+  del CFG
+  sys.argv = ["prog.py"]
+  exec(_CODE, {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
+elif _MODE == "stdin":
+  for _index, _path in CFG["cases"]:
+    _run_stdin_case(_index, _path)
+else:
+  with open(CFG["cases"], encoding="utf-8") as f:
+    _run_function_cases(json.load(f))
