@@ -5,6 +5,11 @@
   llama  Llama 3 / 3.1: optional 'llama3' RoPE scaling, no biases.
   qwen2  Qwen2 / Qwen2.5: bias on the q/k/v projections.
   qwen3  Qwen3: RMSNorm on each q/k head, head_dim independent of hidden_size.
+  qwen3_moe  Qwen3-MoE: Qwen3 attention; the MLP of its sparse layers is a mixture of
+         experts (`models.moe`), the others dense (`mlp_only_layers`, `decoder_sparse_step`).
+
+Any family may carry experts (`num_experts > 0`) for shape-only presets (the Scout-shaped
+one); only qwen3_moe has a Hugging Face form.
 
 The family fixes which of `qkv_bias` / `qk_norm` is set, so every config can be written back
 as a Hugging Face config.json that `transformers` understands.
@@ -18,7 +23,7 @@ from typing import Any, Callable
 
 from jaxrl_scale.errors import UserError
 
-FAMILIES = ("llama", "qwen2", "qwen3")
+FAMILIES = ("llama", "qwen2", "qwen3", "qwen3_moe")
 DTYPES = ("float32", "bfloat16")
 # The full-sequence attention kernels of `models.attention` (kept here so that reading a
 # config never imports JAX).
@@ -28,7 +33,9 @@ _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
+ROUTER_SCORING = ("softmax", "sigmoid")
 
 
 def _check(cond: bool, key: str, message: str) -> None:
@@ -86,6 +93,21 @@ class ModelConfig:
   # when an activation sharding is given, cuDNN flash attention on GPUs for bf16/fp16
   # activations, else "einsum". See `models.attention`.
   attention_impl: str = "auto"
+  # Mixture of experts (num_experts 0: dense). Layer i is sparse iff num_experts > 0, i is
+  # not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0 (the Qwen3-MoE rule).
+  num_experts: int = 0
+  experts_per_token: int = 0  # top-k
+  moe_intermediate_size: int = 0  # each expert's F
+  # softmax: top-k of softmax(logits), renormalised to sum 1 when norm_topk_prob (Qwen3-MoE);
+  # sigmoid: sigmoid of the top-k logits (Llama 4).
+  router_scoring: str = "softmax"
+  norm_topk_prob: bool = False
+  shared_expert_size: int = 0  # F of a dense SwiGLU every sparse layer adds (Llama 4); 0: none
+  mlp_only_layers: tuple[int, ...] = ()
+  decoder_sparse_step: int = 1
+  # Weight of the load-balancing loss (`moe.RouterStats.load_balancing_loss`) in the
+  # training loss; Hugging Face's name and Qwen3-MoE's value (0.001).
+  router_aux_loss_coef: float = 0.0
 
   def __post_init__(self):
     _check(self.family in FAMILIES, "family", f"must be one of {FAMILIES}, got {self.family!r}")
@@ -104,7 +126,8 @@ class ModelConfig:
       _check(v in DTYPES, key, f"must be one of {DTYPES}, got {v!r}")
     _check(self.attention_impl in ATTENTION_IMPLS, "attention_impl",
            f"must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
-    want_bias, want_norm = self.family == "qwen2", self.family == "qwen3"
+    self._check_moe()
+    want_bias, want_norm = self.family == "qwen2", self.family in ("qwen3", "qwen3_moe")
     _check(self.qkv_bias == want_bias, "qkv_bias",
            f"is {want_bias} for family {self.family!r}, got {self.qkv_bias}")
     _check(self.qk_norm == want_norm, "qk_norm",
@@ -121,8 +144,39 @@ class ModelConfig:
       _check(0 <= v < self.vocab_size, "eos_token_ids",
              f"must be in [0, vocab_size={self.vocab_size}), got {v}")
 
-  def num_params(self) -> int:
-    """Parameter count (embedding counted once when tied)."""
+  def _check_moe(self) -> None:
+    if not isinstance(self.mlp_only_layers, tuple):
+      object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+    _check(self.family != "qwen3_moe" or self.num_experts > 0, "num_experts",
+           f"must be > 0 for family 'qwen3_moe', got {self.num_experts}")
+    for key in ("num_experts", "experts_per_token", "moe_intermediate_size",
+                "shared_expert_size"):
+      v = getattr(self, key)
+      _check(isinstance(v, int) and not isinstance(v, bool) and v >= 0, key,
+             f"must be an int >= 0, got {v!r}")
+    _check(self.router_scoring in ROUTER_SCORING, "router_scoring",
+           f"must be one of {ROUTER_SCORING}, got {self.router_scoring!r}")
+    _check(isinstance(self.decoder_sparse_step, int) and self.decoder_sparse_step >= 1,
+           "decoder_sparse_step", f"must be an int >= 1, got {self.decoder_sparse_step!r}")
+    _check(self.router_aux_loss_coef >= 0, "router_aux_loss_coef",
+           f"must be >= 0, got {self.router_aux_loss_coef}")
+    for i in self.mlp_only_layers:
+      _check(isinstance(i, int) and 0 <= i < self.num_layers, "mlp_only_layers",
+             f"must hold layer indices in [0, num_layers={self.num_layers}), got {i!r}")
+    if self.num_experts:
+      _check(1 <= self.experts_per_token <= self.num_experts, "experts_per_token",
+             f"must be in [1, num_experts={self.num_experts}], got {self.experts_per_token}")
+      _check(self.moe_intermediate_size > 0, "moe_intermediate_size",
+             f"must be > 0 with num_experts={self.num_experts}, got 0")
+
+  def moe_layers(self) -> tuple[bool, ...]:
+    """Per layer: whether its MLP is the mixture of experts (the Qwen3-MoE rule)."""
+    return tuple(self.num_experts > 0 and i not in self.mlp_only_layers
+                 and (i + 1) % self.decoder_sparse_step == 0 for i in range(self.num_layers))
+
+  def num_params(self, active: bool = False) -> int:
+    """Parameter count (embedding counted once when tied); `active`: only the experts a
+    token uses (top-k of them), the count that sets FLOPs per token."""
     d, n, k, h, f = (self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim,
                      self.intermediate_size)
     attn = d * n * h * 2 + d * k * h * 2
@@ -130,9 +184,12 @@ class ModelConfig:
       attn += (n + 2 * k) * h
     if self.qk_norm:
       attn += 2 * h
-    layer = attn + 3 * d * f + 2 * d
+    experts = self.experts_per_token if active else self.num_experts
+    sparse = (d * self.num_experts + 3 * d * self.moe_intermediate_size * experts
+              + 3 * d * self.shared_expert_size)
+    mlps = sum(sparse if moe else 3 * d * f for moe in self.moe_layers())
     embed = self.vocab_size * d * (1 if self.tie_embeddings else 2)
-    return self.num_layers * layer + embed + d
+    return self.num_layers * (attn + 2 * d) + mlps + embed + d
 
 
 # ----------------------------------------------------------------------------------------
@@ -207,6 +264,39 @@ def tiny_qwen3() -> ModelConfig:
                      qk_norm=True, tie_embeddings=True, max_position_embeddings=2048)
 
 
+def qwen3_30b_a3b() -> ModelConfig:
+  """Qwen3-30B-A3B: 48 layers, all sparse, 128 experts of which 8 per token (3.3B active)."""
+  return ModelConfig(family="qwen3_moe", vocab_size=151936, hidden_size=2048, num_layers=48,
+                     num_heads=32, num_kv_heads=4, head_dim=128, intermediate_size=6144,
+                     rope_theta=1_000_000.0, qk_norm=True, tie_embeddings=False,
+                     max_position_embeddings=40960, num_experts=128, experts_per_token=8,
+                     moe_intermediate_size=768, norm_topk_prob=True,
+                     router_aux_loss_coef=0.001, **_QWEN_SPECIAL)
+
+
+def llama4_scout_shaped() -> ModelConfig:
+  """Llama 4 Scout's shapes (109B total, 17B active): 48 sparse layers of 16 experts, top-1
+  with sigmoid scores, plus a shared expert. Shapes only: Llama 4's chunked and NoPE
+  attention layers and its L2 qk norm are not modelled (Llama 3 attention instead), so it
+  has no Hugging Face form."""
+  return ModelConfig(family="llama", vocab_size=202048, hidden_size=5120, num_layers=48,
+                     num_heads=40, num_kv_heads=8, head_dim=128, intermediate_size=16384,
+                     rope_theta=500_000.0, rms_norm_eps=1e-5, max_position_embeddings=131072,
+                     num_experts=16, experts_per_token=1, moe_intermediate_size=8192,
+                     router_scoring="sigmoid", shared_expert_size=8192,
+                     bos_token_id=200000, eos_token_ids=(200001, 200007, 200008),
+                     pad_token_id=200018)
+
+
+def tiny_qwen3_moe() -> ModelConfig:
+  """Three layers, the middle one dense, 8 experts of which 2 per token."""
+  return ModelConfig(family="qwen3_moe", **_TINY, hidden_size=64, num_layers=3,
+                     num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=128,
+                     qk_norm=True, tie_embeddings=True, max_position_embeddings=2048,
+                     num_experts=8, experts_per_token=2, moe_intermediate_size=32,
+                     norm_topk_prob=True, mlp_only_layers=(1,), router_aux_loss_coef=0.001)
+
+
 def small() -> ModelConfig:
   """About 50M parameters: the largest model the CPU demo is meant to train."""
   return ModelConfig(family="llama", **_TINY, hidden_size=640, num_layers=11,
@@ -221,9 +311,12 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "qwen2p5_1p5b": qwen2p5_1p5b,
     "qwen2p5_7b": qwen2p5_7b,
     "llama3p1_8b": llama3p1_8b,
+    "qwen3_30b_a3b": qwen3_30b_a3b,
+    "llama4_scout_shaped": llama4_scout_shaped,
     "tiny_llama": tiny_llama,
     "tiny_qwen2": tiny_qwen2,
     "tiny_qwen3": tiny_qwen3,
+    "tiny_qwen3_moe": tiny_qwen3_moe,
     "small": small,
 }
 
@@ -318,7 +411,7 @@ def from_hf_config(hf: dict[str, Any], source: str = "config.json", **overrides:
       rope_scaling=scaling,
       rms_norm_eps=float(_hf_get(hf, "rms_norm_eps", source, 1e-6)),
       qkv_bias=family == "qwen2",
-      qk_norm=family == "qwen3",
+      qk_norm=family in ("qwen3", "qwen3_moe"),
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
       max_position_embeddings=int(_hf_get(hf, "max_position_embeddings", source, 4096)),
       param_dtype=_HF_DTYPES[torch_dtype],
@@ -327,12 +420,39 @@ def from_hf_config(hf: dict[str, Any], source: str = "config.json", **overrides:
       eos_token_ids=eos_ids,
       pad_token_id=hf.get("pad_token_id"),
   )
+  if family == "qwen3_moe":
+    fields.update(_hf_moe(hf, source))
   fields.update(overrides)
   return ModelConfig(**fields)
 
 
+def _hf_moe(hf: dict[str, Any], source: str) -> dict[str, Any]:
+  """The MoE fields of a Qwen3-MoE config.json (transformers 5 writes `num_local_experts`)."""
+  experts = hf.get("num_experts", hf.get("num_local_experts"))
+  if experts is None:
+    raise UserError(f"{source}: missing key 'num_experts'")
+  return dict(
+      num_experts=int(experts),
+      experts_per_token=int(_hf_get(hf, "num_experts_per_tok", source)),
+      moe_intermediate_size=int(_hf_get(hf, "moe_intermediate_size", source)),
+      norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+      mlp_only_layers=tuple(int(i) for i in hf.get("mlp_only_layers") or ()),
+      decoder_sparse_step=int(_hf_get(hf, "decoder_sparse_step", source, 1)),
+      router_aux_loss_coef=float(_hf_get(hf, "router_aux_loss_coef", source, 0.001)))
+
+
 def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
-  """The Hugging Face config.json for `cfg` (old-style rope keys, read by every version)."""
+  """The Hugging Face config.json for `cfg` (old-style rope keys, read by every version).
+
+  A config with experts outside family qwen3_moe (or a shared expert, or sigmoid scores)
+  has no Hugging Face form: UserError.
+  """
+  if cfg.num_experts and (cfg.family != "qwen3_moe" or cfg.shared_expert_size
+                          or cfg.router_scoring != "softmax"):
+    raise UserError(f"ModelConfig: a {cfg.family!r} model with {cfg.num_experts} experts "
+                    f"(shared_expert_size={cfg.shared_expert_size}, router_scoring="
+                    f"{cfg.router_scoring!r}) has no Hugging Face form; only qwen3_moe "
+                    "(softmax scores, no shared expert) is written")
   hf: dict[str, Any] = {
       "architectures": [_ARCHITECTURES[cfg.family]],
       "model_type": cfg.family,
@@ -363,6 +483,12 @@ def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
     hf.update(attention_bias=False, mlp_bias=False)
   else:
     hf.update(use_sliding_window=False, sliding_window=None)
-    if cfg.family == "qwen3":
+    if cfg.family in ("qwen3", "qwen3_moe"):
       hf["attention_bias"] = False
+  if cfg.family == "qwen3_moe":
+    hf.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
+              moe_intermediate_size=cfg.moe_intermediate_size,
+              norm_topk_prob=cfg.norm_topk_prob, mlp_only_layers=list(cfg.mlp_only_layers),
+              decoder_sparse_step=cfg.decoder_sparse_step,
+              router_aux_loss_coef=cfg.router_aux_loss_coef, output_router_logits=False)
   return hf

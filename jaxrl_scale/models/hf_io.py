@@ -10,6 +10,10 @@ Layout mapping (HF `nn.Linear.weight` is [out, in]; ours put the input dim first
   down_proj     [D, F]   -> kernel [F, D]         lm_head       [V, D]   -> kernel [D, V]
   embed_tokens, norms: unchanged.
 Layer i of `model.layers.{i}.*` is index i of our stacked `layers.*` params ([L, ...]).
+Qwen3-MoE sparse layers: mlp.gate.weight [E, D] -> layers.moe.router [L, D, E]; expert j's
+  mlp.experts.{j}.{gate,up}_proj.weight [F, D] -> layers.moe.{gate,up}_proj [L, E, D, F] at
+  [i, j], down_proj [D, F] -> layers.moe.down_proj [L, E, F, D]. In a model that mixes
+  dense and sparse layers, the slots a layer does not use load as zeros and are not saved.
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ class _Entry:
   groups: tuple[tuple[int, ...], ...]  # how each HF dim splits into our dims
   perm: tuple[int, ...]
   layer: int | None = None  # index on the leading layer axis of a stacked param
+  expert: int | None = None  # index on the expert axis after it (an expert's own tensor)
+
+  @property
+  def lead(self) -> tuple[int, ...]:
+    """This tensor's index on the stacked param's leading (layer, expert) axes."""
+    return tuple(i for i in (self.layer, self.expert) if i is not None)
 
   @property
   def hf_shape(self) -> tuple[int, ...]:
@@ -70,6 +80,7 @@ def layout(cfg: ModelConfig) -> list[_Entry]:
   """Every Hugging Face tensor of a `cfg` model, in Hugging Face order."""
   d, n, k, h, f, v = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                       cfg.intermediate_size, cfg.vocab_size)
+  sparse = cfg.moe_layers()
   out = [_Entry(("embed_tokens", "embedding"), "model.embed_tokens.weight", ((v,), (d,)), (0, 1))]
   for i in range(cfg.num_layers):
     pre, our = f"model.layers.{i}.", ("layers",)
@@ -91,6 +102,9 @@ def layout(cfg: ModelConfig) -> list[_Entry]:
                           **kw))
     out.append(_Entry(our + ("post_attention_layernorm", "scale"),
                       pre + "post_attention_layernorm.weight", ((d,),), (0,), **kw))
+    if sparse[i]:
+      out += _expert_entries(cfg, i)
+      continue
     for name in ("gate_proj", "up_proj"):
       out.append(_Entry(our + ("mlp", name, "kernel"), f"{pre}mlp.{name}.weight",
                         ((f,), (d,)), (1, 0), **kw))
@@ -99,6 +113,24 @@ def layout(cfg: ModelConfig) -> list[_Entry]:
   out.append(_Entry(("norm", "scale"), "model.norm.weight", ((d,),), (0,)))
   if not cfg.tie_embeddings:
     out.append(_Entry(("lm_head", "kernel"), "lm_head.weight", ((v,), (d,)), (1, 0)))
+  return out
+
+
+def _expert_entries(cfg: ModelConfig, i: int) -> list[_Entry]:
+  """Layer i's router and experts, in Hugging Face (Qwen3-MoE) order."""
+  if cfg.family != "qwen3_moe" or cfg.shared_expert_size or cfg.router_scoring != "softmax":
+    raise UserError(f"a {cfg.family!r} model with experts (shared_expert_size="
+                    f"{cfg.shared_expert_size}, router_scoring={cfg.router_scoring!r}) has no "
+                    "Hugging Face form; only qwen3_moe does")
+  d, e, f = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+  pre, our = f"model.layers.{i}.mlp.", ("layers", "moe")
+  out = [_Entry(our + ("router",), pre + "gate.weight", ((e,), (d,)), (1, 0), layer=i)]
+  for j in range(e):
+    for name in ("gate_proj", "up_proj"):
+      out.append(_Entry(our + (name,), f"{pre}experts.{j}.{name}.weight", ((f,), (d,)), (1, 0),
+                        layer=i, expert=j))
+    out.append(_Entry(our + ("down_proj",), f"{pre}experts.{j}.down_proj.weight",
+                      ((d,), (f,)), (1, 0), layer=i, expert=j))
   return out
 
 
@@ -179,22 +211,31 @@ def _read_slice(handle: Any, entry: _Entry, index: tuple[slice, ...] | None,
   return np.ascontiguousarray(arr.transpose(entry.perm)).astype(dtype)
 
 
-def _read_param(parts: list[tuple[Any, _Entry]], index: tuple[slice, ...] | None,
-                dtype: np.dtype) -> np.ndarray:
-  """The part `index` of a param: one tensor, or the layers `index[0]` selects, stacked."""
-  handle, entry = parts[0]
-  if entry.layer is None:
-    return _read_slice(handle, entry, index, dtype)
-  index = index if index is not None else (slice(None),) * (len(entry.shape) + 1)
-  layers = range(*index[0].indices(len(parts)))
-  return np.stack([_read_slice(*parts[i], index[1:], dtype) for i in layers])
+def _read_param(parts: dict[tuple[int, ...], tuple[Any, _Entry]], shape: tuple[int, ...],
+                index: tuple[slice, ...] | None, dtype: np.dtype) -> np.ndarray:
+  """The part `index` of a param of `shape`: one tensor, or the tensors its leading
+  (layer[, expert]) axes stack, the ones `index` selects; a slot no tensor fills (the
+  unused MLP of an interleaved model's layer) reads as zeros."""
+  _, entry = next(iter(parts.values()))
+  lead = len(entry.lead)
+  if not lead:
+    return _read_slice(*parts[()], index, dtype)
+  index = index if index is not None else (slice(None),) * len(shape)
+  ranges = [range(*sl.indices(size)) for sl, size in zip(index[:lead], shape[:lead])]
+  inner = tuple(len(range(*sl.indices(size))) for sl, size in zip(index[lead:], shape[lead:]))
+  out = np.zeros([len(r) for r in ranges] + list(inner), dtype)
+  for pos in np.ndindex(*out.shape[:lead]):
+    at = tuple(r[p] for r, p in zip(ranges, pos))
+    if at in parts:
+      out[pos] = _read_slice(*parts[at], index[lead:], dtype)
+  return out
 
 
 def load_hf_model(path: str, mesh: Mesh | None = None, *, param_dtype: str | None = None,
                   dtype: str | None = None, lm_head_fp32: bool | None = None,
                   rules: sharding.Rules = sharding.DEFAULT_RULES,
                   ) -> tuple[transformer.Transformer, ModelConfig]:
-  """Loads a Hugging Face Llama/Qwen2/Qwen3 directory into a model placed on `mesh`.
+  """Loads a Hugging Face Llama/Qwen2/Qwen3/Qwen3-MoE directory into a model on `mesh`.
 
   Args:
     path: directory with config.json and model.safetensors (or shards + index.json).
@@ -236,8 +277,8 @@ def load_hf_model(path: str, mesh: Mesh | None = None, *, param_dtype: str | Non
   shard_of = dict(nnx.to_flat_state(shardings))
   np_dtype = np.dtype(jnp.dtype(cfg.param_dtype))
 
-  # Per param path: (handle, entry) of each HF tensor it is made of (one per layer if stacked).
-  sources: dict[tuple[Any, ...], list[tuple[Any, _Entry]]] = {}
+  # Per param path: (handle, entry) of each HF tensor it is made of, by its stacked index.
+  sources: dict[tuple[Any, ...], dict[tuple[int, ...], tuple[Any, _Entry]]] = {}
   arrays = {}
   with contextlib.ExitStack() as stack:
     handles: dict[str, Any] = {}
@@ -256,15 +297,15 @@ def load_hf_model(path: str, mesh: Mesh | None = None, *, param_dtype: str | Non
       if hf_shape != entry.hf_shape:
         raise UserError(f"{file_path}: tensor '{entry.hf_key}' has shape {list(hf_shape)}, "
                         f"config.json implies {list(entry.hf_shape)}")
-      sources.setdefault(entry.path, []).append((handle, entry))
+      sources.setdefault(entry.path, {})[entry.lead] = (handle, entry)
+    abs_flat = dict(nnx.to_flat_state(abs_state))
     for param_path, parts in sources.items():
       target = shard_of[param_path]
       target = target.get_value() if isinstance(target, nnx.Variable) else target
-      shape = parts[0][1].shape
-      if parts[0][1].layer is not None:
-        shape = (len(parts),) + shape
+      shape = tuple(abs_flat[param_path].get_value().shape)
       arrays[param_path] = jax.make_array_from_callback(
-          shape, target, lambda idx, ps=parts: _read_param(ps, idx, np_dtype), dtype=np_dtype)
+          shape, target, lambda idx, ps=parts, s=shape: _read_param(ps, s, idx, np_dtype),
+          dtype=np_dtype)
 
   flat = [(p, v.replace(arrays[p])) for p, v in nnx.to_flat_state(abs_state)]
   return nnx.merge(graphdef, nnx.from_flat_state(flat)), cfg
@@ -319,7 +360,7 @@ def save_hf_model(model: transformer.Transformer, cfg: ModelConfig, out_dir: str
     for entry in shard:
       value = flat[entry.path].get_value()
       # One layer at a time, so the host never holds a whole stacked param.
-      arr = _host_array(value if entry.layer is None else value[entry.layer])
+      arr = _host_array(value[entry.lead] if entry.lead else value)
       tensors[entry.hf_key] = _to_hf(arr, entry)
       weight_map[entry.hf_key] = name
       total += tensors[entry.hf_key].nbytes

@@ -4,7 +4,8 @@ Every parameter carries its logical axis names in the `out_sharding` metadata (w
 sharding off, so nothing is placed at creation); `models.sharding` maps them onto a mesh.
 
 Logical axes: 'vocab' V, 'embed' D, 'q_heads' N, 'kv_heads' K, 'head_dim' H, 'mlp' F,
-'norm' (RMSNorm scales; always replicated). The transformer stacks its layers, which puts a
+'norm' (RMSNorm scales; always replicated); the experts of `models.moe` add 'expert' and
+'moe_mlp'. The transformer stacks its layers, which puts a
 'layers' axis (never sharded) first on every layer parameter.
 """
 
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_scale.models import moe
 from jaxrl_scale.models.config import ModelConfig, RopeScaling
 
 # (q_BTNH, k_BTKH, v_BTKH) -> (out_BTNH, aux); see `Attention.__call__`.
@@ -220,10 +222,10 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """SwiGLU: down(silu(gate(x)) * up(x)); F is cfg.intermediate_size unless given."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    d, f = cfg.hidden_size, cfg.intermediate_size
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, intermediate_size: int | None = None):
+    d, f = cfg.hidden_size, intermediate_size or cfg.intermediate_size
     kw = dict(rngs=rngs, param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype))
     self.gate_proj = Einsum("BTD,DF->BTF", (d, f), ("embed", "mlp"), **kw)
     self.up_proj = Einsum("BTD,DF->BTF", (d, f), ("embed", "mlp"), **kw)
@@ -234,19 +236,44 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-  """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x))."""
+  """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)).
+
+  The MLP is dense (`mlp`), a mixture of experts (`moe`), or, in a model that interleaves
+  the two (cfg.moe_layers() mixed), both, the layer's index choosing which runs: the layers
+  are one stacked module, so every layer holds the same params (the unused set is zeros
+  after a Hugging Face load and gets no gradient).
+  """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     pd = jnp.dtype(cfg.param_dtype)
     self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd)
     self.self_attn = Attention(cfg, rngs=rngs)
     self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd)
-    self.mlp = MLP(cfg, rngs=rngs)
+    sparse = cfg.moe_layers()
+    self.mlp = MLP(cfg, rngs=rngs) if not all(sparse) else None
+    self.moe = moe.MoE(cfg, rngs=rngs) if any(sparse) else None
+    self.sparse = sparse if self.mlp is not None and self.moe is not None else None
+    self.num_experts = cfg.num_experts
 
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, attend: Attend,
-               ) -> tuple[jax.Array, Any]:
-    """(x_BTD after the block, the aux output of `attend`); see `Attention.__call__`."""
+               layer: jax.Array | int = 0, mask_BT: jax.Array | None = None,
+               ) -> tuple[jax.Array, Any, moe.RouterStats | None]:
+    """(x_BTD after the block, the aux output of `attend`, the router stats of a sparse
+    layer or zeros (None in a dense model)); see `Attention.__call__`.
+
+    Args:
+      layer: this layer's index (chooses dense or sparse in an interleaved model).
+      mask_BT: True at real tokens, which the router stats count (None: all).
+    """
     attn_BTD, aux = self.self_attn(self.input_layernorm(x_BTD), positions_BT, attend)
     x_BTD = x_BTD + attn_BTD
-    x_BTD = x_BTD + self.mlp(self.post_attention_layernorm(x_BTD))
-    return x_BTD, aux
+    h_BTD = self.post_attention_layernorm(x_BTD)
+    if self.moe is None:
+      return x_BTD + self.mlp(h_BTD), aux, None
+    if self.mlp is None:
+      y_BTD, stats = self.moe(h_BTD, mask_BT)
+    else:
+      dense = lambda h: (self.mlp(h), moe.RouterStats.zeros(self.num_experts))  # noqa: E731
+      y_BTD, stats = jax.lax.cond(jnp.asarray(self.sparse)[layer],
+                                  lambda h: self.moe(h, mask_BT), dense, h_BTD)
+    return x_BTD + y_BTD, aux, stats

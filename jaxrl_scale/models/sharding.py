@@ -34,6 +34,11 @@ DEFAULT_RULES: Rules = {
     "head_dim": None,
     "mlp": "tp",
     "norm": None,
+    # Mixture-of-experts weights [E, D, F]: F over 'tp' like a dense MLP's. No mesh has an
+    # expert axis yet, so the experts are whole on every (fsdp, tp) shard; naming the axis
+    # here is where expert parallelism plugs in.
+    "expert": "expert",
+    "moe_mlp": "tp",
 }
 
 

@@ -1,4 +1,4 @@
-"""The decoder (Llama 3 / Qwen2 / Qwen3) with a full-sequence path and a KV-cache path.
+"""The decoder (Llama 3 / Qwen2 / Qwen3 / Qwen3-MoE) with a full-sequence path and a KV-cache path.
 
 Shapes: B batch, T tokens in this call, S key slots, D hidden, V vocab, K kv heads, H head dim.
 
@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl_scale.models import attention, layers
+from jaxrl_scale.models import attention, layers, moe
 from jaxrl_scale.models.config import ModelConfig
 
 
@@ -178,12 +178,23 @@ class Transformer(nnx.Module):
       activation_sharding: a NamedSharding for [B, T, D] activations, e.g. batch rows over
         'fsdp'. Without it the compiler may replicate the micro-batch on every chip.
     """
+    return self.hidden_states_with_stats(tokens_BT, positions_BT, mask_BT, remat=remat,
+                                         activation_sharding=activation_sharding)[0]
+
+  def hidden_states_with_stats(
+      self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array, *,
+      remat: str = "none", activation_sharding: jax.sharding.NamedSharding | None = None,
+  ) -> tuple[jax.Array, moe.RouterStats | None]:
+    """`hidden_states` and the router stats of the sparse layers over the real tokens,
+    summed (None for a dense model): `stats.load_balancing_loss()` is the auxiliary loss a
+    trainer adds, weighted by cfg.router_aux_loss_coef."""
     policy = _remat_policy(remat)
     pin = _pinner(activation_sharding)
     mask_BT = mask_BT.astype(jnp.bool_)
     x_BTD = pin(self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype)))
-    x_BTD, _ = self._scan(x_BTD, positions_BT, mask_BT, policy, activation_sharding)
-    return pin(self.norm(x_BTD))
+    x_BTD, (_, stats_L) = self._scan(x_BTD, positions_BT, mask_BT, policy,
+                                     activation_sharding)
+    return pin(self.norm(x_BTD)), None if stats_L is None else stats_L.sum_layers()
 
   def decode(self, tokens_B1: jax.Array, pos_B: jax.Array, active_B: jax.Array,
              cache: PagedKVCache, table_BM: jax.Array, *, view_pages: int,
@@ -213,7 +224,9 @@ class Transformer(nnx.Module):
             view_pages=view_pages, mesh=mesh, view=view)
         return out_B1NH, (pool_out, view_out)
 
-      return nnx.merge(graphdef, layer_state)(x_B1D, pos_B[:, None], attend)
+      x_B1D, aux, _ = nnx.merge(graphdef, layer_state)(x_B1D, pos_B[:, None], attend, i,
+                                                       active_B[:, None])
+      return x_B1D, aux
 
     if layer_states is not None:
       pool, new_views = cache.kv, []
@@ -264,8 +277,8 @@ class Transformer(nnx.Module):
     pin = _pinner(activation_sharding)
     mask_BT = mask_BT.astype(jnp.bool_)
     x_BTD = pin(self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype)))
-    x_BTD, (k_LBTKH, v_LBTKH) = self._scan(x_BTD, positions_BT, mask_BT, None,
-                                           activation_sharding, keep_kv=True)
+    x_BTD, ((k_LBTKH, v_LBTKH), _) = self._scan(x_BTD, positions_BT, mask_BT, None,
+                                                activation_sharding, keep_kv=True)
     return pin(self.norm(x_BTD)), k_LBTKH, v_LBTKH
 
   def prefill_into(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
@@ -308,7 +321,9 @@ class Transformer(nnx.Module):
             write: Callable[..., jax.Array] | None = None, prefix_in_loop: bool = True,
             ) -> tuple[Any, Any]:
     """Runs the stacked layers with one scanned (optionally remat'd) layer body. The carry
-    is x_BTD, or (x_BTD, pool) with `write` (see `prefill_into`)."""
+    is x_BTD, or (x_BTD, pool) with `write` (see `prefill_into`); the stacked outputs are
+    (each layer's keys and values when keep_kv, else None; router stats or None), except
+    with `write` (None)."""
     graphdef, state_L = nnx.split(self.layers)
     pin = _pinner(activation_sharding)
     impl = self.cfg.attention_impl
@@ -335,10 +350,11 @@ class Transformer(nnx.Module):
               jnp.concatenate([valid_BS, mask_BT], axis=1))
         return out_BTNH, ((k_BTKH, v_BTKH) if keep_kv or write is not None else None)
 
-      x_BTD, kv = nnx.merge(graphdef, layer_state)(x_BTD, positions_BT, attend)
+      x_BTD, kv, stats = nnx.merge(graphdef, layer_state)(x_BTD, positions_BT, attend, i,
+                                                          mask_BT)
       if write is not None:
         return (pin(x_BTD), write(pool, i, *kv)), None
-      return pin(x_BTD), kv
+      return pin(x_BTD), (kv, stats)
 
     if policy is not None:
       # prevent_cse=False: inside a scan the loop already keeps XLA from merging the

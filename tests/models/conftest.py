@@ -16,7 +16,19 @@ HF_SPECS = {
     # head_dim 32 != 64 / 4, as in real Qwen3.
     "qwen3": dict(model_type="qwen3", tie_word_embeddings=False, head_dim=32, rope_theta=1e6),
     "qwen3_tied": dict(model_type="qwen3", tie_word_embeddings=True, head_dim=32),
+    # Qwen3-MoE: the middle of 3 layers dense (mlp_only_layers), top-2 of 8 renormalised.
+    "qwen3_moe": dict(model_type="qwen3_moe", tie_word_embeddings=False, head_dim=32,
+                      rope_theta=1e6, num_hidden_layers=3, num_experts=8, num_experts_per_tok=2,
+                      moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1]),
+    # Every second layer sparse (decoder_sparse_step), top-3 of 4 not renormalised, tied.
+    "qwen3_moe_step2": dict(model_type="qwen3_moe", tie_word_embeddings=True, head_dim=32,
+                            num_hidden_layers=4, num_experts=4, num_experts_per_tok=3,
+                            moe_intermediate_size=24, norm_topk_prob=False,
+                            decoder_sparse_step=2),
 }
+# HF_SPECS key -> our ModelConfig.family.
+FAMILY_OF = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_tied": "qwen3",
+             "qwen3_moe": "qwen3_moe", "qwen3_moe_step2": "qwen3_moe"}
 
 
 def make_hf_model(spec: dict, seed: int = 0):
@@ -28,8 +40,9 @@ def make_hf_model(spec: dict, seed: int = 0):
   spec = dict(spec)
   model_type = spec.pop("model_type")
   config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-                "qwen3": transformers.Qwen3Config}[model_type]
-  hf_cfg = config_cls(**_COMMON, **spec)
+                "qwen3": transformers.Qwen3Config,
+                "qwen3_moe": transformers.Qwen3MoeConfig}[model_type]
+  hf_cfg = config_cls(**{**_COMMON, **spec})
   hf_cfg._attn_implementation = "eager"
   torch.manual_seed(seed)
   model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
@@ -85,7 +98,7 @@ def hf_helpers():
   import types
 
   return types.SimpleNamespace(make_hf_model=make_hf_model, hf_logits=hf_logits,
-                               padded_batch=padded_batch, specs=HF_SPECS)
+                               padded_batch=padded_batch, specs=HF_SPECS, family_of=FAMILY_OF)
 
 
 @pytest.fixture(scope="session")

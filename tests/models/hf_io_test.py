@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.models import config, hf_io
 
-FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_tied"]
+FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_tied", "qwen3_moe", "qwen3_moe_step2"]
 
 
 @nnx.jit
@@ -46,7 +46,7 @@ def test_logits_match_transformers_with_left_and_right_padding(family, hf_checkp
                                                                hf_helpers):
   path, hf_model = hf_checkpoints[family]
   model, cfg = hf_io.load_hf_model(path)
-  assert cfg.family == family.split("_")[0]
+  assert cfg.family == hf_helpers.family_of[family]
   for left in (True, False):
     batch = hf_helpers.padded_batch(cfg.vocab_size, [9, 6, 2], 9, left=left, seed=int(left))
     ours, theirs = _logits(model, batch), hf_helpers.hf_logits(hf_model, *batch)
@@ -80,7 +80,7 @@ def test_load_save_round_trips_and_transformers_loads_it(family, hf_checkpoints,
                              hf_helpers.hf_logits(hf_model, *batch), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "qwen3_moe"])
 def test_sharded_load_matches_single_device(family, hf_checkpoints, hf_helpers, tmp_path):
   path, _ = hf_checkpoints[family]
   single, cfg = hf_io.load_hf_model(path)
@@ -89,6 +89,9 @@ def test_sharded_load_matches_single_device(family, hf_checkpoints, hf_helpers, 
   assert q.sharding.spec == P(None, "fsdp", "tp", None)
   assert q.addressable_shards[0].data.shape == (cfg.num_layers, 16, 2, cfg.head_dim)
   assert sharded.embed_tokens.embedding[...].sharding.spec == P("tp", "fsdp")
+  if cfg.num_experts:  # [L, E, D, F]: no expert mesh axis yet, so E is whole everywhere
+    assert sharded.layers.moe.gate_proj[...].sharding.spec == P(None, None, "fsdp", "tp")
+    assert sharded.layers.moe.down_proj[...].sharding.spec == P(None, None, "tp", "fsdp")
   # Every param equals the single-device one exactly; the forward within float tolerance.
   for (p, a), (_, b) in zip(nnx.to_flat_state(nnx.state(sharded)),
                             nnx.to_flat_state(nnx.state(single))):

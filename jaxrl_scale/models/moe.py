@@ -1,0 +1,147 @@
+"""Mixture-of-experts MLP: top-k routing with a float32 router, dropless grouped matmuls.
+
+Shapes: N tokens (B * T flattened), D hidden, E experts, K experts per token (top-k),
+F each expert's hidden size.
+
+Every token goes to its K experts, however unbalanced the routing (dropless: no capacity
+factor, so no token is silently skipped, and the trainer and sampler compute the same
+function whatever the batch). The N * K (token, expert) pairs are sorted by expert and the
+experts run as grouped matmuls over the sorted rows (`jax.lax.ragged_dot`: each expert's
+weights multiply only its own contiguous group).
+
+Logical axes: 'expert' E (sharded by a future expert mesh axis; replicated today),
+'embed' D, 'moe_mlp' F.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_scale.models import layers
+from jaxrl_scale.models.config import ModelConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RouterStats:
+  """Sums over the real (mask True) tokens of the sparse layers, for the load-balancing loss.
+
+  chosen_E: how many (token, slot) pairs picked each expert (no gradient).
+  prob_E: the routing probabilities (softmax of the router logits), summed (float32).
+  tokens: real tokens counted, once per sparse layer.
+  """
+
+  chosen_E: jax.Array
+  prob_E: jax.Array
+  tokens: jax.Array
+
+  @staticmethod
+  def zeros(num_experts: int) -> RouterStats:
+    z = jnp.zeros((num_experts,), jnp.float32)
+    return RouterStats(chosen_E=z, prob_E=z, tokens=jnp.zeros((), jnp.float32))
+
+  def __add__(self, other: RouterStats) -> RouterStats:
+    return jax.tree.map(jnp.add, self, other)
+
+  def sum_layers(self) -> RouterStats:
+    """Stats stacked over a leading layer axis, summed over it."""
+    return jax.tree.map(lambda x: jnp.sum(x, axis=0), self)
+
+  def load_balancing_loss(self) -> jax.Array:
+    """Switch Transformer's loss, E * sum_e f_e * P_e with f_e the fraction of routed
+    (token, slot) pairs per token that chose e and P_e the mean routing probability of e,
+    over every sparse layer's real tokens pooled (as transformers' `load_balancing_loss_func`
+    pools the layers). 0 without real tokens. Its minimum, K, is perfect balance."""
+    n = jnp.maximum(self.tokens, 1.0)
+    e = self.chosen_E.shape[-1]
+    return e * jnp.sum((self.chosen_E / n) * (self.prob_E / n))
+
+
+class MoE(nnx.Module):
+  """The sparse MLP: sum over the token's top-k experts of weight * SwiGLU_expert(x), plus
+  a shared dense SwiGLU when cfg.shared_expert_size > 0."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    e, d, f = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    pd = jnp.dtype(cfg.param_dtype)
+    init = nnx.initializers.normal(stddev=0.02)
+    # Router [D, E]; small, so kept whole on every chip.
+    self.router = layers.param(init(rngs.params(), (d, e), pd), ("embed", None))
+    self.gate_proj = layers.param(init(rngs.params(), (e, d, f), pd),
+                                  ("expert", "embed", "moe_mlp"))
+    self.up_proj = layers.param(init(rngs.params(), (e, d, f), pd),
+                                ("expert", "embed", "moe_mlp"))
+    self.down_proj = layers.param(init(rngs.params(), (e, f, d), pd),
+                                  ("expert", "moe_mlp", "embed"))
+    self.shared_expert = (layers.MLP(cfg, rngs=rngs, intermediate_size=cfg.shared_expert_size)
+                          if cfg.shared_expert_size else None)
+    self.top_k = cfg.experts_per_token
+    self.scoring = cfg.router_scoring
+    self.norm_topk_prob = cfg.norm_topk_prob
+    self.param_dtype = pd
+    self.dtype = jnp.dtype(cfg.dtype)
+
+  def route(self, x_ND: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(weights_NK in cfg.dtype, experts_NK int32, probs_NE float32) of N tokens.
+
+    The router runs in float32 (HIGHEST precision): a bf16 router flips near-tied top-k
+    choices between two programs that round differently, and the trainer then scores
+    different experts than the sampler ran.
+    """
+    w_DE = layers.held(self.router[...], self.param_dtype).astype(jnp.float32)
+    logits_NE = jnp.dot(x_ND.astype(jnp.float32), w_DE, precision=jax.lax.Precision.HIGHEST)
+    probs_NE = jax.nn.softmax(logits_NE, axis=-1)
+    if self.scoring == "softmax":
+      weights_NK, experts_NK = jax.lax.top_k(probs_NE, self.top_k)
+      if self.norm_topk_prob:
+        weights_NK = weights_NK / jnp.sum(weights_NK, axis=-1, keepdims=True)
+    else:  # sigmoid (Llama 4): the chosen experts' logits squashed independently
+      top_NK, experts_NK = jax.lax.top_k(logits_NE, self.top_k)
+      weights_NK = jax.nn.sigmoid(top_NK)
+    return weights_NK.astype(self.dtype), experts_NK.astype(jnp.int32), probs_NE
+
+  def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array | None = None,
+               ) -> tuple[jax.Array, RouterStats]:
+    """(y_BTD, stats); `mask_BT` (True at real tokens) only limits what the stats count:
+    padding tokens are routed and computed like any other (their outputs are ignored)."""
+    b, t, d = x_BTD.shape
+    n, k = b * t, self.top_k
+    x_ND = x_BTD.reshape(n, d).astype(self.dtype)
+    weights_NK, experts_NK, probs_NE = self.route(x_ND)
+    e = probs_NE.shape[-1]
+
+    # Sort the N * K (token, expert) pairs by expert; group g of the sorted rows is expert g.
+    experts_M = experts_NK.reshape(n * k)
+    order_M = jnp.argsort(experts_M, stable=True)
+    group_sizes_E = jnp.bincount(experts_M, length=e).astype(jnp.int32)
+    x_MD = x_ND[order_M // k]
+    gate_MF = self._grouped(x_MD, self.gate_proj, group_sizes_E)
+    up_MF = self._grouped(x_MD, self.up_proj, group_sizes_E)
+    y_MD = self._grouped(jax.nn.silu(gate_MF) * up_MF, self.down_proj, group_sizes_E)
+    # Back to (token, slot) order: a gather by the inverse permutation (its gradient is a
+    # gather too, where a scatter's would be a scatter-add).
+    y_NKD = y_MD[jnp.argsort(order_M)].reshape(n, k, d)
+    y_ND = jnp.sum(y_NKD * weights_NK[:, :, None], axis=1)
+    if self.shared_expert is not None:
+      y_ND = y_ND + self.shared_expert(x_ND[None])[0]
+
+    real_N = (jnp.ones((n,), jnp.float32) if mask_BT is None
+              else mask_BT.reshape(n).astype(jnp.float32))
+    chosen_NE = jnp.sum(jax.nn.one_hot(experts_NK, e, dtype=jnp.float32), axis=1)
+    stats = RouterStats(
+        chosen_E=jax.lax.stop_gradient(real_N @ chosen_NE),
+        prob_E=real_N @ probs_NE,
+        tokens=jnp.sum(real_N))
+    return y_ND.reshape(b, t, d).astype(x_BTD.dtype), stats
+
+  def _grouped(self, x_MX: jax.Array, w: nnx.Param, group_sizes_E: jax.Array) -> jax.Array:
+    """Rows of expert group g times w[g]: [M, X] x [E, X, Y] -> [M, Y] in cfg.dtype."""
+    w_EXY = w[...]
+    if self.dtype != self.param_dtype:  # the rule of `layers.Einsum`
+      w_EXY = layers.held(w_EXY, self.param_dtype)
+    return jax.lax.ragged_dot(x_MX.astype(self.dtype), w_EXY.astype(self.dtype), group_sizes_E,
+                              preferred_element_type=self.dtype)
