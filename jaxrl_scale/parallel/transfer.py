@@ -13,8 +13,11 @@ first re-lays each array out on the trainer's devices so that every process hold
 complete copy on its own trainer devices (sharded over them, replicated across processes:
 an all-gather over hosts, cast fused in), then reassembles those local shards into a
 process-local array; the move onto the generator mesh is then local. `reshard` does this
-by itself when given such arrays. It is a collective: every process must call it, in the
-same order, from the same (main) thread.
+by itself when given such arrays, a group of leaves at a time (`staging_groups`): each
+group's local copy is moved and waited for before the next is gathered, so the trainer chips
+hold at most `STAGING_BYTES` of it (or one leaf, when a leaf is larger) instead of a whole
+param_dtype copy of the model (16 GB of Qwen3-8B on a host with one trainer chip). It is a
+collective: every process must call it, in the same order, from the same (main) thread.
 """
 
 from __future__ import annotations
@@ -79,21 +82,46 @@ def _local_spec(x: jax.Array, per_process: int) -> PartitionSpec:
   return PartitionSpec()
 
 
-def local_copy_bytes_per_device(leaves: Any, dtypes: Any) -> float:
-  """Bytes per device of the copy `to_local` gathers onto each process's devices of the
+# The most bytes per device of the process-local copy that `reshard` stages at once.
+STAGING_BYTES = 1 << 30
+
+
+def _local_bytes(x: Any, dtype: jnp.dtype, per_process: int) -> float:
+  """Bytes per device of `x`'s process-local copy in `dtype` (`_local_spec`'s split)."""
+  spec = _local_spec(x, per_process)
+  shape = [n // per_process if i < len(spec) and spec[i] else n for i, n in enumerate(x.shape)]
+  return float(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+
+
+def staging_groups(leaves: list, dtypes: list, per_process: int,
+                   max_bytes: float = STAGING_BYTES) -> list[list[int]]:
+  """Indices of `leaves` in consecutive groups whose process-local copies (in `dtypes`)
+  take at most `max_bytes` per device; a leaf larger than that is a group of its own."""
+  groups: list[list[int]] = []
+  size = 0.0
+  for i, (x, d) in enumerate(zip(leaves, dtypes)):
+    b = _local_bytes(x, jnp.dtype(d), per_process)
+    if groups and size + b <= max_bytes:
+      groups[-1].append(i)
+      size += b
+    else:
+      groups.append([i])
+      size = b
+  return groups
+
+
+def local_copy_bytes_per_device(leaves: Any, dtypes: Any,
+                                max_bytes: float = STAGING_BYTES) -> float:
+  """Peak bytes per device of the copy `reshard` stages on each process's devices of the
   leaves' device set (arrays or sharded ShapeDtypeStructs, on several processes), in
-  `dtypes`: `jaxrl-scale plan` counts it beside the trainer's state."""
+  `dtypes`, one `staging_groups` group at a time: `jaxrl-scale plan` counts it beside the
+  trainer's state."""
   leaves = jax.tree.leaves(leaves)
   want = [jnp.dtype(getattr(w, "dtype", w)) for w in jax.tree.leaves(dtypes)]
   grid = _by_process(leaves[0].sharding._device_assignment)  # pylint: disable=protected-access
   per_process = grid.shape[1]
-  total = 0.0
-  for x, dtype in zip(leaves, want):
-    spec = _local_spec(x, per_process)
-    shape = [n // per_process if i < len(spec) and spec[i] else n
-             for i, n in enumerate(x.shape)]
-    total += float(np.prod(shape, dtype=np.float64)) * dtype.itemsize
-  return total
+  return max(sum(_local_bytes(leaves[i], want[i], per_process) for i in group)
+             for group in staging_groups(leaves, want, per_process, max_bytes))
 
 
 @functools.lru_cache(maxsize=16)
@@ -185,10 +213,39 @@ def reshard(tree: Any, shardings: Any, dtypes: Any | None = None, *, copy: bool 
       getattr(s, "is_fully_addressable", False) for s in targets) and any(
           isinstance(x, jax.Array) and not x.is_fully_addressable
           for x in jax.tree.leaves(tree)):
-    return jax.device_put(to_local(tree, dtypes), shardings, may_alias=may_alias)
+    return _reshard_staged(tree, shardings, dtypes, may_alias, STAGING_BYTES)
   if dtypes is not None:
     tree = _cast(tree, dtypes)
   return jax.device_put(tree, shardings, may_alias=may_alias)
+
+
+def _reshard_staged(tree: Any, shardings: Any, dtypes: Any | None, may_alias: Any,
+                    max_bytes: float) -> Any:
+  """`reshard` of cross-process arrays onto this process's devices, one `staging_groups`
+  group at a time: gather (`to_local`), move, wait, so that one group's local copy is alive
+  on the source devices at a time."""
+  leaves, treedef = jax.tree.flatten(tree)
+  # `shardings` may be a prefix of the tree: one target per leaf.
+  targets = jax.tree.leaves(jax.tree.map(lambda s, sub: jax.tree.map(lambda _: s, sub),
+                                         shardings, tree))
+  want = (jax.tree.leaves(dtypes) if dtypes is not None else [x.dtype for x in leaves])
+  # One bool per leaf (a None inside a list would read as an empty subtree): False where
+  # `copy` forbids returning the caller's buffer, else True (JAX's default).
+  aliases = ([a is not False for a in jax.tree.leaves(may_alias, is_leaf=lambda x: x is None)]
+             if may_alias is not None else [True] * len(leaves))
+  remote = [x for x in leaves if isinstance(x, jax.Array) and not x.is_fully_addressable]
+  per_process = _by_process(remote[0].sharding._device_assignment).shape[1]  # pylint: disable=protected-access
+  out: list[Any] = [None] * len(leaves)
+  for group in staging_groups(leaves, want, per_process, max_bytes):
+    local = to_local([leaves[i] for i in group], [want[i] for i in group])
+    placed = jax.device_put(local, [targets[i] for i in group],
+                            may_alias=[aliases[i] for i in group])
+    del local
+    # Wait before gathering the next group: its local copy is freed once the move is done.
+    jax.block_until_ready(placed)
+    for i, y in zip(group, placed):
+      out[i] = y
+  return jax.tree.unflatten(treedef, out)
 
 
 def same_placement(tree: Any, shardings: Any) -> bool:
