@@ -304,15 +304,140 @@ def _unwrap(node: tuple) -> tuple:
       node = node[1][0]
     elif node[0] == "rel" and node[2] == ("in",) and _is_target(node[1][0]):
       node = node[1][1]  # "x \in [0, 1)" is the interval
+    elif node[0] in ("add", "mul", "neg") and _has(node, "mat"):
+      try:  # "A + B", "2A", "AB" of written matrices: the matrix they make
+        return matrix_value(node)
+      except EvalError:
+        return node  # shapes that do not fit: compared as written, equal to no matrix
     else:
       return node
 
 
+def matrix_value(node: tuple) -> tuple:
+  """The ("mat", rows) that sums, differences, scalar and matrix products of constant
+  matrices make, each entry a computed value (a "v" node); EvalError when shapes disagree
+  or an entry has a variable or no value. Entries are numbers, never growing trees, so a
+  chain of products costs only its arithmetic (bounded by answer_eval's MAX_BITS)."""
+  kind = node[0]
+  if kind == "mat":
+    return ("mat", tuple(tuple(("v", ev.evaluate(x, {})) for x in row) for row in node[1]))
+  if kind == "neg":
+    return _scale(matrix_value(node[1]), Fraction(-1))
+  if kind == "add":
+    terms = [matrix_value(t) for t in node[1]]
+    rows, cols = _shape(terms[0])
+    if any(_shape(t) != (rows, cols) for t in terms):
+      raise EvalError("matrices of different shapes added")
+    return ("mat", tuple(tuple(("v", _sum(t[1][i][j][1] for t in terms)) for j in range(cols))
+                         for i in range(rows)))
+  if kind == "mul":
+    out = None
+    scalar = Fraction(1)
+    for factor in node[1]:
+      if _has(factor, "mat"):
+        m = matrix_value(factor)
+        out = m if out is None else _matmul(out, m)
+      else:
+        scalar = ev._mul(scalar, ev.evaluate(factor, {}))  # noqa: SLF001
+    if out is None:
+      raise EvalError("no matrix")
+    return _scale(out, scalar)
+  raise EvalError(f"{kind} of a matrix")
+
+
+def _shape(m: tuple) -> tuple[int, int]:
+  return len(m[1]), len(m[1][0])
+
+
+def _sum(values):
+  out = Fraction(0)
+  for v in values:
+    out = ev._add(out, v)  # noqa: SLF001
+  return out
+
+
+def _scale(m: tuple, k) -> tuple:
+  return ("mat", tuple(tuple(("v", ev._mul(k, x[1])) for x in row)  # noqa: SLF001
+                       for row in m[1]))
+
+
+def _matmul(a: tuple, b: tuple) -> tuple:
+  (n, inner), (inner_b, p) = _shape(a), _shape(b)
+  if inner != inner_b:
+    raise EvalError("matrix product of mismatched shapes")
+  return ("mat", tuple(tuple(
+      ("v", _sum(ev._mul(a[1][i][k][1], b[1][k][j][1]) for k in range(inner)))  # noqa: SLF001
+      for j in range(p)) for i in range(n)))
+
+
 def _is_target(node: tuple) -> bool:
-  """A lone symbol, or a tuple of lone symbols: what an assignment assigns to."""
+  """What an assignment assigns to: a name (x, a_3, f(x)), a product of names (AB, the
+  segment), |AB|, or a tuple of names; never a number times a name ("2x = 4" is x = 2)."""
   if node[0] == "s":
     return node[1] not in ev.CONSTANTS
+  if node[0] == "mul":
+    return all(f[0] == "s" and _is_target(f) for f in node[1])
+  if node[0] == "abs":  # |AB| names a length; |x| = 3 leaves x = -3 open, so it is no name
+    return node[1][0] == "mul" and _is_target(node[1])
   return node[0] == "tuple" and all(_is_target(x) for x in node[1])
+
+
+def solutions(node: tuple) -> tuple[tuple, list[tuple]] | None:
+  """Of a list of named values ("a = 3, b = 7"; "p=5, q=2; p=7, q=2"): (names, one tuple
+  of values per solution, in the names' order); a repeated name starts the next solution.
+  None unless every item names one value and every solution names the same things."""
+  if node[0] != "list" or len(node[1]) < 2:
+    return None
+  groups: list[dict] = [{}]
+  for item in node[1]:
+    value = assignment(item)
+    if value is None:
+      return None
+    target = _target_of(item)
+    if target[0] == "tuple":
+      return None
+    key = repr(target)
+    if key in groups[-1]:
+      groups.append({})
+    groups[-1][key] = value
+  names = tuple(groups[0])
+  if any(set(g) != set(names) for g in groups):
+    return None
+  return names, [tuple(g[n] for n in names) for g in groups]
+
+
+def _values_of(node: tuple) -> list[tuple]:
+  """The ordered items of a bare answer: a tuple's or list's items, a lone value itself."""
+  if node[0] in ("list", "tuple", "seq", "set"):
+    return list(node[1])
+  return [node]
+
+
+def _named_equal(gold: tuple, pred: tuple, gs, ps) -> bool:
+  """Named values: by name when both name the same things, else in the gold's order."""
+  if gs is not None and ps is not None:
+    (g_names, g_sols), (p_names, p_sols) = gs, ps
+    if set(g_names) == set(p_names):  # "a_37 = 19, a_3 = 2" answers "a_3 = 2, a_37 = 19"
+      order = [p_names.index(n) for n in g_names]
+      p_sols = [tuple(sol[i] for i in order) for sol in p_sols]
+  elif gs is not None:
+    g_sols = gs[1]
+    if len(g_sols) == 1:
+      p_sols = [tuple(_values_of(pred))]
+    else:  # several solutions: the prediction lists them as tuples
+      p_sols = [tuple(_values_of(x)) for x in _values_of(pred)]
+  else:
+    p_sols = ps[1]
+    if len(p_sols) == 1:
+      if gold[0] != "tuple":  # a bare list gives no order: "3, 7" == "b = 7, a = 3"
+        return _unordered_equal(_elements(gold), list(p_sols[0]))
+      g_sols = [tuple(gold[1])]
+    else:
+      g_sols = [tuple(_values_of(x)) for x in _values_of(gold)]
+  if len(g_sols) == 1 and len(p_sols) == 1:
+    return _ordered_equal(g_sols[0], p_sols[0])
+  return (all(any(_ordered_equal(g, p) for p in p_sols) for g in g_sols)
+          and all(any(_ordered_equal(g, p) for g in g_sols) for p in p_sols))
 
 
 def assignment(node: tuple) -> tuple | None:
@@ -436,9 +561,14 @@ def equivalent(gold: tuple, pred: tuple) -> bool:
     # for the equation; any other relation never equals a bare value.
     g_val = assignment(gold) if g_rel else gold
     p_val = assignment(pred) if p_rel else pred
+    if p_rel and p_val is None and not free_symbols(pred) and set(pred[2]) == {"="}:
+      p_val = pred[1][-1]  # a chain of equal constants "1/2 \$ = 10/9": its last side
     if g_val is None or p_val is None or (g_rel and free_symbols(g_val)):
       return False
     return equivalent(g_val, p_val)
+  gs, ps = solutions(gold), solutions(pred)
+  if gs is not None or ps is not None:
+    return _named_equal(gold, pred, gs, ps)
   if _set_like(gold) or _set_like(pred):
     gs, ps = real_set(gold), real_set(pred)
     if gs is not None and ps is not None:

@@ -225,7 +225,7 @@ def _integer(x: Value, what: str) -> int:
 def evaluate(node: tuple, env: dict[str, Value]) -> Value:
   """The value of an expression node with symbols from `env` (EvalError when none)."""
   kind = node[0]
-  if kind == "n":
+  if kind in ("n", "v"):  # "v": a computed value (answer_compare's matrix products)
     return node[1]
   if kind == "s":
     name = node[1]

@@ -28,6 +28,11 @@ from jaxrl_scale.rewards.answer_tokens import (  # noqa: F401 (MAX_CHARS: the in
     ParseError, _singular, tokenize)
 
 
+# Letters read as function names before "(": "g(x) = 2" names g(x) (not g times x). p, q
+# and r stay variables: "p(1-p)" is a product.
+_FUNCTION_NAMES = frozenset("fghFGH")
+
+
 class _Parser:
   """Recursive descent over the tokens of one answer."""
 
@@ -333,6 +338,10 @@ class _Parser:
         return self.node("n", Fraction(_from_base(value, base)))
       return self.number(value)
     if kind == "sym":
+      if value in _FUNCTION_NAMES and self.peek() == ("op", "("):
+        applied = self.application(value)
+        if applied is not None:
+          return applied
       if self.peek() == ("op", "_"):
         self.next()
         sub = self.next()
@@ -384,6 +393,18 @@ class _Parser:
     if (kind, value) in (("op", "("), ("op", "[")):
       return self.bracketed(value)
     raise ParseError(f"unexpected {value!r}")
+
+  def application(self, name: str) -> tuple | None:
+    """f(x), g(3): one opaque symbol named after its argument (a name, not f times x)."""
+    start = self.pos
+    self.next()
+    try:
+      arg = self.expr()
+      self.expect("op", ")")
+    except ParseError:
+      self.pos = start
+      return None
+    return self.node("s", f"{name}({arg!r})")
 
   def bracketed(self, opener: str) -> tuple:
     items = self.items((("op", ")"), ("op", "]")))

@@ -57,7 +57,7 @@ _BOUNDARY_RE = re.compile(r"[^0-9.,/% ]")
 # to write the next user turn has ended its own answer there).
 _CHAT_TURN_RE = re.compile(
     r"<\|(?:im_start|im_end|eot_id|end_of_turn|start_header_id|endoftext|user)\|>"
-    r"|<(?:start|end)_of_turn>|\n(?:Human|User|USER|Question|Q):\s")
+    r"|<(?:start|end)_of_turn>|\n(?:Human|User|USER):\s")
 _MATHY_RE = re.compile(r"[\d$\\]|^\(?[A-Za-z]\)?\.?$")
 
 
