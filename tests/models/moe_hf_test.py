@@ -1,0 +1,99 @@
+"""Qwen3-MoE against transformers beyond logits: greedy decoding through our Sampler
+(prefill, paged decode, every layer-loop path), the load-balancing loss."""
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_scale.config import SamplerConfig
+from jaxrl_scale.generation import decode, engine, records
+from jaxrl_scale.models import hf_io
+
+SAMPLER = SamplerConfig(num_slots=3, max_new_tokens=12, temperature=0.0, decode_chunk=4,
+                        prompt_buckets=(16,))
+
+
+@pytest.fixture(scope="module")
+def moe_model(hf_checkpoints):
+  path, hf_model = hf_checkpoints["qwen3_moe"]
+  model, cfg = hf_io.load_hf_model(path)
+  return model, cfg, hf_model
+
+
+def _hf_greedy(hf_model, prompt, max_new, eos):
+  import torch
+
+  with torch.no_grad():
+    out = hf_model.generate(
+        input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=int),
+        max_new_tokens=max_new, do_sample=False, eos_token_id=eos, pad_token_id=0,
+        output_logits=True, return_dict_in_generate=True)
+  tokens = out.sequences[0, len(prompt):].tolist()
+  logprobs = [torch.log_softmax(step[0].float(), -1)[t].item()
+              for step, t in zip(out.logits, tokens)]
+  return tokens, np.asarray(logprobs)
+
+
+def _forget_programs():
+  for program in (decode.admit_program, decode.decode_program, decode.layers_program):
+    program.cache_clear()
+
+
+def test_greedy_through_the_sampler_matches_transformers_on_every_layer_path(moe_model,
+                                                                            monkeypatch):
+  model, cfg, hf_model = moe_model
+  rng = np.random.default_rng(0)
+  # Six prompts of different lengths through 3 slots: batched prefill, continuous batching.
+  prompts = [rng.integers(3, cfg.vocab_size, n).tolist() for n in (3, 11, 6, 1, 14, 8)]
+  free = [_hf_greedy(hf_model, p, SAMPLER.max_new_tokens, 2)[0] for p in prompts]
+  # EOS: a token the free runs emit mid-sequence, so that some rows really stop early.
+  mid = [t for toks in free for t in set(toks[1:-2])]
+  eos = max(set(mid), key=lambda t: (mid.count(t), -t))
+  refs = [_hf_greedy(hf_model, p, SAMPLER.max_new_tokens, eos) for p in prompts]
+  assert sum(len(t) < SAMPLER.max_new_tokens for t, _ in refs) >= 2
+
+  def check(sampler):
+    for out, (tokens, logprobs) in zip(sampler.generate(
+        [records.Request(p, prompt_id=i) for i, p in enumerate(prompts)]), refs):
+      assert out.tokens.tolist() == tokens
+      np.testing.assert_allclose(out.logprobs, logprobs, atol=1e-4, rtol=0)
+
+  # CPU: the layers unrolled over per-layer views.
+  check(engine.Sampler(model, SAMPLER, eos_ids=[eos]))
+  # The accelerator paths: per-layer weight copies, and the scan over the stacked weights.
+  _forget_programs()
+  monkeypatch.setattr(decode, "_on_cpu", lambda mesh: False)
+  try:
+    copies = engine.Sampler(model, SAMPLER, eos_ids=[eos])
+    assert copies._layer_leaves is not None
+    check(copies)
+    stacked = engine.Sampler(model, dataclasses.replace(SAMPLER, layer_weight_copies=False),
+                             eos_ids=[eos])
+    assert stacked._layer_leaves is None
+    check(stacked)
+  finally:
+    _forget_programs()
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_moe_step2"])
+def test_load_balancing_loss_matches_transformers(name, hf_checkpoints, hf_helpers):
+  import torch
+  from transformers.models.qwen3_moe import modeling_qwen3_moe
+
+  path, hf_model = hf_checkpoints[name]
+  model, cfg = hf_io.load_hf_model(path)
+  tokens, positions, mask = hf_helpers.padded_batch(cfg.vocab_size, [9, 5, 2], 9, left=True)
+  _, stats = nnx.jit(lambda m, *a: m.hidden_states_with_stats(*a))(
+      model, *(jnp.asarray(x) for x in (tokens, positions, mask)))
+  with torch.no_grad():
+    out = hf_model(input_ids=torch.tensor(tokens), position_ids=torch.tensor(positions),
+                   attention_mask=torch.tensor(mask.astype(np.int64)), output_router_logits=True)
+  assert len(out.router_logits) == sum(cfg.moe_layers())
+  want = modeling_qwen3_moe.load_balancing_loss_func(
+      out.router_logits, cfg.num_experts, cfg.experts_per_token,
+      torch.tensor(mask.astype(np.int64)))
+  np.testing.assert_allclose(float(stats.load_balancing_loss()), float(want), rtol=1e-5)
+  assert float(stats.tokens) == mask.sum() * sum(cfg.moe_layers())
