@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_scale.data import code_problems
 from jaxrl_scale.data import records as records_lib
 from jaxrl_scale.data import tasks
 from jaxrl_scale.data import templates
@@ -237,8 +238,9 @@ def _is_local_file(source: str) -> bool:
 def load_records(cfg: Any) -> tuple[Sequence[Mapping[str, str]], str]:
   """The records named by a `jaxrl_scale.config.DataConfig`, and an origin for messages.
 
-  data.source is a built-in task ("arithmetic", "countdown/n4"), "tfds:NAME" or a
-  .jsonl / .parquet path. Built-in tasks generate num_train + num_validation records from
+  data.source is a built-in task ("arithmetic", "countdown/n4", "code/io"), "tfds:NAME" or
+  a .jsonl / .parquet path; a path with data.task "code" / "code_fraction" is read as code
+  problems in the datasets' own layouts (data/code_problems.py). Built-in tasks generate num_train + num_validation records from
   data.seed; with data.data_dir set, built-in tasks and local files go through their TFDS
   builders (prepared there once), without it they are generated / read in memory. The
   records are the same either way.
@@ -258,6 +260,13 @@ def load_records(cfg: Any) -> tuple[Sequence[Mapping[str, str]], str]:
                                     answer_field=cfg.answer_field, id_field=cfg.id_field,
                                     **field_options)
     return tfds_builders.tfds_dataset(name, data_dir=cfg.data_dir, fields=fields), source
+  if _is_local_file(source) and field_options["task"] in code_problems.CODE_TASKS:
+    # Code files: the datasets' own layouts, read as-is (data/code_problems.py).
+    if cfg.data_dir is None:
+      return code_problems.read_local(source, task=field_options["task"]), source
+    from jaxrl_scale.data import tfds_builders  # pylint: disable=g-import-not-at-top
+    return tfds_builders.code_file(source, task=field_options["task"],
+                                   data_dir=cfg.data_dir), source
   if _is_local_file(source):
     fields = records_lib.FieldMap(prompt_field=cfg.prompt_field, answer_field=cfg.answer_field,
                                   id_field=cfg.id_field, **field_options)
@@ -274,7 +283,8 @@ def load_records(cfg: Any) -> tuple[Sequence[Mapping[str, str]], str]:
     return tasks.generate(task, n, cfg.seed, **params), source
   from jaxrl_scale.data import tfds_builders  # pylint: disable=g-import-not-at-top
   config_cls = {"arithmetic": tfds_builders.ArithmeticConfig,
-                "countdown": tfds_builders.CountdownConfig}[task]
+                "countdown": tfds_builders.CountdownConfig,
+                "code": tfds_builders.CodeConfig}[task]
   config = config_cls(name=f"{preset}_n{n}_s{cfg.seed}", num_train=n, num_test=0,
                       seed=cfg.seed, **params)
   return tfds_builders.builtin(task, config, data_dir=cfg.data_dir), source

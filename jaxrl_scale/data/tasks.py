@@ -5,12 +5,14 @@ source in jaxrl_scale/data): a dict of str with keys
 
   id        stable and unique within a generated set: "{task}-{fingerprint}-{index:06d}",
             where the fingerprint hashes the task parameters and the seed.
-  task      "arithmetic" or "countdown"; the reward function is REWARD_FOR_TASK[task].
+  task      "arithmetic", "countdown" or "code"; the reward function is
+            REWARD_FOR_TASK[task].
   prompt    the question, before any chat template.
   answer    the ground truth.
               arithmetic: the integer result in plain decimal ("46", "-7"; no separators).
               countdown: json.dumps({"numbers": [...], "target": N}) with the numbers in
               prompt order, e.g. '{"numbers": [3, 5, 2], "target": 16}'.
+              code: the canonical tests JSON of jaxrl_scale/data/code_layouts.py.
   solution  a short worked solution ending in the final answer: the SFT warm-start target,
             i.e. what a correct completion looks like (the sampler appends EOS).
 
@@ -54,6 +56,8 @@ REWARD_FOR_TASK = {
     "arithmetic": "arithmetic",
     "countdown": "countdown",
     "math": "math",  # gsm8k, MATH, math_dataset and local files default to the math verifier
+    "code": "code",  # built-in code task and code files (data/code_task.py, code_problems.py)
+    "code_fraction": "code_fraction",  # code files scored by the fraction of tests passed
 }
 
 STYLES = ("compact", "instruct")
@@ -244,8 +248,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "n3": {"count": 3, "max_number": 10, "max_target": 100},
         "n4": {"count": 4, "max_number": 20, "max_target": 200},
     },
+    "code": {  # data/code_task.py
+        "fn": {},  # every template, compact, function-call tests of f
+        "easy": {"templates": "linear,abs,max"},  # no Python notation traps
+        "io": {"style": "instruct"},  # stdin/stdout programs, chat-style prompts
+    },
 }
-DEFAULT_PRESET = {"arithmetic": "d2", "countdown": "n3"}
+DEFAULT_PRESET = {"arithmetic": "d2", "countdown": "n3", "code": "fn"}
 
 
 def parse_task(spec: str) -> tuple[str, str, dict[str, Any]]:
@@ -259,9 +268,16 @@ def parse_task(spec: str) -> tuple[str, str, dict[str, Any]]:
   return task, preset, dict(PRESETS[task][preset])
 
 
+def code(n: int, seed: int = 0, **params) -> list[dict[str, str]]:
+  """The built-in code task (jaxrl_scale/data/code_task.py, which uses this module's helpers)."""
+  from jaxrl_scale.data import code_task  # pylint: disable=g-import-not-at-top  (cycle)
+  return code_task.code(n, seed, **params)
+
+
 TASKS: dict[str, Callable[..., list[dict[str, str]]]] = {
     "arithmetic": arithmetic,
     "countdown": countdown,
+    "code": code,
 }
 
 

@@ -3,6 +3,9 @@
 Builders defined here (registered with TFDS when this module is imported):
   jaxrl_arithmetic/{d1,d2,d3,d4}   built-in arithmetic, splits train and test (disjoint)
   jaxrl_countdown/{n3,n4}          built-in countdown, splits train and test (disjoint)
+  jaxrl_code/{fn,easy,io}          built-in code task, splits train and test (disjoint)
+  jaxrl_code_problems/<file_hash>  a local JSONL / Parquet file of code problems (DeepCoder,
+                                   LiveCodeBench, APPS/TACO layouts; data/code_problems.py)
   jaxrl_local_prompts/<file_hash>  a local JSONL / Parquet file with configurable fields
 
 Every builder is prepared with file_format="array_record" and read with
@@ -30,6 +33,7 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
+from jaxrl_scale.data import code_problems
 from jaxrl_scale.data import records as records_lib
 from jaxrl_scale.data import tasks
 from jaxrl_scale.errors import UserError
@@ -141,6 +145,86 @@ class JaxrlCountdown(tfds.core.GeneratorBasedBuilder):
 
 
 @dataclasses.dataclass(eq=False)
+class CodeConfig(tfds.core.BuilderConfig):
+  """Parameters of `code_task.code` and the split sizes."""
+
+  templates: str = "linear,square,mod,floor,abs,max"
+  style: str = "compact"
+  num_tests: int = 4
+  num_train: int = 1000
+  num_test: int = 200
+  seed: int = 0
+
+
+class JaxrlCode(tfds.core.GeneratorBasedBuilder):
+  """Small integer functions to write in Python, judged by tests (data/code_task.py)."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release."}
+  BUILDER_CONFIGS = [CodeConfig(name=name, **params)
+                     for name, params in tasks.PRESETS["code"].items()]
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(builder=self, features=_features(),
+                                 description="Code problems (jaxrl_scale built-in).")
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    c = self.builder_config
+    params = {"templates": c.templates, "style": c.style, "num_tests": c.num_tests}
+    return _task_splits("code", params, c.num_train, c.num_test, c.seed)
+
+  def _generate_examples(self, examples):
+    yield from examples
+
+
+@dataclasses.dataclass(eq=False)
+class CodeFileConfig(tfds.core.BuilderConfig):
+  """A local file of code problems and the task its records get."""
+
+  path: str = ""
+  task: str = "code"
+
+
+class JaxrlCodeProblems(tfds.core.GeneratorBasedBuilder):
+  """Code problems from a local JSONL / Parquet file (pass config=code_file_config(...))."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release."}
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(builder=self, features=_features(),
+                                 description="Code problems from a local file (jaxrl_scale).")
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    c = self.builder_config
+    if c is None or not c.path:
+      raise UserError("jaxrl_code_problems needs config=code_file_config(path, task)")
+    return {"train": _examples(code_problems.read_local(c.path, task=c.task))}
+
+  def _generate_examples(self, examples):
+    yield from examples
+
+
+def code_file(path: str, *, task: str = "code", data_dir: str | None = None) -> RecordView:
+  """Records of a local code-problem file, prepared into `data_dir` through TFDS.
+
+  The config name hashes the path, size, mtime and task, so a changed file prepares afresh.
+  """
+  if not os.path.isfile(path):
+    raise UserError(f"{path}: no such file")
+  path = os.path.abspath(path)
+  stat = os.stat(path)
+  key = json.dumps([path, stat.st_size, stat.st_mtime_ns, task])
+  stem = re.sub(r"[^a-z0-9_]", "_", os.path.splitext(os.path.basename(path))[0].lower())
+  config = CodeFileConfig(name=f"{stem[:40]}_{hashlib.sha256(key.encode()).hexdigest()[:12]}",
+                          path=path, task=task, description=f"Code problems from {path}")
+  builder = prepare(JaxrlCodeProblems(config=config, data_dir=data_dir))
+  return RecordView(data_source(builder, "train"), _identity, path)
+
+
+@dataclasses.dataclass(eq=False)
 class LocalFileConfig(tfds.core.BuilderConfig):
   """A local JSONL / Parquet file and how its rows map onto records."""
 
@@ -246,13 +330,13 @@ def builtin(task: str, config: str | tfds.core.BuilderConfig | None = None, *,
   """Records of a built-in task, prepared into `data_dir` on first use.
 
   Args:
-    task: "arithmetic" or "countdown".
-    config: a config name ("d3", "n4"), an ArithmeticConfig / CountdownConfig with a name of
-      your own, or None for the builder's first config.
+    task: "arithmetic", "countdown" or "code".
+    config: a config name ("d3", "n4", "io"), an ArithmeticConfig / CountdownConfig /
+      CodeConfig with a name of your own, or None for the builder's first config.
     data_dir: TFDS data directory; None is TFDS's default (~/tensorflow_datasets).
     split: "train" or "test".
   """
-  builders = {"arithmetic": JaxrlArithmetic, "countdown": JaxrlCountdown}
+  builders = {"arithmetic": JaxrlArithmetic, "countdown": JaxrlCountdown, "code": JaxrlCode}
   if task not in builders:
     raise UserError(f"unknown built-in task {task!r}; known: {sorted(builders)}")
   cls = builders[task]

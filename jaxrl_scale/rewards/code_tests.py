@@ -1,6 +1,7 @@
-"""Test cases of code problems: the canonical form, the datasets' layouts, and comparison.
+"""Test cases of code problems: the canonical form and the comparison of outputs.
 
-A code record's answer is the canonical JSON
+A code record's answer is the canonical JSON (jaxrl_scale/data/code_layouts.py writes it
+from the datasets' layouts):
 
   {"fn_name": null | "name", "inputs": [...], "outputs": [...], "wrapped": false}
 
@@ -8,14 +9,6 @@ stdin/stdout cases (fn_name null): inputs and outputs are texts. Function-call c
 inputs are argument lists and outputs the expected return values; "wrapped" marks the
 APPS/TACO convention where each expected value may sit in a one-element list (their
 checker accepts the value or the list; so does ours, for those records only).
-
-`normalize` reads the layouts that code datasets ship as-is:
-  APPS / TACO / DeepCoder-taco   {"inputs": [...], "outputs": [...], "fn_name"?: ...}
-  LiveCodeBench / DeepCoder-lcb  [{"input", "output", "testtype": "stdin"|"functional"}]
-                                 (functional inputs: one JSON value per line, outputs JSON)
-  DeepCoder-primeintellect       [{"type": "stdin_stdout"|"function_call", "input",
-                                   "output", "fn_name"?}]
-  DeepCoder-codeforces           [{"input", "output"}]
 """
 
 from __future__ import annotations
@@ -23,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 
 class TestFormatError(ValueError):
-  """The ground-truth tests do not have a known layout (the dataset's fault)."""
+  """The ground-truth tests are not the canonical form (the dataset's fault)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,99 +53,26 @@ def _loads(value: Any) -> Any:
   return value
 
 
-def _functional_args(text: Any) -> list:
-  """LiveCodeBench functional input: one JSON value per line -> the argument list."""
-  if isinstance(text, list):
-    return text
-  try:
-    return [json.loads(line) for line in str(text).split("\n") if line.strip()]
-  except json.JSONDecodeError as e:
-    raise TestFormatError(f"functional test input is not JSON per line ({e.msg})") from None
-
-
-def _expected(value: Any) -> Any:
-  """A functional expected value: JSON text is parsed, anything else kept."""
-  if isinstance(value, str):
-    try:
-      return json.loads(value)
-    except json.JSONDecodeError:
-      return value
-  return value
-
-
-def normalize(tests: Any, fn_name: str | None = None) -> TestSpec:
-  """Any layout of the module docstring (a JSON text or the parsed value) -> TestSpec.
-
-  Args:
-    tests: the dataset's tests field.
-    fn_name: the function name when the dataset stores it elsewhere (LiveCodeBench's
-      metadata "func_name"); a name inside `tests` wins.
-  """
-  tests = _loads(tests)
-  if isinstance(tests, Mapping) and "inputs" in tests and "outputs" in tests:
-    name = tests.get("fn_name") or fn_name
-    inputs, outputs = list(tests["inputs"]), list(tests["outputs"])
-    if name:
-      # APPS / TACO call-based outputs follow their checker's convention (module doc).
-      spec = TestSpec(str(name), [a if isinstance(a, list) else [a] for a in inputs],
-                      outputs, wrapped=bool(tests.get("wrapped", True)))
-    else:
-      spec = TestSpec(None, [_text(x) for x in inputs], [_text(x) for x in outputs])
-  elif isinstance(tests, Sequence) and not isinstance(tests, (str, bytes)):
-    spec = _from_list(tests, fn_name)
-  else:
-    raise TestFormatError(f"unknown tests layout ({type(tests).__name__}); expected "
-                          "{inputs, outputs} or a list of {input, output}")
-  if not spec.inputs:
-    raise TestFormatError("no test cases")
-  if len(spec.inputs) != len(spec.outputs):
-    raise TestFormatError(f"{len(spec.inputs)} inputs but {len(spec.outputs)} outputs")
-  return spec
-
-
-def _text(value: Any) -> str:
-  if isinstance(value, list):  # some TACO rows store stdin as a list of lines
-    return "\n".join(str(v) for v in value)
-  return str(value)
-
-
-def _from_list(tests: Sequence, fn_name: str | None) -> TestSpec:
-  inputs, outputs, names, kinds = [], [], set(), set()
-  for i, case in enumerate(tests):
-    if not isinstance(case, Mapping) or "input" not in case or "output" not in case:
-      raise TestFormatError(f"test {i} is not an object with input and output")
-    kind = case.get("testtype") or case.get("type") or "stdin"
-    functional = kind in ("functional", "function_call")
-    if not functional and kind not in ("stdin", "stdin_stdout"):
-      raise TestFormatError(f"test {i}: unknown test type {kind!r}")
-    kinds.add(functional)
-    if functional:
-      names.add(case.get("fn_name") or fn_name)
-      inputs.append(_functional_args(case["input"]))
-      outputs.append(_expected(case["output"]))
-    else:
-      inputs.append(_text(case["input"]))
-      outputs.append(_text(case["output"]))
-  if len(kinds) > 1:
-    raise TestFormatError("tests mix stdin and function-call cases")
-  if True in kinds:
-    names.discard(None)
-    if len(names) != 1:
-      raise TestFormatError(f"function-call tests need one function name, got {sorted(names)}")
-    return TestSpec(names.pop(), inputs, outputs)
-  return TestSpec(None, inputs, outputs)
-
-
 def parse_answer(answer: str) -> TestSpec:
-  """A record's answer (canonical JSON, or any layout `normalize` reads) -> TestSpec."""
+  """A record's answer, the canonical JSON of the module docstring -> TestSpec."""
   value = _loads(answer)
-  if isinstance(value, Mapping) and "wrapped" in value:
-    spec = TestSpec(value.get("fn_name"), list(value["inputs"]), list(value["outputs"]),
-                    bool(value["wrapped"]))
-    if not spec.inputs or len(spec.inputs) != len(spec.outputs):
-      raise TestFormatError("canonical tests need as many outputs as inputs, at least one")
-    return spec
-  return normalize(value)
+  if not isinstance(value, Mapping) or not {"inputs", "outputs"} <= set(value):
+    raise TestFormatError("tests must be the canonical {fn_name, inputs, outputs, wrapped} "
+                          "(jaxrl_scale.data.code_layouts.normalize reads dataset layouts)")
+  inputs, outputs = value["inputs"], value["outputs"]
+  fn_name = value.get("fn_name")
+  if not isinstance(inputs, list) or not isinstance(outputs, list):
+    raise TestFormatError("tests: inputs and outputs must be lists")
+  if not inputs:
+    raise TestFormatError("no test cases")
+  if len(inputs) != len(outputs):
+    raise TestFormatError(f"{len(inputs)} inputs but {len(outputs)} outputs")
+  if fn_name is None and not all(isinstance(x, str) for x in inputs + outputs):
+    raise TestFormatError("stdin/stdout tests need text inputs and outputs")
+  if fn_name is not None and (not isinstance(fn_name, str) or not fn_name.isidentifier()
+                              or not all(isinstance(x, list) for x in inputs)):
+    raise TestFormatError("function-call tests need an identifier fn_name and argument lists")
+  return TestSpec(fn_name, inputs, outputs, bool(value.get("wrapped", False)))
 
 
 # ----------------------------------------------------------------------------------------

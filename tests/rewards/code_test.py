@@ -41,41 +41,17 @@ def test_no_block_or_unclosed_fence_is_no_code():
   assert _judge("", STDIN).status == "no_code"
 
 
-# Test layouts.
-
-
-def test_taco_layout_stdin_and_call_based():
-  spec = code_tests.normalize(json.dumps({"inputs": ["1 2\n"], "outputs": ["3\n"]}))
-  assert spec == code_tests.TestSpec(None, ["1 2\n"], ["3\n"])
-  spec = code_tests.normalize({"inputs": [[1, 2]], "outputs": [[3]], "fn_name": "add"})
-  assert spec == code_tests.TestSpec("add", [[1, 2]], [[3]], wrapped=True)
-
-
-def test_livecodebench_layout_functional_inputs_are_json_lines():
-  tests = [{"input": "[2,7,11,15]\n9", "output": "[0, 1]", "testtype": "functional"}]
-  spec = code_tests.normalize(json.dumps(tests), fn_name="twoSum")
-  assert spec == code_tests.TestSpec("twoSum", [[[2, 7, 11, 15], 9]], [[0, 1]])
-  stdin = [{"input": "5\n", "output": "25\n", "testtype": "stdin"}]
-  assert code_tests.normalize(stdin) == code_tests.TestSpec(None, ["5\n"], ["25\n"])
-
-
-def test_primeintellect_layout():
-  tests = [{"type": "function_call", "fn_name": "f", "input": [1, 2], "output": [3]}]
-  assert code_tests.normalize(tests) == code_tests.TestSpec("f", [[1, 2]], [[3]])
-  tests = [{"type": "stdin_stdout", "input": "1\n", "output": "1\n"}]
-  assert code_tests.normalize(tests).fn_name is None
+# The canonical tests.
 
 
 @pytest.mark.parametrize("bad, message", [
     ("not json", "not valid JSON"),
-    ("[]", "no test cases"),
+    ("[]", "must be the canonical"),
+    ('{"inputs": [], "outputs": []}', "no test cases"),
     ('{"inputs": ["1"], "outputs": []}', "1 inputs but 0 outputs"),
-    ('[{"input": "1"}]', "test 0 is not an object with input and output"),
-    ('[{"input": "1", "output": "1", "testtype": "weird"}]', "unknown test type"),
-    ('[{"input": "[1]", "output": "1", "testtype": "functional"}]', "one function name"),
-    ('[{"input": "1", "output": "1"}, {"input": "[1]", "output": "1", "type": '
-     '"function_call", "fn_name": "f"}]', "mix stdin and function-call"),
-    ("42", "unknown tests layout"),
+    ('{"inputs": [1], "outputs": ["1"]}', "need text inputs and outputs"),
+    ('{"fn_name": "a b", "inputs": [[1]], "outputs": [1]}', "identifier fn_name"),
+    ('{"fn_name": "f", "inputs": [1], "outputs": [1]}', "argument lists"),
 ])
 def test_malformed_tests_raise_one_line_errors(bad, message):
   with pytest.raises(code_tests.TestFormatError, match=message):
