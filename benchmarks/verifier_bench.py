@@ -1,10 +1,12 @@
 """Math verifier benchmark: accuracy by answer type, time per verdict, threads, hostile inputs.
 
-  python benchmarks/verifier_bench.py [--corpus tests/rewards/data/verifier_corpus.jsonl]
-                                      [--no-math-verify] [--json OUT.json]
+  python benchmarks/verifier_bench.py [--corpus A.jsonl B.jsonl ...] [--no-math-verify]
+                                      [--json OUT.json]
 
-Scores every (gold, response) pair of the labelled corpus with our "math" verifier and, when
-the `math-verify` package is installed, with math-verify in the same run. math-verify runs
+Scores every (gold, response) pair of each labelled set (default: the three under
+tests/rewards/data: verifier_corpus, verifier_holdout, verifier_formats) with our "math"
+verifier and, when the `math-verify` package is installed (the [test] extra has it), with
+math-verify in the same run. math-verify runs
 only in a worker process that is killed when one verdict takes longer than --mv-timeout
 seconds (its own timeouts use signal.alarm, which works only in a main thread); the gold is
 passed as "\\boxed{gold}", as verl does. Reports, for both: accuracy per category, wrong
@@ -152,16 +154,15 @@ class MathVerifyProcess:
     self._proc.join(5)
 
 
-def run_math_verify(rows: list[dict], timeout_s: float) -> tuple[list[bool], list[float], int]:
-  worker = MathVerifyProcess(timeout_s)
-  worker.verify("1", "\\boxed{1}")  # warm-up: the import and ANTLR set-up are not verdicts
+def run_math_verify(worker: MathVerifyProcess,
+                    rows: list[dict]) -> tuple[list[bool], list[float], int]:
+  kills = worker.kills
   verdicts, seconds = [], []
   for row in rows:
     ok, elapsed = worker.verify(row["gold"], row["response"])
     verdicts.append(ok)
     seconds.append(elapsed)
-  worker.close()
-  return verdicts, seconds, worker.kills
+  return verdicts, seconds, worker.kills - kills
 
 
 def _print_table(ours: dict, theirs: dict | None) -> None:
@@ -182,38 +183,53 @@ def _print_table(ours: dict, theirs: dict | None) -> None:
     print(line)
 
 
+DEFAULT_SETS = ("verifier_corpus.jsonl", "verifier_holdout.jsonl", "verifier_formats.jsonl")
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--corpus", default=str(REPO / "tests/rewards/data/verifier_corpus.jsonl"))
+  parser.add_argument("--corpus", nargs="+",
+                      default=[str(REPO / "tests/rewards/data" / n) for n in DEFAULT_SETS])
   parser.add_argument("--no-math-verify", action="store_true")
   parser.add_argument("--mv-timeout", type=float, default=10.0)
   parser.add_argument("--json", help="also write the results to this file")
   args = parser.parse_args(argv)
-  rows = _load(pathlib.Path(args.corpus))
   verifiers.math_reward(r"\boxed{1}", "1")  # warm-up (imports)
-  ours_v, ours_s, _ = run_ours(rows)
-  ours = _summary(rows, ours_v, ours_s)
-  ours["threads_identical"] = threads_identical(rows, ours_v)
-  ours["hostile"] = hostile()
-  theirs = None
+  worker = None
   if not args.no_math_verify and importlib.util.find_spec("math_verify") is not None:
-    mv_v, mv_s, kills = run_math_verify(rows, args.mv_timeout)
-    theirs = _summary(rows, mv_v, mv_s)
-    theirs["killed_after_timeout"] = kills
-  print(f"corpus: {len(rows)} pairs, {ours['near_misses']} near-misses "
-        f"({ours['equation_near_misses']} equations)")
-  _print_table(ours, theirs)
-  print(f"ours: 8 threads x3 give the sequential verdicts: {ours['threads_identical']}")
-  h = ours["hostile"]
-  print(f"ours: hostile {h['cases']} cases, slowest {h['slowest_s']:.3f}s ({h['slowest_case']}),"
-        f" accepted: {h['accepted'] or 'none'}")
-  if theirs:
-    print(f"math-verify: workers killed after {args.mv_timeout:g}s: "
-          f"{theirs['killed_after_timeout']}")
-    print(f"median time ratio math-verify / ours: {theirs['median_s'] / ours['median_s']:.1f}x")
+    worker = MathVerifyProcess(args.mv_timeout)
+    worker.verify("1", "\\boxed{1}")  # warm-up: the import and ANTLR set-up are not verdicts
+  elif not args.no_math_verify:
+    print("math-verify is not installed (pip install -e '.[test]'): ours only")
+  results = {}
+  for path in map(pathlib.Path, args.corpus):
+    rows = _load(path)
+    ours_v, ours_s, _ = run_ours(rows)
+    ours = _summary(rows, ours_v, ours_s)
+    ours["threads_identical"] = threads_identical(rows, ours_v)
+    theirs = None
+    if worker is not None:
+      mv_v, mv_s, kills = run_math_verify(worker, rows)
+      theirs = _summary(rows, mv_v, mv_s)
+      theirs["killed_after_timeout"] = kills
+    print(f"\n== {path.name}: {len(rows)} pairs, {ours['near_misses']} near-misses "
+          f"({ours['equation_near_misses']} equations)")
+    _print_table(ours, theirs)
+    print(f"ours: 8 threads x3 give the sequential verdicts: {ours['threads_identical']}")
+    if theirs:
+      print(f"math-verify: workers killed after {args.mv_timeout:g}s: "
+            f"{theirs['killed_after_timeout']}")
+      print(f"median time ratio math-verify / ours: "
+            f"{theirs['median_s'] / ours['median_s']:.1f}x")
+    results[path.name] = {"ours": ours, "math_verify": theirs}
+  if worker is not None:
+    worker.close()
+  h = hostile()
+  print(f"\nours: hostile {h['cases']} cases, slowest {h['slowest_s']:.3f}s "
+        f"({h['slowest_case']}), accepted: {h['accepted'] or 'none'}")
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"ours": ours, "math_verify": theirs}, f, indent=1)
+      json.dump({"sets": results, "hostile": h}, f, indent=1)
   return 0
 
 

@@ -63,6 +63,12 @@ CASES = {
     "mega_letters": lambda c: "a" * _MEGA,
     "mega_thousands": lambda c: "1," * (_MEGA // 2),
     "mega_dots": lambda c: "1." * (_MEGA // 2),
+    # Issue 39's number forms: spaced thousands, mixed numbers, decimal commas, "\$".
+    "mega_spaced_thousands": lambda c: " ".join(["100"] * (_MEGA // 4)) + "0",
+    "mega_mixed_numbers": lambda c: "2 " * (_MEGA // 2) + "1/3",
+    "mega_decimal_commas": lambda c: "1,2" * (_MEGA // 3),
+    "mega_escaped_dollars": lambda c: "\\$" * (_MEGA // 2) + "$",
+    "mega_chat_turns": lambda c: "<|im_start|>" * (_MEGA // 12),
     "mega_braces_open": lambda c: "{" * _MEGA,
     "mega_braces_close": lambda c: "}" * _MEGA,
     "mega_answer_is": lambda c: "the answer is " * (_MEGA // 14),

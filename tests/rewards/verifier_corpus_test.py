@@ -86,3 +86,27 @@ def test_eight_threads_give_the_sequential_verdicts():
     result = scorer.score(pairs)
   assert result.counts["errors"] == 0 and result.counts["timeouts"] == 0
   assert [v.correct for v in result.verdicts] == sequential * 2
+
+
+def test_math_verify_beside_us_on_the_formats_set():
+  # The reference the set's cases come from, run as the bench runs it (gold boxed, as verl
+  # does): ours must be at least as right and accept no more near misses.
+  mv = pytest.importorskip("math_verify")
+  rows = _load("verifier_formats.jsonl")
+  ours = [verifiers.math_reward(r["response"], r["gold"]).correct for r in rows]
+  theirs = []
+  for r in rows:
+    try:
+      theirs.append(bool(mv.verify(mv.parse("\\boxed{" + r["gold"] + "}"),
+                                   mv.parse(r["response"]))))
+    except Exception:  # noqa: BLE001  a crash of the reference is a wrong verdict
+      theirs.append(False)
+
+  def right(verdicts):
+    return sum(v == r["expected"] for r, v in zip(rows, verdicts))
+
+  def accepted(verdicts):
+    return sum(v and r["near_miss"] for r, v in zip(rows, verdicts))
+
+  assert right(ours) >= right(theirs) and accepted(ours) <= accepted(theirs), (
+      right(ours), right(theirs), accepted(ours), accepted(theirs))
