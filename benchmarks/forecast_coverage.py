@@ -15,16 +15,21 @@ Sections:
      B = 1.92 vs 1.09 (the right one should be), with eval noise only and with seed-level
      training noise (each seed's true A offset by N(0, sd 0.015 or 0.02), as real seeds
      show; paper App. A.5), one run per recipe or a --group of three seeds each;
-  5. time of one fit with intervals: `jaxrl-scale fit` cold in a new process, and warm.
+  5. time of one fit with intervals: `jaxrl-scale fit` cold in a new process, and warm;
+  6. the decline detector (scaling/decline.py) on whole runs: how often it fires on stable
+     runs (false alarms) and on runs that rise and then lose 0.03 over the last third.
 
 Goals (issue 15): coverage 0.92-0.98 everywhere; flagged fits >= 0.90 at every fraction;
 no winner in >= 80% of same-recipe pairs, the right one in >= 90% of different-B pairs;
 issue 33: with seed-level noise a false winner (most efficient or higher asymptote) in
 <= 5% of same-recipe pairs, B 1.92 vs 1.09 still named in >= 95%;
 >= 90% of iid half-budget forecasts within 0.02; one fit under 2 s.
+Issue 37: the decline detector fires on >= 90% of rise-then-fall runs and <= 5% of stable
+ones; the iid median forecast-interval width (section 1) at most 1.3x the pre-issue 0.034.
 
 Usage: python benchmarks/forecast_coverage.py [--runs 240] [--seed 0] [--boot 1000]
-       [--pairs 100] [--frac-runs 120] [--sections 1,2,3,4,5] [--compare-cases all]
+       [--pairs 100] [--frac-runs 120] [--sections 1,2,3,4,5,6] [--compare-cases all]
+       [--decline-runs 200]
 --seed picks the seed set of sections 1 and 2 (run i of a scenario is simulated with seed
 100003 * seed + i), so a second set checks that a rate is not one set's luck.
 """
@@ -181,6 +186,34 @@ def section_timing(args) -> None:
         f"warm analyse, median of 5: {float(np.median(warm)):.3f} s")
 
 
+DECLINE_CASES = (("iid sd 0.01", "iid", 0.0), ("AR(1) rho 0.25", "ar1", 0.25),
+                 ("AR(1) rho 0.5", "ar1", 0.5), ("binomial, 500 problems", "binomial", 0.0))
+
+
+def section_decline(args) -> None:
+  print("\n6. decline detector on whole runs (80 evals, cutoff 1.5k, as `jaxrl-scale fit`); "
+        "fires on: stable runs (false alarms), runs losing 0.03 over the last third")
+  n = args.decline_runs
+  for label, kind, rho in DECLINE_CASES:
+    t0 = time.perf_counter()
+    fired = {}
+    for drop in (0.0, 0.03):
+      k = 0
+      for i in range(n):
+        row = synthetic.TABLE1[i % len(synthetic.TABLE1)]
+        compute, noisy, _ = synthetic.simulate_evals(row, noise=kind, rho=rho, drop=drop,
+                                                     seed=700_001 * (args.seed + 1) + i)
+        curve = io.Curve(name=row.name, path="<simulated>", compute=compute,
+                         pass_rate=noisy, line=np.arange(compute.size),
+                         r0=float(noisy[0]), is_start=compute == 0)
+        report = forecast.analyse(curve, forecast.AnalysisOptions(
+            min_compute=coverage.PAPER_CUTOFF, n_boot=0, seed=i))
+        k += report.declining
+      fired[drop] = k
+    print(f"{label:24s} stable: {_fmt(fired[0.0], n)}   0.03 drop: {_fmt(fired[0.03], n)}"
+          f"  ({time.perf_counter() - t0:.0f}s)", flush=True)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--runs", type=int, default=240)
@@ -189,12 +222,14 @@ def main() -> None:
   parser.add_argument("--boot", type=int, default=1000)
   parser.add_argument("--pairs", type=int, default=100)
   parser.add_argument("--frac-runs", type=int, default=120)
-  parser.add_argument("--sections", default="1,2,3,4,5")
+  parser.add_argument("--sections", default="1,2,3,4,5,6")
+  parser.add_argument("--decline-runs", type=int, default=200,
+                      help="section 6: runs per case, stable and declining each")
   parser.add_argument("--compare-cases", default="all",
                       help="section 4 cases, comma-separated: " + ",".join(COMPARE_CASES))
   args = parser.parse_args()
   sections = {"1": section_coverage, "2": section_bounds, "3": section_fractions,
-              "4": section_compare, "5": section_timing}
+              "4": section_compare, "5": section_timing, "6": section_decline}
   t0 = time.perf_counter()
   for key in args.sections.split(","):
     sections[key.strip()](args)

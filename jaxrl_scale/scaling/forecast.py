@@ -16,6 +16,7 @@ import numpy as np
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.scaling import bootstrap as boot_lib
 from jaxrl_scale.scaling import curves
+from jaxrl_scale.scaling import decline as decline_lib
 from jaxrl_scale.scaling import fit as fit_lib
 from jaxrl_scale.scaling import io
 from jaxrl_scale.scaling import noise
@@ -109,6 +110,12 @@ class RunReport:
   replicates: boot_lib.Replicates | None = dataclasses.field(default=None, repr=False)
   profile: profile_lib.ProfileA | None = dataclasses.field(default=None, repr=False)
   seed: int | None = None  # the bootstrap's seed (AnalysisOptions.seed reproduces it)
+  decline: decline_lib.Decline | None = None  # the late-decline test (None: too few evals)
+
+  @property
+  def declining(self) -> bool:
+    """The recent evals run below the fitted curve beyond the eval noise (decline.py)."""
+    return self.decline is not None and self.decline.declining
 
   @property
   def name(self) -> str:
@@ -160,6 +167,8 @@ class RunReport:
         "seed": self.seed,
         "A_paper_margin": boot_lib.PAPER_A_MARGIN,
         "well_determined": self.well_determined,
+        "declining": self.declining,
+        "decline": None if self.decline is None else self.decline.to_dict(),
         "messages": list(self.messages),
         "n_points": s.n_points,
         "fit_compute_range": [float(np.min(self.curve.compute[self.fit_mask])),
@@ -338,6 +347,9 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
   power = fit_lib.fit_power_law(x, y, weights=fit_mask.astype(np.float64))
   max_fit = float(np.max(x[fit_mask]))
   well, messages = assess(sigmoid, samples, max_fit, options.level)
+  dec = decline_lib.detect(x, y, w, sigmoid)
+  if dec is not None and dec.declining:  # A is then where the curve bent over, no plateau
+    well, messages = False, (dec.message(),) + messages
 
   if options.target_compute is not None:
     target, source = float(options.target_compute), "--target"
@@ -364,7 +376,8 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
       well_determined=well, messages=messages, target_compute=target, target_source=source,
       forecast=point, forecast_interval=band,
       power_forecast=float(power.predict(target)), backtest=backtest, noise=model,
-      r0_sd=r0_sd, weights=w, replicates=reps, profile=prof, seed=options.seed, **extra)
+      r0_sd=r0_sd, weights=w, replicates=reps, profile=prof, seed=options.seed, decline=dec,
+      **extra)
 
 
 def _backtest(x, y, heldout, sigmoid, samples, power, options, max_fit, sd_E, prof

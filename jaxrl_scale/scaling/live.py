@@ -43,11 +43,13 @@ class LiveForecast:
   target_compute: float | None
   forecast: float | None
   forecast_interval: tuple[float, float] | None
+  declining: bool = False  # the recent evals fall below the curve (scaling/decline.py)
 
   def as_metrics(self, prefix: str = "forecast/") -> dict[str, float]:
     """Flat float metrics for a metrics writer (intervals as _lo / _hi)."""
     out = {"A": self.a, "B": self.b, "C_mid": self.c_mid, "R0": self.r0,
-           "n_points": float(self.n_points), "well_determined": float(self.well_determined)}
+           "n_points": float(self.n_points), "well_determined": float(self.well_determined),
+           "declining": float(self.declining)}
     for name, band in (("A", self.a_interval), ("B", self.b_interval),
                        ("C_mid", self.c_mid_interval), ("pass_rate", self.forecast_interval)):
       if band is not None:
@@ -67,6 +69,8 @@ class LiveForecast:
       line += f"; at {self.target_compute:.3g}: {self.forecast:.3f}"
       if self.forecast_interval is not None:
         line += f" [{self.forecast_interval[0]:.3f}, {self.forecast_interval[1]:.3f}]"
+    if self.declining:
+      line += "; DECLINING: the last evals fall below the curve, A is not the plateau"
     return line
 
 
@@ -179,7 +183,7 @@ class LiveForecaster:
     sig = report.sigmoid
     was_well = bool(self.history) and self.history[-1].well_determined
     well, messages = report.well_determined, report.messages
-    if was_well and not well:  # hysteresis of the flag only; the intervals stay fit's
+    if was_well and not well and not report.declining:  # hysteresis of the flag only
       well, messages = forecast.assess(sig, report.samples, report.max_fit_compute,
                                        self.level, was_well=True)
     return LiveForecast(
@@ -189,4 +193,5 @@ class LiveForecaster:
         well_determined=well, messages=messages, target_compute=self.target_compute,
         forecast=report.forecast if self.target_compute is not None else None,
         forecast_interval=(report.forecast_interval if self.target_compute is not None
-                           else None))
+                           else None),
+        declining=report.declining)

@@ -138,7 +138,10 @@ def _draw_run(ax, r: forecast.RunReport, color: str, x_max: float, single: bool)
   if band is not None:
     a_txt += f" [{band[0]:.3f}, {band[1]:.3f}]"
   label = f"{r.name}: {a_txt}, B={s.b:.2f}, C_mid={_fmt(s.c_mid)}, R0={s.r0:.3f}"
-  if not r.well_determined:
+  if r.declining:
+    label += f" -- DECLINING (last {r.decline.n_window} evals {r.decline.drop:.3f} below "
+    label += "the curve): A is not its plateau"
+  elif not r.well_determined:
     label += " (not well determined)"
   ax.scatter(fit_x, y[r.fit_mask], s=16, color=color, zorder=3, label=label)
   if skipped.any():

@@ -58,7 +58,8 @@ NOISE_KINDS = ("iid", "ar1", "binomial")
 
 def simulate_evals(row: Table1Row, *, n_evals: int = 80, spacing: str = "linear",
                    noise: str = "iid", noise_sd: float = 0.01, rho: float = 0.5,
-                   eval_size: int = 500, r0: float = R0, seed: int = 0
+                   eval_size: int = 500, r0: float = R0, seed: int = 0,
+                   drop: float = 0.0, drop_from: float = 2.0 / 3.0
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """A run's evals: a step-0 eval plus `n_evals` more up to the budget.
 
@@ -75,6 +76,9 @@ def simulate_evals(row: Table1Row, *, n_evals: int = 80, spacing: str = "linear"
     eval_size: problems x samples per problem of the "binomial" kind.
     r0: true pass rate at zero compute (the step-0 eval is noisy like every other).
     seed: PRNG seed.
+    drop: a run that degrades late: from `drop_from` x budget on, the true pass rate falls
+      linearly from the curve's value there by `drop` at the budget (0: the sigmoid).
+    drop_from: where the decline starts, as a fraction of the budget.
 
   Returns:
     (compute_E, noisy pass rate_E, noiseless pass rate_E), E = n_evals + 1, index 0 is the
@@ -87,6 +91,11 @@ def simulate_evals(row: Table1Row, *, n_evals: int = 80, spacing: str = "linear"
   else:
     raise ValueError(f"spacing must be 'linear' or 'log', got {spacing!r}")
   clean = curves.sigmoid(compute, row.a, row.b, row.c_mid, r0)
+  if drop:
+    start = drop_from * row.budget
+    peak = float(curves.sigmoid(start, row.a, row.b, row.c_mid, r0))
+    late = compute > start
+    clean = np.where(late, peak - drop * (compute - start) / (row.budget - start), clean)
   rng = np.random.default_rng(seed)
   if noise == "iid":
     noisy = clean + rng.normal(0.0, noise_sd, clean.size)

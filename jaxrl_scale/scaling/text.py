@@ -85,6 +85,8 @@ def render_run(r: forecast.RunReport) -> str:
         f"    final point C = {num(b.final_compute)}: actual {b.final_actual:.3f}, forecast "
         f"{b.final_forecast:.3f} {span(b.final_interval)}, power law "
         f"{b.final_power_law:.3f}{inside}")
+  if r.declining:
+    lines.append(f"  DECLINING: {r.decline.message()}")
   if r.well_determined:
     lines.append("  well determined: yes")
   else:
