@@ -3,11 +3,10 @@
   python benchmarks/verifier_bench.py [--corpus A.jsonl B.jsonl ...] [--no-math-verify]
                                       [--json OUT.json]
 
-Scores every (gold, response) pair of each labelled set (default: the three under
-tests/rewards/data: verifier_corpus, verifier_holdout, verifier_formats) with our "math"
-verifier and, when the `math-verify` package is installed (the [test] extra has it), with
-math-verify in the same run. math-verify runs
-only in a worker process that is killed when one verdict takes longer than --mv-timeout
+Scores every (gold, response) pair of each labelled set (default: the four under
+tests/rewards/data: verifier_corpus, verifier_holdout, verifier_formats and its hold-out)
+with our "math" verifier and, when the `math-verify` package is installed (the [test] extra
+has it), with math-verify in the same run. math-verify runs only in a worker process that is killed when one verdict takes longer than --mv-timeout
 seconds (its own timeouts use signal.alarm, which works only in a main thread); the gold is
 passed as "\\boxed{gold}", as verl does. Reports, for both: accuracy per category, wrong
 acceptances among the near-misses (and among the equation near-misses), and the median / p99
@@ -183,7 +182,8 @@ def _print_table(ours: dict, theirs: dict | None) -> None:
     print(line)
 
 
-DEFAULT_SETS = ("verifier_corpus.jsonl", "verifier_holdout.jsonl", "verifier_formats.jsonl")
+DEFAULT_SETS = ("verifier_corpus.jsonl", "verifier_holdout.jsonl", "verifier_formats.jsonl",
+                "verifier_formats_holdout.jsonl")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -371,12 +371,15 @@ def _matmul(a: tuple, b: tuple) -> tuple:
 
 
 def _is_target(node: tuple) -> bool:
-  """What an assignment assigns to: a name (x, a_3, f(x)), a product of names (AB, the
-  segment), |AB|, or a tuple of names; never a number times a name ("2x = 4" is x = 2)."""
+  """What an assignment assigns to: a name (x, a_3, f(x)), a product or ratio of names (AB,
+  the segment; NO/BO), |AB|, or a tuple of names; never a number times a name ("2x = 4" is
+  x = 2)."""
   if node[0] == "s":
     return node[1] not in ev.CONSTANTS
-  if node[0] == "mul":
-    return all(f[0] == "s" and _is_target(f) for f in node[1])
+  if node[0] == "mul":  # AB, or a ratio of names NO/BO
+    return all(f[0] in ("s", "mul") and _is_target(f)
+               or f[0] == "inv" and f[1][0] in ("s", "mul") and _is_target(f[1])
+               for f in node[1])
   if node[0] == "abs":  # |AB| names a length; |x| = 3 leaves x = -3 open, so it is no name
     return node[1][0] == "mul" and _is_target(node[1])
   return node[0] == "tuple" and all(_is_target(x) for x in node[1])

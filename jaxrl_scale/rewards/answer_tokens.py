@@ -28,8 +28,10 @@ _UNICODE = str.maketrans({
 _TEXT_CMDS = ("text", "textbf", "textit", "textrm", "textnormal", "textsf", "mbox", "mathrm",
               "mathbf", "mathit", "mathsf", "operatorname", "emph", "boldsymbol", "mathbb")
 _MATH_FONTS = {"mathrm", "mathbf", "mathit", "mathsf", "operatorname", "boldsymbol", "mathbb"}
+# "\quad" takes no letters after it: "\quadx_2" (a gold written without a space) is a space
+# then x_2; no other command starts with "quad".
 _TOKEN_RE = re.compile(
-    r"(?P<ws>\s+|\\[,;:! >]|\$|\\\$|~|\\(?:left|right)\s*\.|\\q?quad(?![A-Za-z])"
+    r"(?P<ws>\s+|\\[,;:! >]|\$|\\\$|~|\\(?:left|right)\s*\.|\\q?quad"
     r"|\\(?:left|right|bigl|bigr|Bigl|Bigr|big|Big|biggl|biggr|displaystyle|textstyle"
     r"|circ|degree|limits)(?![A-Za-z])|\^\s*\{?\s*\\circ\s*\}?)"
     r"|(?P<text>\\(?:" + "|".join(_TEXT_CMDS) + r")\s*\{(?P<tx>[^{}]*)\})"
