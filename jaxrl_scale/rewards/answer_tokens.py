@@ -99,12 +99,16 @@ def _thousands_outside_brackets(s: str) -> str:
   return "".join(out)
 
 
+def join_digit_groups(s: str) -> str:
+  """ "12{,}345", "45,\\! 678", "2\\,000", "3 000 000" -> one number each (see the regex)."""
+  return _SPACED_THOUSANDS_RE.sub(lambda m: _GROUP_SEPARATOR_RE.sub("", m.group()), s)
+
+
 def tokenize(text: str) -> list[tuple[str, str]]:
   """Token list of kinds num, sym, const, func, cmd, op, rel, sep, text, set, row, begin, end."""
   if len(text) > MAX_CHARS:
     raise ParseError(f"answer longer than {MAX_CHARS} characters")
-  s = _SPACED_THOUSANDS_RE.sub(lambda m: _GROUP_SEPARATOR_RE.sub("", m.group()), text)
-  s = s.translate(_UNICODE).replace("{,}", ",").replace(r"\!", "").replace(r"\%", "%")
+  s = join_digit_groups(text).translate(_UNICODE).replace("{,}", ",").replace(r"\!", "").replace(r"\%", "%")
   if _THOUSANDS_RE.search(s):
     s = _thousands_outside_brackets(s)
   tokens: list[tuple[str, str]] = []

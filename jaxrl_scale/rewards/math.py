@@ -22,6 +22,7 @@ from fractions import Fraction
 from jaxrl_scale.rewards import answer_compare
 from jaxrl_scale.rewards import answer_eval
 from jaxrl_scale.rewards import answer_parse
+from jaxrl_scale.rewards import answer_tokens
 from jaxrl_scale.rewards.extract import (  # noqa: F401  re-exported: the module's public API
     MAX_ANSWER_CHARS,
     Extraction,
@@ -87,6 +88,7 @@ def normalize(answer: str) -> str:
       s = rhs
   s = _strip_words(s)
   s = _THOUSANDS_RE.sub(lambda m: m.group().replace(",", ""), s)
+  s = answer_tokens.join_digit_groups(s)  # "3 000" (arithmetic's integers too)
   return s.strip().rstrip(".").strip()
 
 

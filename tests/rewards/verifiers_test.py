@@ -32,6 +32,7 @@ def test_builtin_arithmetic_wrong_answers_score_incorrect():
     ("12+34=46", "46", "correct"),
     (r"The answer is \boxed{-7}.", "-7", "correct"),
     (r"\boxed{1,234}", "1234", "correct"),
+    ("So it is 3 000.", "3000", "correct"),  # a spaced thousands group, not "000"
     ("<think>45?</think> 46", "46", "correct"),
     ("45", "46", "wrong"),
     (r"\boxed{12+34}", "46", "unparseable"),  # restating the question earns nothing
@@ -116,3 +117,20 @@ def test_truncated_responses_earn_nothing_from_a_fallback(fn, response, answer, 
   if not correct:
     assert verdict.reason == registry.NO_ANSWER and "truncated" in verdict.detail
   assert fn(response, answer).correct  # complete, the same text is correct
+
+
+@pytest.mark.parametrize("response,reason", [
+    (r"So $\boxed{12}$.", "correct"),
+    ("The answer is 12.", "no_answer"),  # "math" takes it; "math_boxed" takes only boxes
+    (r"$\boxed{12}$. The final answer is 13.", "correct"),
+])
+def test_math_boxed_takes_only_boxes(response, reason):
+  assert registry.get_reward("math_boxed")(response, "12").reason == reason
+  assert verifiers.math_reward("The answer is 12.", "12").correct
+
+
+def test_math_rel_tol_is_configurable():
+  assert verifiers.math_reward(r"\boxed{0.142857142857}", r"\frac17").correct
+  assert not verifiers.math_reward(r"\boxed{0.142857142857}", r"\frac17", rel_tol=0).correct
+  assert not verifiers.math_reward(r"\boxed{0.1429}", r"\frac17").correct
+  assert verifiers.math_reward(r"\boxed{0.1429}", r"\frac17", rel_tol=1e-3).correct
