@@ -1,6 +1,6 @@
 """The sandboxed child's bootstrap: limits, then the untrusted program. Stdlib only.
 
-code_sandbox.py runs this file's text as `python -I -S -c <text> <config JSON>` in a
+code_sandbox.py runs this file's text as `python -I -S -c <text> key=value...` in a
 fresh temporary directory, in a new session, with a scrubbed environment. It is never
 imported by the package: it runs before any untrusted code, in the child only, so the
 limits are set without a `preexec_fn` (unsafe in the threaded parent).
@@ -23,12 +23,16 @@ The parent compares the outputs; this process never judges, so whatever the prog
 forges on fd 1 is at most an output of its own.
 """
 
-import json
 import os
 import resource
 import sys
 
-CFG = json.loads(sys.argv[1])
+# key=value arguments: importing json here would cost more than the rest of the start.
+CFG = dict(arg.split("=", 1) for arg in sys.argv[1:])
+for _key in ("cpu_s", "memory_bytes", "file_bytes", "processes", "open_files", "status_fd",
+             "num_cases", "isolate_network"):
+  CFG[_key] = int(CFG[_key])
+CFG["uid"] = int(CFG["uid"]) if CFG["uid"] else None
 os.write(2, b"")  # stderr must exist before anything can fail loudly
 
 
@@ -128,7 +132,6 @@ sys.addaudithook(_hook)
 del _isolate_network, _limit  # nothing left that the program should call
 
 import io  # pylint: disable=g-import-not-at-top,wrong-import-position
-import traceback  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _MARK = ("\n" + CFG["nonce"] + " ").encode()
 _MODE = CFG["mode"]
@@ -139,6 +142,11 @@ _STDOUT = sys.stdout
 def _mark(index, kind, payload=""):
   """Ends case `index` on the real stdout: "\n<nonce> <index> <kind> <payload>\n"."""
   os.write(1, _MARK + f"{index} {kind} {payload}\n".encode())
+
+
+def _print_exc():
+  import traceback  # pylint: disable=g-import-not-at-top  (only on errors: it is slow to load)
+  traceback.print_exc()
 
 
 def _join_threads():
@@ -163,7 +171,7 @@ def _run_stdin_case(index, path):
   except SystemExit as e:
     kind = "ok" if e.code in (None, 0) else "error"
   except BaseException:  # pylint: disable=broad-except  (the program's error, reported)
-    traceback.print_exc()
+    _print_exc()
     kind = "error"
   try:
     sys.stdout.flush()
@@ -175,7 +183,7 @@ def _run_stdin_case(index, path):
 
 
 def _run_function_cases(cases):
-  import json as _json  # pylint: disable=g-import-not-at-top,reimported
+  import json as _json  # pylint: disable=g-import-not-at-top
   sys.stdout = io.StringIO()  # the program's prints go nowhere; only the marks reach fd 1
   namespace = {"__name__": "__main__", "__builtins__": __builtins__}
   exec(_CODE, namespace)  # noqa: S102  (sandboxed)
@@ -193,7 +201,7 @@ def _run_function_cases(cases):
       payload = _json.dumps(result, default=repr)
       kind = "ok"
     except BaseException:  # pylint: disable=broad-except  (the program's error, reported)
-      traceback.print_exc()
+      _print_exc()
       kind, payload = "error", ""
     sys.stdout.seek(0)
     sys.stdout.truncate()
@@ -205,8 +213,9 @@ if _MODE == "single":
   sys.argv = ["prog.py"]
   exec(_CODE, {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
 elif _MODE == "stdin":
-  for _index, _path in CFG["cases"]:
-    _run_stdin_case(_index, _path)
+  for _index in range(CFG["num_cases"]):
+    _run_stdin_case(_index, f"in{_index}.txt")
 else:
+  import json  # pylint: disable=g-import-not-at-top
   with open(CFG["cases"], encoding="utf-8") as f:
     _run_function_cases(json.load(f))

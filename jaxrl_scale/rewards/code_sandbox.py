@@ -172,20 +172,19 @@ def run_python(source: str, limits: Limits, *, inputs: list[str] | None = None,
       cases = os.path.join(home, "cases.json")
       _write(cases, json.dumps(list(enumerate(args or []))))
     elif inputs is not None:
-      mode, n, cases = "stdin", len(inputs), []
+      mode, n, cases = "stdin", len(inputs), ""
       for i, text in enumerate(inputs):
-        cases.append((i, os.path.join(home, f"in{i}.txt")))
-        _write(cases[-1][1], text)
+        _write(os.path.join(home, f"in{i}.txt"), text)  # the child's case i reads in{i}.txt
     else:
-      mode, n, cases = "single", 1, None
+      mode, n, cases = "single", 1, ""
     python = limits.python or sys.executable
     as_nobody = os.geteuid() == 0 and _nobody_can_import(python)
-    cfg = {"mode": mode, "program": prog, "uid": _NOBODY if as_nobody else None,
-           "cases": cases,
+    cfg = {"mode": mode, "program": prog, "uid": _NOBODY if as_nobody else "",
+           "cases": cases, "num_cases": n,
            "cpu_s": int(limits.cpu_s) * max(n, 1), "memory_bytes": limits.memory_mb << 20,
            "file_bytes": limits.file_mb << 20, "processes": limits.processes,
-           "open_files": limits.open_files, "isolate_network": limits.isolate_network,
-           "fn_name": fn_name, "nonce": nonce}
+           "open_files": limits.open_files, "isolate_network": int(limits.isolate_network),
+           "fn_name": fn_name or "", "nonce": nonce}
     if as_nobody:
       os.chown(home, _NOBODY, _NOBODY)  # the child runs as nobody: its one writable place
     run = _spawn(python, cfg, home, stdin_path, limits, ("\n" + nonce + " ").encode(),
@@ -222,7 +221,8 @@ def _spawn(python: str, cfg: dict, home: str, stdin_path: str, limits: Limits, m
   try:
     with open(stdin_path, "rb") as stdin_file:
       proc = subprocess.Popen(  # pylint: disable=consider-using-with
-          [python, "-I", "-S", "-c", _BOOTSTRAP, json.dumps(cfg)], cwd=home,
+          [python, "-I", "-S", "-c", _BOOTSTRAP] + [f"{k}={v}" for k, v in cfg.items()],
+          cwd=home,
           env=dict(_ENV), stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
           pass_fds=(status_w,), start_new_session=True, close_fds=True)
   except OSError as e:
