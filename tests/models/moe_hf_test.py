@@ -42,11 +42,11 @@ def _forget_programs():
     program.cache_clear()
 
 
-def test_greedy_through_the_sampler_matches_transformers_on_every_layer_path(moe_model,
-                                                                            monkeypatch):
+@pytest.fixture(scope="module")
+def greedy_refs(moe_model):
+  """(prompts, eos, transformers' greedy (tokens, logprobs) of each prompt)."""
   model, cfg, hf_model = moe_model
   rng = np.random.default_rng(0)
-  # Six prompts of different lengths through 3 slots: batched prefill, continuous batching.
   prompts = [rng.integers(3, cfg.vocab_size, n).tolist() for n in (3, 11, 6, 1, 14, 8)]
   free = [_hf_greedy(hf_model, p, SAMPLER.max_new_tokens, 2)[0] for p in prompts]
   # EOS: a token the free runs emit mid-sequence, so that some rows really stop early.
@@ -54,26 +54,38 @@ def test_greedy_through_the_sampler_matches_transformers_on_every_layer_path(moe
   eos = max(set(mid), key=lambda t: (mid.count(t), -t))
   refs = [_hf_greedy(hf_model, p, SAMPLER.max_new_tokens, eos) for p in prompts]
   assert sum(len(t) < SAMPLER.max_new_tokens for t, _ in refs) >= 2
+  return prompts, eos, refs
 
-  def check(sampler):
-    for out, (tokens, logprobs) in zip(sampler.generate(
-        [records.Request(p, prompt_id=i) for i, p in enumerate(prompts)]), refs):
-      assert out.tokens.tolist() == tokens
-      np.testing.assert_allclose(out.logprobs, logprobs, atol=1e-4, rtol=0)
 
-  # CPU: the layers unrolled over per-layer views.
-  check(engine.Sampler(model, SAMPLER, eos_ids=[eos]))
+def _check(sampler, greedy_refs):
+  prompts, _, refs = greedy_refs
+  for out, (tokens, logprobs) in zip(sampler.generate(
+      [records.Request(p, prompt_id=i) for i, p in enumerate(prompts)]), refs):
+    assert out.tokens.tolist() == tokens
+    np.testing.assert_allclose(out.logprobs, logprobs, atol=1e-4, rtol=0)
+
+
+def test_greedy_through_the_sampler_matches_transformers(moe_model, greedy_refs):
+  # Six prompts of different lengths through 3 slots (batched prefill, continuous batching);
+  # on CPU the decode steps run the layers unrolled over per-layer cache views.
+  _check(engine.Sampler(moe_model[0], SAMPLER, eos_ids=[greedy_refs[1]]), greedy_refs)
+
+
+@pytest.mark.slow
+def test_greedy_on_the_accelerator_layer_paths_matches_transformers(moe_model, greedy_refs,
+                                                                   monkeypatch):
   # The accelerator paths: per-layer weight copies, and the scan over the stacked weights.
+  model, eos = moe_model[0], greedy_refs[1]
   _forget_programs()
   monkeypatch.setattr(decode, "_on_cpu", lambda mesh: False)
   try:
     copies = engine.Sampler(model, SAMPLER, eos_ids=[eos])
     assert copies._layer_leaves is not None
-    check(copies)
+    _check(copies, greedy_refs)
     stacked = engine.Sampler(model, dataclasses.replace(SAMPLER, layer_weight_copies=False),
                              eos_ids=[eos])
     assert stacked._layer_leaves is None
-    check(stacked)
+    _check(stacked, greedy_refs)
   finally:
     _forget_programs()
 
