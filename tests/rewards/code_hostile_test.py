@@ -201,3 +201,14 @@ def test_parallel_batches_survive_a_crashing_neighbour():
   with concurrent.futures.ThreadPoolExecutor(8) as pool:
     verdicts = list(pool.map(lambda p: code.judge(_fence(p), TESTS, limits=LIMITS), programs))
   assert [v.status for v in verdicts] == ["pass", "runtime_error"] * 4
+
+
+def test_network_namespace_when_the_kernel_allows_it():
+  limits = dataclasses.replace(LIMITS, isolate_network=True)
+  run = code_sandbox.run_python("print(open('/proc/self/net/dev').read())\n", limits,
+                                single_stdin="")
+  if not run.network_isolated:
+    pytest.skip("no network namespace here (needs root or unprivileged user namespaces)")
+  interfaces = [line.split(":")[0].strip() for line in run.stdout.decode().splitlines()[2:]
+                if line.strip()]
+  assert interfaces == ["lo"], run.stdout
