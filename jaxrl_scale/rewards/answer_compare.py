@@ -14,8 +14,16 @@
                                  unions compare piece by piece, endpoints and openness
   sets, lists, tuples            sets and bare lists unordered, tuples/intervals in order;
                                  "1 \\pm \\sqrt{2}" is the set of both values
+  named values                   "a = 3, b = 7" by name against the same names, else in
+                                 the gold's order ("AB=4, CD=5" != "5, 4"); a repeated name
+                                 starts the next solution ("p=5,q=2; p=7,q=2" is a set of
+                                 pairs); names are x, a_3, f(x), AB, NO/BO, |AB|
   matrices                       same shape, entries equivalent; a one-row or one-column
-                                 matrix also matches a tuple of its entries
+                                 matrix also matches a tuple of its entries; sums and
+                                 products of written matrices are computed first
+                                 (answer_matrix)
+  decimals                       against an exact value, a correct rounding within a
+                                 relative tolerance (math.compare, answer_eval.close)
   percentages                    X% matches X% and, against a bare Y, Y == X or Y == X/100
   text, multiple choice          case- and space-insensitive words; "(B)" == "B"
 """
@@ -27,6 +35,7 @@ from fractions import Fraction
 from itertools import product
 
 from jaxrl_scale.rewards import answer_eval as ev
+from jaxrl_scale.rewards import answer_matrix
 from jaxrl_scale.rewards.answer_eval import EvalError
 
 _MAX_VARIANTS = 8  # expansions of "±"
@@ -306,68 +315,11 @@ def _unwrap(node: tuple) -> tuple:
       node = node[1][1]  # "x \in [0, 1)" is the interval
     elif node[0] in ("add", "mul", "neg") and _has(node, "mat"):
       try:  # "A + B", "2A", "AB" of written matrices: the matrix they make
-        return matrix_value(node)
+        return answer_matrix.matrix_value(node)
       except EvalError:
         return node  # shapes that do not fit: compared as written, equal to no matrix
     else:
       return node
-
-
-def matrix_value(node: tuple) -> tuple:
-  """The ("mat", rows) that sums, differences, scalar and matrix products of constant
-  matrices make, each entry a computed value (a "v" node); EvalError when shapes disagree
-  or an entry has a variable or no value. Entries are numbers, never growing trees, so a
-  chain of products costs only its arithmetic (bounded by answer_eval's MAX_BITS)."""
-  kind = node[0]
-  if kind == "mat":
-    return ("mat", tuple(tuple(("v", ev.evaluate(x, {})) for x in row) for row in node[1]))
-  if kind == "neg":
-    return _scale(matrix_value(node[1]), Fraction(-1))
-  if kind == "add":
-    terms = [matrix_value(t) for t in node[1]]
-    rows, cols = _shape(terms[0])
-    if any(_shape(t) != (rows, cols) for t in terms):
-      raise EvalError("matrices of different shapes added")
-    return ("mat", tuple(tuple(("v", _sum(t[1][i][j][1] for t in terms)) for j in range(cols))
-                         for i in range(rows)))
-  if kind == "mul":
-    out = None
-    scalar = Fraction(1)
-    for factor in node[1]:
-      if _has(factor, "mat"):
-        m = matrix_value(factor)
-        out = m if out is None else _matmul(out, m)
-      else:
-        scalar = ev._mul(scalar, ev.evaluate(factor, {}))  # noqa: SLF001
-    if out is None:
-      raise EvalError("no matrix")
-    return _scale(out, scalar)
-  raise EvalError(f"{kind} of a matrix")
-
-
-def _shape(m: tuple) -> tuple[int, int]:
-  return len(m[1]), len(m[1][0])
-
-
-def _sum(values):
-  out = Fraction(0)
-  for v in values:
-    out = ev._add(out, v)  # noqa: SLF001
-  return out
-
-
-def _scale(m: tuple, k) -> tuple:
-  return ("mat", tuple(tuple(("v", ev._mul(k, x[1])) for x in row)  # noqa: SLF001
-                       for row in m[1]))
-
-
-def _matmul(a: tuple, b: tuple) -> tuple:
-  (n, inner), (inner_b, p) = _shape(a), _shape(b)
-  if inner != inner_b:
-    raise EvalError("matrix product of mismatched shapes")
-  return ("mat", tuple(tuple(
-      ("v", _sum(ev._mul(a[1][i][k][1], b[1][k][j][1]) for k in range(inner)))  # noqa: SLF001
-      for j in range(p)) for i in range(n)))
 
 
 def _is_target(node: tuple) -> bool:

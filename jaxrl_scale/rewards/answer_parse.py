@@ -6,7 +6,8 @@ recursive-descent parser build plain tuples. `answer_eval` computes with them an
 MAX_NODES tree nodes, MAX_ELEMENTS items per list/set/tuple/matrix.
 
 Nodes (tuples, first item the kind):
-  expressions  ("n", Fraction) ("s", name) ("c", "pi"|"e"|"i"|"inf")
+  expressions  ("n", Fraction) ("s", name) ("c", "pi"|"e"|"i"|"inf"); f(x), g(3) (f, g, h,
+               F, G, H before "(") are one symbol named after the argument
                ("add", terms) ("mul", factors) ("neg", x) ("inv", x) ("pow", base, exp)
                ("pm", x, y) (x ± y) ("f", name, x) ("log", base | None, x) ("root", n, x)
                ("abs", x) ("fact", x) ("binom", n, k)
