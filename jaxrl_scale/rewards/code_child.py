@@ -130,6 +130,15 @@ def _hook(event, args):
 
 sys.addaudithook(_hook)
 del _isolate_network, _limit  # nothing left that the program should call
+sys.argv = ["prog.py"]  # the program sees its own name only, not the mark's nonce
+
+
+def _quit(code=None):
+  raise SystemExit(code)
+
+
+# -S skips site, which defines exit() and quit(); contest programs call them.
+__builtins__.exit = __builtins__.quit = _quit
 
 import io  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -210,7 +219,6 @@ def _run_function_cases(cases):
 
 if _MODE == "single":
   del CFG
-  sys.argv = ["prog.py"]
   exec(_CODE, {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
 elif _MODE == "stdin":
   for _index in range(CFG["num_cases"]):

@@ -119,6 +119,9 @@ def test_stdin_program_styles_all_work():
        "threading.Thread(target=main).start()\n"),
       "import sys\nprint(sum(map(int, input().split())))\nsys.exit()\n",
       "import os\nprint(sum(map(int, input().split())), flush=True)\nos._exit(0)\n",
+      "print(sum(map(int, input().split())))\nexit()\n",  # site's exit(), absent under -S
+      "print(sum(map(int, input().split())))\nquit(0)\n",
+      "import sys\nassert sys.argv == ['prog.py']\nprint(sum(map(int, input().split())))\n",
   ]
   for program in programs:
     verdict = _judge(program, STDIN)
