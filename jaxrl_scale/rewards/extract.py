@@ -53,6 +53,9 @@ _NUMBER_RE = re.compile(
     r"(?:[1-9]\d{0,2}(?:,\d{3})+(?![\d,])|[1-9]\d{0,2}(?: \d{3})+(?![\d,])|\d+(?:,\d+(?!,?\d))?)"
     r"(?:\.\d+)?(?:/\d+(?![\d/]|\.\d))?%?", re.ASCII)
 _BOUNDARY_RE = re.compile(r"[^0-9.,/% ]")
+# What names the next part of a question between two boxes.
+_PART_MARKER_RE = re.compile(
+    r"\((?:[a-h]|i{1,3}|iv|vi{0,3}|\d{1,2})\)|\b[Pp]art\b|(?:^|\n)\s*(?:\*\*)?\d{1,2}[.)]\s")
 # Where a new chat turn starts: the answer is in the text before it (a model that goes on
 # to write the next user turn has ended its own answer there).
 _CHAT_TURN_RE = re.compile(
@@ -281,9 +284,16 @@ def _extract(response: str, boxed_only: bool) -> Extraction:
 
 
 def _all_boxes(text: str, boxes: list[tuple[int, int, int]]) -> tuple[str, ...]:
-  """Distinct contents of the last MAX_BOXES top-level boxes: one per part of a question."""
+  """Distinct contents of the last MAX_BOXES top-level boxes when they answer the parts of
+  a question: a part marker ("(b)", "part", "(ii)", "2.") stands between each two. Without
+  one, an earlier box is an attempt the model replaced ("\\boxed{1}. No: \\boxed{2}")."""
+  boxes = boxes[-MAX_BOXES:]
+  for before, after in zip(boxes, boxes[1:]):
+    gap = text[before[2] + 1:after[0]]
+    if len(gap) > 4 * MAX_ANSWER_CHARS or not _PART_MARKER_RE.search(gap):
+      return ()
   contents: list[str] = []
-  for _, start, end in boxes[-MAX_BOXES:]:
+  for _, start, end in boxes:
     content = text[start:end].strip()
     if content and content not in contents and len(content) <= MAX_ANSWER_CHARS:
       contents.append(content)

@@ -82,6 +82,8 @@ def test_boxes_with_prose_between_are_parts():
   found = extract.extract_answer("(a) It is $\\boxed{12}$.\n\n(b) Then $\\boxed{5}$.")
   assert (found.text, found.parts) == ("5", ("12", "5"))
   assert extract.extract_answer(r"$\boxed{-2}$ and $\boxed{1}$").parts == ()  # one list
+  # No part marker between them: the earlier box is an attempt the model replaced.
+  assert extract.extract_answer(r"So $\boxed{1}$. Hmm, no: it is $\boxed{2}$.").parts == ()
 
 
 @pytest.mark.parametrize("response,expected,method", [

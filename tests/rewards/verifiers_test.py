@@ -134,3 +134,12 @@ def test_math_rel_tol_is_configurable():
   assert not verifiers.math_reward(r"\boxed{0.142857142857}", r"\frac17", rel_tol=0).correct
   assert not verifiers.math_reward(r"\boxed{0.1429}", r"\frac17").correct
   assert verifiers.math_reward(r"\boxed{0.1429}", r"\frac17", rel_tol=1e-3).correct
+
+
+def test_boxes_per_part_answer_a_gold_of_that_many_items():
+  parts = "(a) First $\\boxed{12}$.\n\n(b) Then $\\boxed{5}$."
+  assert verifiers.math_reward(parts, "(12, 5)").correct
+  assert not verifiers.math_reward(parts, "(12, 5, 7)").correct
+  assert not verifiers.math_reward(parts.replace("{5}", "{6}"), "(12, 5)").correct
+  # A replaced attempt is not a part: only the last box answers.
+  assert not verifiers.math_reward(r"So $\boxed{1}$. Hmm, no: it is $\boxed{2}$.", "1, 2").correct
