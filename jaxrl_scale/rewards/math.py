@@ -187,23 +187,23 @@ def compare(predicted: str, gold: str, rel_tol: float = DEFAULT_REL_TOL) -> str:
 
 
 def compare_extraction(found: Extraction, gold: str,
-                       rel_tol: float = DEFAULT_REL_TOL) -> str:
-  """`compare` of an extracted answer; a question in parts may be answered box by box.
+                       rel_tol: float = DEFAULT_REL_TOL) -> tuple[str, str]:
+  """(`compare` outcome, the answer text it judged) of an extracted answer.
 
   When the final box alone is not the gold and the response boxed one answer per part
-  (found.parts, prose between the boxes), the parts in order are compared as one list
-  answer, but only against a gold with exactly that many items.
+  (found.parts: a part marker between the boxes), the parts in order are compared as one
+  list answer, but only against a gold with exactly that many items.
   """
   outcome = compare(found.text, gold, rel_tol)
   if outcome == CORRECT or len(found.parts) < 2:
-    return outcome
+    return outcome, found.text
   g = parse(_unbox_gold(gold))
   if g is None or g[0] not in ("list", "tuple", "set") or len(g[1]) != len(found.parts):
-    return outcome
+    return outcome, found.text
   joined = ", ".join(found.parts)
-  if len(joined) > MAX_ANSWER_CHARS:
-    return outcome
-  return CORRECT if compare(joined, gold, rel_tol) == CORRECT else outcome
+  if len(joined) > MAX_ANSWER_CHARS or compare(joined, gold, rel_tol) != CORRECT:
+    return outcome, found.text
+  return CORRECT, joined
 
 
 def _unbox_gold(gold: str) -> str:

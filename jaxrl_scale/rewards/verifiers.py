@@ -53,11 +53,11 @@ def math_reward(response: str, answer: str, *, truncated: bool = False,
   found = math_answers.extract_answer(response, truncated, boxed_only)
   if found.text is None:
     return _no_answer(found.method)
-  outcome = math_answers.compare_extraction(found, answer, rel_tol)
+  outcome, judged = math_answers.compare_extraction(found, answer, rel_tol)
   # The parsed forms (math_answers.describe) cost a second parse: `jaxrl-scale reward`
   # shows them; training only needs the verdict.
-  return registry.Verdict(outcome == registry.CORRECT, found.text, outcome,
-                          f"from {found.method}")
+  method = found.method if judged == found.text else f"{found.method} parts"
+  return registry.Verdict(outcome == registry.CORRECT, judged, outcome, f"from {method}")
 
 
 @registry.register_reward("math_boxed")
