@@ -99,7 +99,8 @@ class ModelConfig:
   experts_per_token: int = 0  # top-k
   moe_intermediate_size: int = 0  # each expert's F
   # softmax: top-k of softmax(logits), renormalised to sum 1 when norm_topk_prob (Qwen3-MoE);
-  # sigmoid: sigmoid of the top-k logits (Llama 4).
+  # sigmoid: sigmoid of the top-k logits (Llama 4's scores; Llama 4 scales the expert's
+  # input by it, we scale its output, as softmax routing does).
   router_scoring: str = "softmax"
   norm_topk_prob: bool = False
   shared_expert_size: int = 0  # F of a dense SwiGLU every sparse layer adds (Llama 4); 0: none
