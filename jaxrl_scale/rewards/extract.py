@@ -47,10 +47,10 @@ _ANSWER_IS_RE = re.compile(r"answer\s*(?:is\b|:)\s*:?", re.IGNORECASE)
 _SENTENCE_END_RE = re.compile(r"\.(?:\s|$)")
 # A number of prose: thousands grouped by "," or one space ("1,234", "3 000 000"), a decimal
 # point or comma ("2,74": math.compare tells it from a pair by the gold), a mixed number
-# ("2 1/3"), a fraction, a percent sign.
+# ("2 1/3"), a fraction, a percent sign. In "3,5,7" the numbers are items: no decimal comma.
 _NUMBER_RE = re.compile(
     r"(?<![\w./])(?:\d+ (?=\d+/\d))?"
-    r"(?:[1-9]\d{0,2}(?:,\d{3})+(?![\d,])|[1-9]\d{0,2}(?: \d{3})+(?![\d,])|\d+(?:,\d+(?!,?\d))?)"
+    r"(?:[1-9]\d{0,2}(?:,\d{3})+(?![\d,])|[1-9]\d{0,2}(?: \d{3})+(?![\d,])|(?<!,)\d+,\d+(?!,?\d)|\d+)"
     r"(?:\.\d+)?(?:/\d+(?![\d/]|\.\d))?%?", re.ASCII)
 _BOUNDARY_RE = re.compile(r"[^0-9.,/% ]")
 # What names the next part of a question between two boxes.

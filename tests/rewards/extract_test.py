@@ -66,6 +66,7 @@ def test_extract_truncated(response, expected, method):
     # Issue 39: prose answers as models write them.
     ("So the total is 3 000 000.", "3 000 000", "last_number"),
     ("Soucis : 2,74 $ a..", "2,74", "last_number"),
+    ("The numbers are 3,5,7", "7", "last_number"),  # items of a list, no decimal comma
     ("He walks 2 1/3 miles.", "2 1/3", "last_number"),
     ('Checked.\n\n"The final answer is 42."', "42", "answer_is"),
     (r"Answer $ \frac{1}{2} \$ = \frac{10}{9} $", r"\frac{1}{2} \$ = \frac{10}{9}", "last_math"),
