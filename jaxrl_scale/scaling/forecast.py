@@ -111,6 +111,9 @@ class RunReport:
   profile: profile_lib.ProfileA | None = dataclasses.field(default=None, repr=False)
   seed: int | None = None  # the bootstrap's seed (AnalysisOptions.seed reproduces it)
   decline: decline_lib.Decline | None = None  # the late-decline test (None: too few evals)
+  # (compute, pass rate): the lower end of the curve's interval at the last fitted point when
+  # the data show no saturation (see `saturation_floor`); None when they do.
+  floor: tuple[float, float] | None = None
 
   @property
   def declining(self) -> bool:
@@ -136,6 +139,8 @@ class RunReport:
     band = self.samples.interval(name, self.level)
     if name == "a" and self.profile is not None:
       band = profile_lib.union(band, self.profile.a_interval())
+    if name == "a" and self.floor is not None:  # a plateau at today's level is not ruled out
+      band = (min(band[0], self.floor[1]), band[1])
     return band
 
   @property
@@ -168,6 +173,8 @@ class RunReport:
         "A_paper_margin": boot_lib.PAPER_A_MARGIN,
         "well_determined": self.well_determined,
         "declining": self.declining,
+        "saturation_floor": None if self.floor is None else {
+            "compute": self.floor[0], "pass_rate": self.floor[1]},
         "decline": None if self.decline is None else self.decline.to_dict(),
         "messages": list(self.messages),
         "n_points": s.n_points,
@@ -240,17 +247,47 @@ def assess(sigmoid: fit_lib.SigmoidFit, samples: boot_lib.SigmoidSamples | None,
 
 def forecast_at(sigmoid: fit_lib.SigmoidFit, samples: boot_lib.SigmoidSamples | None,
                 compute: float, level: float = 0.95,
-                profile: profile_lib.ProfileA | None = None
+                profile: profile_lib.ProfileA | None = None,
+                floor: tuple[float, float] | None = None
                 ) -> tuple[float, tuple[float, float] | None]:
   """Pass rate of the fitted curve at `compute`, with its bootstrap interval (joined with
-  the range of the profile-likelihood fits when `profile` is given)."""
+  the range of the profile-likelihood fits when `profile` is given, and reaching down to
+  `floor`'s pass rate beyond `floor`'s compute; see `saturation_floor`)."""
   point = float(sigmoid.predict(compute))
   if samples is None:
     return point, None
   band = boot_lib.percentile_interval(samples.predict(compute), level)
   if profile is not None:
     band = profile_lib.union(band, profile.predict_range(compute))
+  if floor is not None and compute > floor[0]:
+    band = (min(band[0], floor[1]), band[1])
   return point, band
+
+
+def saturation_floor(sigmoid: fit_lib.SigmoidFit, samples: boot_lib.SigmoidSamples | None,
+                     max_fit_compute: float, level: float = 0.95,
+                     profile: profile_lib.ProfileA | None = None
+                     ) -> tuple[float, float] | None:
+  """(last fitted compute, lower end of the curve's interval there) when A is not pinned.
+
+  Why: when A sits on its bound or the midpoint lies beyond the data, the data show no
+  saturation yet, and then they cannot rule out that it starts right after the last
+  fitted point. The sigmoid ties the curvature it has seen to its asymptote, so a run that
+  rises steeply and then stops abruptly (the CPU demo: 0.40 -> 0.91 by step 200, then flat
+  at 0.95) gets a narrow band above its plateau: fitted to step 200 of 600, the forecast
+  interval at step 600 held the plateau by 0.003; the live one at step 310 missed it.
+  A monotone curve cannot end below its level at the last fitted point, so that level's
+  lower bound is what the data allow. On simulated sigmoid runs this changes little (their
+  bands already reach that low when C_mid lies beyond the data): iid half-budget coverage
+  and width, and the fit-to-10% runs, moved by <= 0.02 and <= 1.2% (60 runs each).
+
+  Returns:
+    None when the fit shows saturation (or without a bootstrap).
+  """
+  if samples is None or (sigmoid.a < A_BOUND and sigmoid.c_mid <= max_fit_compute):
+    return None
+  _, band = forecast_at(sigmoid, samples, max_fit_compute, level, profile)
+  return float(max_fit_compute), band[0]
 
 
 def compute_to_reach(sigmoid: fit_lib.SigmoidFit, samples: boot_lib.SigmoidSamples | None,
@@ -350,6 +387,11 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
   dec = decline_lib.detect(x, y, w, sigmoid)
   if dec is not None and dec.declining:  # A is then where the curve bent over, no plateau
     well, messages = False, (dec.message(),) + messages
+  floor = saturation_floor(sigmoid, samples, max_fit, options.level, prof)
+  if floor is not None:
+    messages += (f"no saturation in the data yet: the forecast beyond C={floor[0]:.3g} and A "
+                 f"reach down to {floor[1]:.3f}, the curve's level there (the run may "
+                 "plateau now)",)
 
   if options.target_compute is not None:
     target, source = float(options.target_compute), "--target"
@@ -357,7 +399,7 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
     target, source = float(np.max(x)), "last point (--fit-fraction)"
   else:
     target, source = 2.0 * max_fit, "default: 2x the last fitted compute"
-  point, band = forecast_at(sigmoid, samples, target, options.level, prof)
+  point, band = forecast_at(sigmoid, samples, target, options.level, prof, floor)
   extra = {}
   if options.target_pass_rate is not None:
     need, need_band = compute_to_reach(sigmoid, samples, options.target_pass_rate,
@@ -367,7 +409,7 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
   backtest = None
   if options.backtest is not None and heldout.any():
     backtest = _backtest(x, y, heldout, sigmoid, samples, power, options, max_fit,
-                         model.sd(), prof)
+                         model.sd(), prof, floor)
   elif options.backtest is not None:
     messages += (f"backtest: no eval point beyond {options.backtest:g} x max compute",)
   return RunReport(
@@ -377,15 +419,15 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
       forecast=point, forecast_interval=band,
       power_forecast=float(power.predict(target)), backtest=backtest, noise=model,
       r0_sd=r0_sd, weights=w, replicates=reps, profile=prof, seed=options.seed, decline=dec,
-      **extra)
+      floor=floor, **extra)
 
 
-def _backtest(x, y, heldout, sigmoid, samples, power, options, max_fit, sd_E, prof
+def _backtest(x, y, heldout, sigmoid, samples, power, options, max_fit, sd_E, prof, floor
               ) -> Backtest:
   err = sigmoid.predict(x[heldout]) - y[heldout]
   idx = np.flatnonzero(heldout)
   final = int(idx[np.argmax(x[idx])])
-  point, band = forecast_at(sigmoid, samples, float(x[final]), options.level, prof)
+  point, band = forecast_at(sigmoid, samples, float(x[final]), options.level, prof, floor)
   predicted = None
   if samples is not None:
     # A single held-out eval carries its own noise: compare it with the curve's interval
