@@ -1,0 +1,77 @@
+"""benchmarks/extension.py: the replay half (fits at fractions of a finished run)."""
+
+import argparse
+import importlib.util
+import json
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+from jaxrl_scale.scaling import synthetic
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+  spec = importlib.util.spec_from_file_location("extension", ROOT / "benchmarks" / "extension.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_fractions_and_seeds(bench):
+  assert bench.parse_fractions("1/3,0.5") == [pytest.approx(1 / 3), 0.5]
+  for bad in ("0", "1", "3/2", "a", "1/0"):
+    with pytest.raises(argparse.ArgumentTypeError):
+      bench.parse_fractions(bad)
+  assert bench.parse_seeds("0-2,7") == [0, 1, 2, 7]
+
+
+def _run_dir(tmp_path, name, seed, drop=0.0):
+  row = synthetic.TABLE1[0]
+  x, y, _ = synthetic.simulate_evals(row, n_evals=60, seed=seed, drop=drop)
+  d = tmp_path / name
+  d.mkdir()
+  synthetic.write_metrics_jsonl(str(d / "metrics.jsonl"), x, y)
+  return str(d), y
+
+
+def test_replay_fits_each_seed_and_the_pool(bench, tmp_path, capsys):
+  runs = [_run_dir(tmp_path, f"seed{i}", seed=40 + i) for i in range(3)]
+  argv = ["--replay", *[d for d, _ in runs], "--x", "compute_hours", "--n-boot", "100",
+          "--fractions", "1/3,1/2"]
+  assert bench.main(argv + ["--json"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert len(out["seeds"]) == 3 and out["pooled"]["n_seeds"] == 3
+  for s, (_, y) in zip(out["seeds"], runs):
+    tail = y[1:][-6:]  # 60 evals after step 0: the last 10% is 6
+    assert s["plateau"] == pytest.approx(float(np.mean(tail)), abs=1e-12)
+    assert s["plateau_se"] == pytest.approx(float(np.std(tail, ddof=1)) / math.sqrt(6))
+    assert [f["fraction"] for f in s["fits"]] == [pytest.approx(1 / 3), 0.5]
+    for f in s["fits"]:
+      lo, hi = f["interval"]
+      assert f["holds_plateau"] == (lo <= s["plateau"] <= hi)
+      assert f["fit_until"] <= f["fraction"] * s["final_compute"]
+      assert f["target_compute"] == s["final_compute"]
+      assert isinstance(f["power_law"], float) and isinstance(f["well_determined"], bool)
+    assert s["whole_run"]["declining"] is False
+  assert out["pooled"]["plateau"] == pytest.approx(
+      np.mean([s["plateau"] for s in out["seeds"]]))
+  assert len(out["targets"]) == 4
+  assert bench.main(argv) == 0
+  text = capsys.readouterr().out
+  assert "seed pooled" in text and "targets (issue 37)" in text and "power law" in text
+
+
+def test_replay_reports_a_declining_run_and_a_bad_dir(bench, tmp_path, capsys):
+  good, _ = _run_dir(tmp_path, "falls", seed=5, drop=0.05)
+  bad = tmp_path / "empty"
+  bad.mkdir()
+  assert bench.main(["--replay", good, str(bad), "--x", "compute_hours", "--n-boot", "50",
+                     "--json"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out["seeds"][0]["whole_run"]["declining"] is True
+  assert "error" in out["seeds"][1] and out["pooled"] is None
