@@ -110,7 +110,8 @@ def hostile(limits, threads) -> dict:
   try:
     programs = module._hostile(outside)  # pylint: disable=protected-access
     answer = module.TESTS
-    pairs = [(module._fence(p), answer) for p in programs.values()]  # pylint: disable=protected-access
+    fence = module._fence  # pylint: disable=protected-access
+    pairs = [(fence(p), answer) for p in programs.values()]
     result, seconds, batch = _score(pairs, limits, threads)
     canary = os.path.exists(outside)
   finally:

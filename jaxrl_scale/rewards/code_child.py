@@ -6,10 +6,10 @@ imported by the package: it runs before any untrusted code, in the child only, s
 limits are set without a `preexec_fn` (unsafe in the threaded parent).
 
 Order matters: limits and the uid switch first (they cannot be undone afterwards), then
-the readiness byte on the status pipe (the parent's proof that the sandbox came up: no
-byte means an infrastructure failure, not the program's fault), then the audit hook, then
-the program. With -I -S the child sees neither the parent's environment variables nor
-site-packages: programs get the standard library only.
+the ready line "<nonce> R" as the first bytes of stdout (the parent's proof that the
+sandbox came up: without it, an infrastructure failure, not the program's fault), then the
+audit hook, then the program. With -I -S the child sees neither the parent's environment
+variables nor site-packages: programs get the standard library only.
 
 Modes (every case ends with a mark "\\n<nonce> <index> <ok|error> <payload>\\n" on
 fd 1, from which the parent splits the outputs and restarts its per-case wall clock):
@@ -29,8 +29,8 @@ import sys
 
 # key=value arguments: importing json here would cost more than the rest of the start.
 CFG = dict(arg.split("=", 1) for arg in sys.argv[1:])
-for _key in ("cpu_s", "memory_bytes", "file_bytes", "processes", "open_files", "status_fd",
-             "num_cases", "isolate_network"):
+for _key in ("cpu_s", "memory_bytes", "file_bytes", "processes", "open_files", "num_cases",
+             "isolate_network"):
   CFG[_key] = int(CFG[_key])
 CFG["uid"] = int(CFG["uid"]) if CFG["uid"] else None
 os.write(2, b"")  # stderr must exist before anything can fail loudly
@@ -72,8 +72,7 @@ elif os.geteuid() != 0:  # (root that cannot switch: only the audit hook limits 
 HOME = os.getcwd()
 with open(CFG["program"], encoding="utf-8", errors="replace") as f:
   SOURCE = f.read()
-os.write(CFG["status_fd"], b"N" if NET_ISOLATED else b"R")
-os.close(CFG["status_fd"])
+os.write(1, f"{CFG['nonce']} {'N' if NET_ISOLATED else 'R'}\n".encode())  # ready
 
 _REFUSED = frozenset((
     "os.system", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",

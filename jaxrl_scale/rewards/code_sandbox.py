@@ -10,9 +10,9 @@ output cap, reading stdout and stderr incrementally, and kills the process group
 
 Outcomes (`Run.status`): "ok" (exit 0), "runtime_error" (non-zero exit or a signal),
 "timeout" (wall or CPU limit), "output_limit", "stopped" (the caller's `stop` saw a
-failing case and ended the run early). A sandbox that did not come up (no
-readiness byte from the bootstrap) raises `SandboxError`: that is our failure, never the
-program's, and the caller must not score it.
+failing case and ended the run early). A sandbox that did not come up (no ready line
+from the bootstrap as the first bytes of its stdout) raises `SandboxError`: that is our
+failure, never the program's, and the caller must not score it.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ class Limits:
   python: str | None = None
 
   def __post_init__(self):
-    for key in ("wall_s", "total_wall_s", "cpu_s", "memory_mb", "output_bytes", "file_mb", "processes",
-                "open_files"):
+    for key in ("wall_s", "total_wall_s", "cpu_s", "memory_mb", "output_bytes", "file_mb",
+                "processes", "open_files"):
       if not getattr(self, key) > 0:
         raise UserError(f"code limits: {key} must be > 0, got {getattr(self, key)}")
     if not float(self.cpu_s).is_integer():
@@ -215,32 +215,28 @@ def _split_cases(stdout: bytes, mark: bytes) -> tuple[list[Case], bytes]:
 
 def _spawn(python: str, cfg: dict, home: str, stdin_path: str, limits: Limits, mark: bytes,
            n: int, stop: Callable[[list[Case]], bool] | None) -> Run:
-  status_r, status_w = os.pipe()
-  cfg["status_fd"] = status_w
   start = time.monotonic()
   try:
     with open(stdin_path, "rb") as stdin_file:
       proc = subprocess.Popen(  # pylint: disable=consider-using-with
           [python, "-I", "-S", "-c", _BOOTSTRAP] + [f"{k}={v}" for k, v in cfg.items()],
-          cwd=home,
-          env=dict(_ENV), stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-          pass_fds=(status_w,), start_new_session=True, close_fds=True)
+          cwd=home, env=dict(_ENV), stdin=stdin_file, stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
   except OSError as e:
-    os.close(status_r)
-    os.close(status_w)
     raise SandboxError(f"cannot start the sandbox: {e}") from None
-  os.close(status_w)
+  ready_line = (cfg["nonce"] + " ").encode()
   try:
-    status, out, err, ready = _supervise(proc, status_r, limits, mark, n, stop)
+    status, out, err, ready = _supervise(proc, ready_line, limits, mark, n, stop)
   finally:
-    os.close(status_r)
     _kill_group(proc)
     proc.wait()
     proc.stdout.close()
     proc.stderr.close()
   wall = time.monotonic() - start
   if not ready:  # (also when it timed out: a start that slow is an overloaded host)
-    raise SandboxError("the sandbox bootstrap failed: "
+    how = (f"no start within {_STARTUP_S:g}s" if status == "timeout"
+           else f"exit {proc.returncode} after {wall:.2f}s")
+    raise SandboxError(f"the sandbox bootstrap failed ({how}): "
                        f"{err[:_STDERR_KEEP].decode('utf-8', 'replace').strip()[-300:]}")
   code = proc.returncode
   if status is None:
@@ -251,7 +247,7 @@ def _spawn(python: str, cfg: dict, home: str, stdin_path: str, limits: Limits, m
              ready == b"N")
 
 
-def _supervise(proc: subprocess.Popen, status_r: int, limits: Limits, mark: bytes, n: int,
+def _supervise(proc: subprocess.Popen, ready_line: bytes, limits: Limits, mark: bytes, n: int,
                stop: Callable[[list[Case]], bool] | None):
   """Reads the pipes until the child exits; kills at a case's deadline or the output cap.
 
@@ -265,7 +261,6 @@ def _supervise(proc: subprocess.Popen, status_r: int, limits: Limits, mark: byte
   pidfd = os.pidfd_open(proc.pid)
   sel.register(proc.stdout, selectors.EVENT_READ, out)
   sel.register(proc.stderr, selectors.EVENT_READ, err)
-  sel.register(status_r, selectors.EVENT_READ, "status")
   sel.register(pidfd, selectors.EVENT_READ, "exit")
   # The clocks start when the bootstrap is ready: a slow start on a loaded host is not
   # the program's time (past _STARTUP_S it is the sandbox's failure).
@@ -288,22 +283,29 @@ def _supervise(proc: subprocess.Popen, status_r: int, limits: Limits, mark: byte
         chunk = os.read(key.fd, 1 << 16)
         if not chunk:
           sel.unregister(key.fileobj)
-        elif key.data == "status":
-          if not ready:
-            case_deadline = time.monotonic() + limits.wall_s
-            total_deadline = time.monotonic() + limits.total_wall_s
-          ready += chunk
-        else:
-          key.data.extend(chunk)
-          if len(key.data) > cap:
-            del key.data[cap:]
-            return "output_limit", out, err, ready
-          if key.data is out:
-            seen = out.count(mark)
-            if seen > marks:
-              marks, case_deadline = seen, time.monotonic() + limits.wall_s
-              if stop is not None and stop(_split_cases(bytes(out), mark)[0]):
-                return "stopped", out, err, ready
+          continue
+        key.data.extend(chunk)
+        if len(key.data) > cap:
+          del key.data[cap:]
+          return "output_limit", out, err, ready
+        if key.data is not out:
+          continue
+        if not ready:
+          if len(out) < len(ready_line) + 2:
+            continue
+          # The bootstrap's first line, "<nonce> R" (N: own network namespace), is written
+          # before the program exists, so the program cannot forge it.
+          if not out.startswith(ready_line) or out[len(ready_line) + 1:][:1] != b"\n":
+            return None, out, err, ready
+          ready = bytes(out[len(ready_line):len(ready_line) + 1])
+          del out[:len(ready_line) + 2]
+          case_deadline = time.monotonic() + limits.wall_s
+          total_deadline = time.monotonic() + limits.total_wall_s
+        seen = out.count(mark)
+        if seen > marks:
+          marks, case_deadline = seen, time.monotonic() + limits.wall_s
+          if stop is not None and stop(_split_cases(bytes(out), mark)[0]):
+            return "stopped", out, err, ready
       if exited and not sel.get_map():
         return None, out, err, ready
   finally:

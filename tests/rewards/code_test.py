@@ -113,7 +113,8 @@ def test_stdin_program_styles_all_work():
       "import sys\na, b = map(int, sys.stdin.buffer.read().split())\nsys.stdout.write(f'{a+b}')\n",
       "print(sum(map(int, open(0).read().split())))\n",
       "import sys\ninput = sys.stdin.readline\nprint(sum(map(int, input().split())))\n",
-      "def main():\n  print(sum(map(int, input().split())))\nif __name__ == '__main__':\n  main()\n",
+      ("def main():\n  print(sum(map(int, input().split())))\n"
+       "if __name__ == '__main__':\n  main()\n"),
       ("import sys, threading\nsys.setrecursionlimit(10000)\nthreading.stack_size(1 << 26)\n"
        "def main():\n  print(sum(map(int, input().split())))\n"
        "threading.Thread(target=main).start()\n"),
