@@ -144,11 +144,16 @@ def plateau(curve) -> tuple[float, float, int]:
 
 def replay(curve, args, plateau_mean: float) -> dict:
   """The fits of one curve (a seed or the pool) at each fraction, and on the whole run."""
+  from jaxrl_scale.errors import UserError  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.scaling import forecast  # pylint: disable=g-import-not-at-top
   fits = []
   for i, frac in enumerate(args.fractions):
-    r = forecast.analyse(curve, forecast.AnalysisOptions(
-        backtest=frac, n_boot=args.n_boot, seed=args.seed + 7919 * i))
+    try:
+      r = forecast.analyse(curve, forecast.AnalysisOptions(
+          backtest=frac, n_boot=args.n_boot, seed=args.seed + 7919 * i))
+    except UserError as e:  # too few evals below this fraction: the others still count
+      fits.append({"fraction": frac, "error": str(e)})
+      continue
     lo, hi = r.forecast_interval if r.forecast_interval is not None else (None, None)
     fits.append({
         "fraction": frac, "fit_until": r.max_fit_compute, "n_points": r.sigmoid.n_points,
@@ -201,9 +206,9 @@ def targets(seeds: list[dict], args) -> dict:
   out = {}
   for i, frac in enumerate(args.fractions):
     fits = [s["fits"][i] for s in ok]
-    held = sum(bool(f["holds_plateau"]) for f in fits)
+    held = sum(bool(f.get("holds_plateau")) for f in fits)
     need = math.ceil(HOLD_FRAC * len(fits))
-    off = [s["seed"] for s, f in zip(ok, fits) if f["well_determined"]
+    off = [s["seed"] for s, f in zip(ok, fits) if f.get("well_determined")
            and f["abs_err"] > WELL_TOL]
     out[f"{frac:.3g}: interval holds the plateau on >= {need} of {len(fits)} ({held})"] = (
         bool(fits) and held >= need)
@@ -235,6 +240,9 @@ def render(result: dict) -> str:
         f"{s.get('plateau_n', '-')} evals); whole run A {w['A']:.3f} {_span(w['A_interval'])}"
         + ("; DECLINING" if w["declining"] else ""))
     for f in s["fits"]:
+      if "error" in f:
+        lines.append(f"  fit to {f['fraction']:.3g}: no fit: {f['error']}")
+        continue
       flags = ("well determined" if f["well_determined"] else "not determined") + (
           ", declining" if f["declining"] else "")
       lines.append(

@@ -96,7 +96,7 @@ class LiveForecaster:
     self.n_boot = n_boot
     self.level = level
     self.seed = seed
-    self.options_fit = options
+    self.fit_options = options
     self._r0_given = r0
     self._r0_stream: float | None = None
     self._r0_size = float("nan")
@@ -167,11 +167,11 @@ class LiveForecaster:
         is_start=np.arange(len(x)) < int(start),
         eval_size=np.asarray(([self._r0_size] if start else []) + self._size, np.float64))
 
-  def options(self) -> forecast.AnalysisOptions:
+  def analysis_options(self) -> forecast.AnalysisOptions:
     """The `jaxrl-scale fit` options this forecaster's refits use."""
     return forecast.AnalysisOptions(
         r0=self._r0_given, min_compute=self.min_compute, target_compute=self.target_compute,
-        n_boot=self.n_boot, level=self.level, seed=self.seed, fit=self.options_fit)
+        n_boot=self.n_boot, level=self.level, seed=self.seed, fit=self.fit_options)
 
   def _refit(self, compute: float, step: int | None) -> LiveForecast | None:
     x = np.asarray(self._compute)
@@ -179,7 +179,7 @@ class LiveForecaster:
       return None
     # One computation for both: the live line is `forecast.analyse` on the points so far,
     # exactly what `jaxrl-scale fit --fit-fraction` (or fit on a truncated file) runs.
-    report = forecast.analyse(self.curve(), self.options())
+    report = forecast.analyse(self.curve(), self.analysis_options())
     sig = report.sigmoid
     was_well = bool(self.history) and self.history[-1].well_determined
     well, messages = report.well_determined, report.messages
