@@ -140,7 +140,7 @@ def main() -> None:
     rows = [json.loads(line) for line in f if line.strip()]
   probe = code_sandbox.run_python("pass", limits, single_stdin="")
   report = {
-      "python": limits.python or sys.executable, "as_nobody": probe.as_nobody,
+      "python": limits.python or code_sandbox.default_python(), "as_nobody": probe.as_nobody,
       "network_isolated": probe.network_isolated,
       "limits": {"wall_s": limits.wall_s, "total_wall_s": limits.total_wall_s,
                  "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb},

@@ -37,6 +37,7 @@ from jaxrl_scale.errors import UserError
 _BOOTSTRAP = (pathlib.Path(__file__).with_name("code_child.py")).read_text(encoding="utf-8")
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 _NOBODY = 65534
+_SYSTEM_PYTHONS = ("/usr/bin/python3",)
 _STARTUP_S = 10.0  # interpreter start and bootstrap, before the program's clocks start
 _STDERR_KEEP = 2048  # bytes of stderr kept for the verdict's detail
 STATUSES = ("ok", "runtime_error", "timeout", "output_limit", "stopped")
@@ -64,9 +65,11 @@ class Limits:
     open_files: RLIMIT_NOFILE.
     isolate_network: try a new network namespace (root or user namespaces); the audit
       hook refuses sockets either way.
-    python: the interpreter that runs programs (None: this one). As root the child
-      switches to uid nobody only when nobody can read that interpreter's standard
-      library (a pyenv under /root cannot be read; /usr/bin/python3 usually can).
+    python: the interpreter that runs programs. As root the child switches to uid
+      nobody only when nobody can read that interpreter's standard library (a pyenv
+      under /root cannot be read; /usr/bin/python3 usually can). None: this one, or, as
+      root when nobody cannot read it, /usr/bin/python3 of the same minor version if
+      nobody can (`default_python`).
   """
   wall_s: float = 2.0
   total_wall_s: float = 4.0
@@ -145,6 +148,25 @@ def _nobody_can_import(python: str) -> bool:
     path = parent
 
 
+@functools.lru_cache(maxsize=None)
+def default_python() -> str:
+  """This interpreter, unless root must fall back to a system one to drop to nobody."""
+  if os.geteuid() != 0 or _nobody_can_import(sys.executable):
+    return sys.executable
+  for candidate in _SYSTEM_PYTHONS:
+    if os.path.exists(candidate) and _nobody_can_import(candidate):
+      try:
+        version = subprocess.run([candidate, "-I", "-S", "-c",
+                                  "import sys; print(*sys.version_info[:2])"],
+                                 capture_output=True, text=True, timeout=30, check=True,
+                                 env=dict(_ENV)).stdout.split()
+      except (OSError, subprocess.SubprocessError):
+        continue
+      if version == [str(v) for v in sys.version_info[:2]]:
+        return candidate
+  return sys.executable
+
+
 def run_python(source: str, limits: Limits, *, inputs: list[str] | None = None,
                fn_name: str | None = None, args: list[list] | None = None,
                single_stdin: str | None = None,
@@ -177,7 +199,7 @@ def run_python(source: str, limits: Limits, *, inputs: list[str] | None = None,
         _write(os.path.join(home, f"in{i}.txt"), text)  # the child's case i reads in{i}.txt
     else:
       mode, n, cases = "single", 1, ""
-    python = limits.python or sys.executable
+    python = limits.python or default_python()
     as_nobody = os.geteuid() == 0 and _nobody_can_import(python)
     cfg = {"mode": mode, "program": prog, "uid": _NOBODY if as_nobody else "",
            "cases": cases, "num_cases": n,

@@ -27,7 +27,7 @@ LIMITS = code_sandbox.Limits(wall_s=1.0, total_wall_s=2.0, cpu_s=1, memory_mb=25
 SYSTEM_PYTHON = "/usr/bin/python3"
 # As root the child switches to nobody only with an interpreter nobody can read (a pyenv
 # under /root cannot be); test both paths where both exist.
-INTERPRETERS = [None]
+INTERPRETERS = [sys.executable]
 if (os.geteuid() == 0 and os.path.exists(SYSTEM_PYTHON)
     and code_sandbox._nobody_can_import(SYSTEM_PYTHON)  # pylint: disable=protected-access
     and not code_sandbox._nobody_can_import(sys.executable)):  # pylint: disable=protected-access
@@ -97,7 +97,8 @@ def outside():
   shutil.rmtree(directory)
 
 
-@pytest.fixture(scope="module", params=INTERPRETERS, ids=lambda p: p or "this_python")
+@pytest.fixture(scope="module", params=INTERPRETERS,
+                ids=lambda p: "this_python" if p == sys.executable else p)
 def scored(outside, request):
   limits = dataclasses.replace(LIMITS, python=request.param)
   os.environ["JAXRL_HOSTILE_SECRET"] = SECRET
@@ -201,6 +202,15 @@ def test_parallel_batches_survive_a_crashing_neighbour():
   with concurrent.futures.ThreadPoolExecutor(8) as pool:
     verdicts = list(pool.map(lambda p: code.judge(_fence(p), TESTS, limits=LIMITS), programs))
   assert [v.status for v in verdicts] == ["pass", "runtime_error"] * 4
+
+
+def test_root_drops_to_nobody_by_default_where_it_can():
+  run = code_sandbox.run_python("import os\nprint(os.getuid())\n", LIMITS, single_stdin="")
+  if os.geteuid() != 0:
+    assert not run.as_nobody and run.stdout.split() == [str(os.getuid()).encode()]
+  elif (code_sandbox.default_python() == SYSTEM_PYTHON
+        or code_sandbox._nobody_can_import(sys.executable)):  # pylint: disable=protected-access
+    assert run.as_nobody and run.stdout.split() == [b"65534"]
 
 
 def test_network_namespace_when_the_kernel_allows_it():
