@@ -79,8 +79,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxrl_scale.config import SamplerConfig
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import decode, prefill, records
+from jaxrl_scale.generation import layout as layout_lib
 from jaxrl_scale.generation import pages as pages_lib
-from jaxrl_scale.models import attention, sharding, transformer
+from jaxrl_scale.models import attention, transformer
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.parallel import transfer
 
@@ -90,124 +91,6 @@ Completion = records.Completion
 Stats = records.Stats
 
 _END = object()  # sentinel: the request iterator is exhausted
-
-
-def _paths_and_leaves(tree: Any) -> tuple[list[str], list[Any]]:
-  """Leaf paths (nnx Variable wrappers dropped, so pure dicts match States) and leaves."""
-  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-  paths = [jax.tree_util.keystr(p).removesuffix(".value") for p, _ in flat]
-  return paths, [x for _, x in flat]
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-  """What a Sampler allocates on its generator mesh, as sharded ShapeDtypeStructs.
-
-  `Sampler.__init__` takes its geometry and shardings from here, and `jaxrl-scale plan`
-  builds the sampler's programs and counts its memory from the same object.
-
-  Attributes:
-    num_slots: this group's slots. data: the mesh's data axis.
-    buckets, max_len: prompt buckets in use and KV cache length per slot.
-    page_size, pages: the page pool (pages per data shard).
-    param_shardings: the weights' shardings (a tree like the model's params).
-    params: the weights as held (param_dtype, sharded): one copy.
-    layer_copies: whether every layer's weights are also held as arrays of their own (CPU,
-      GPU: `decode.layers_program`).
-    state_shardings, state: the slot state and page pool.
-    table: the page table.
-  """
-
-  num_slots: int
-  data: int
-  buckets: list[int]
-  max_len: int
-  page_size: int
-  pages: int
-  param_shardings: Any
-  params: Any
-  layer_copies: bool
-  state_shardings: decode.SlotState
-  state: decode.SlotState
-  table: jax.ShapeDtypeStruct
-
-  @property
-  def width(self) -> int:
-    """Page-table columns: pages of one full-length sequence."""
-    return -(-self.max_len // self.page_size)
-
-  def held_bytes_per_device(self) -> dict[str, float]:
-    """Bytes one generator device holds at the Sampler's peak, by kind.
-
-    The double buffer: a posted update (`update_params`) is a second copy of the weights
-    beside the live one until the swap; with layer copies, the live weights' per-layer
-    copies stay beside both. (Re-posting the weights already posted is a no-op, so an eval
-    adds no third copy.)
-    """
-    params = _bytes_per_device(self.params)
-    layers = 0.0
-    if self.layer_copies:
-      paths, leaves = _paths_and_leaves(self.params)
-      layers = _bytes_per_device([x for p, x in zip(paths, leaves)
-                                  if p.startswith("['layers']")])
-    cache = _bytes_per_device(self.state.cache)
-    return {"params": params, "pending_params": params, "layer_copies": layers,
-            "kv_cache": cache,
-            "slot_state": _bytes_per_device(self.state) - cache + _bytes_per_device(self.table)}
-
-
-def _bytes_per_device(tree: Any) -> float:
-  """Bytes one device holds of a tree of sharded ShapeDtypeStructs (the largest share)."""
-  total = 0.0
-  for x in jax.tree.leaves(tree):
-    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape
-    total += float(np.prod(shape, dtype=np.float64)) * np.dtype(x.dtype).itemsize
-  return total
-
-
-def layout(model_cfg: Any, params: Any, cfg: SamplerConfig, mesh: Mesh, *,
-           generator_groups: int = 1, max_prompt_len: int | None = None,
-           cache_dtype: str | None = None) -> Layout:
-  """The Layout of a Sampler for `params` (arrays or ShapeDtypeStructs, the model's tree).
-
-  Raises:
-    UserError: the group's slots do not split over the mesh's data axis, or prompts longer
-      than the largest bucket.
-  """
-  data = mesh.shape.get("data", 1)
-  local = mesh_lib.slots_per_group(cfg.num_slots, generator_groups)
-  if local % data:
-    per = f" ({local} per each of {generator_groups} generator groups)" if (
-        generator_groups > 1) else ""
-    raise UserError(f"config key 'sampler.num_slots': {cfg.num_slots}{per} is not a multiple "
-                    f"of the generator mesh's data axis ({data} devices)")
-  buckets, max_len = pages_lib.cache_geometry(cfg, max_prompt_len)
-  param_shardings = sharding.state_shardings(params, mesh)
-  # Floating weights are held in the model config's param_dtype, whatever the given model
-  # holds (e.g. the trainer's float32 masters): update_params casts to these too.
-  held = jax.numpy.dtype(model_cfg.param_dtype)
-
-  def struct(x, s):
-    value = x.get_value() if isinstance(x, nnx.Variable) else x
-    dtype = held if jax.numpy.issubdtype(value.dtype, jax.numpy.floating) else value.dtype
-    out = jax.ShapeDtypeStruct(value.shape, dtype, sharding=s)
-    return x.replace(out) if isinstance(x, nnx.Variable) else out
-
-  structs = jax.tree.map(struct, params, param_shardings,
-                         is_leaf=lambda x: isinstance(x, nnx.Variable))
-  page_size, pages = pages_lib.pool_geometry(cfg, local, data, max_len)
-  state_shardings = decode.state_shardings(model_cfg, mesh, local)
-  state = jax.eval_shape(
-      lambda: decode.empty_state(model_cfg, local, data, pages, page_size, cache_dtype))
-  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                       state, state_shardings)
-  table = jax.ShapeDtypeStruct((local, -(-max_len // page_size)), np.int32,
-                               sharding=decode.table_sharding(mesh))
-  return Layout(num_slots=local, data=data, buckets=buckets, max_len=max_len,
-                page_size=page_size, pages=pages, param_shardings=param_shardings,
-                params=structs,
-                layer_copies=bool(cfg.layer_weight_copies and decode.splits_layers(mesh)),
-                state_shardings=state_shardings, state=state, table=table)
 
 
 class Sampler:
@@ -246,8 +129,9 @@ class Sampler:
     self.mesh = mesh if mesh is not None else mesh_lib.single_device_mesh(
         axes=mesh_lib.GENERATOR_AXES)
     graphdef, params = nnx.split(model)
-    lay = layout(model.cfg, params, cfg, self.mesh, generator_groups=generator_groups,
-                 max_prompt_len=max_prompt_len, cache_dtype=cache_dtype)
+    lay = layout_lib.layout(model.cfg, params, cfg, self.mesh,
+                            generator_groups=generator_groups, max_prompt_len=max_prompt_len,
+                            cache_dtype=cache_dtype)
     data = lay.data
     self.num_slots = lay.num_slots
 
@@ -271,7 +155,7 @@ class Sampler:
     self._split_layers = (decode.layers_program(graphdef, self._param_treedef)
                           if lay.layer_copies else None)
     self._layer_leaves = self._layers_of(self._param_leaves)
-    self._param_paths = _paths_and_leaves(self._params)[0]
+    self._param_paths = layout_lib.paths_and_leaves(self._params)[0]
     self._param_dtypes = jax.tree.map(lambda x: x.dtype, self._params)
     self.version = version
     self._pending: tuple[Any, int] | None = None
@@ -332,7 +216,7 @@ class Sampler:
     """
     if isinstance(params, nnx.Module):
       params = nnx.split(params)[1]
-    paths, leaves = _paths_and_leaves(params)
+    paths, leaves = layout_lib.paths_and_leaves(params)
     if paths != self._param_paths:
       raise ValueError("update_params: param tree structure differs from the sampler's model "
                        f"({len(paths)} arrays vs {len(self._param_paths)})")

@@ -4,7 +4,7 @@ Nothing here is a second model or mesh path: the meshes come from `parallel.mesh
 (as process 0 of a real run builds them), the trainer is `rl.train_step.Trainer` over an
 abstract model (`nnx.Param` leaves are `jax.ShapeDtypeStruct`s with shardings, no memory),
 the sampler's programs are `generation.decode.admit_program` / `decode_program` with the
-shapes `generation.engine.Sampler` would use, and the trainer -> generator cast is
+shapes `generation.layout` gives `generation.engine.Sampler`, and the trainer -> generator cast is
 `parallel.transfer`'s. Each program is returned un-lowered; `plan.run_plan` lowers and
 compiles them one at a time.
 
@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_scale.config import Config
 from jaxrl_scale.generation import decode
-from jaxrl_scale.generation import engine
+from jaxrl_scale.generation import layout as layout_lib
 from jaxrl_scale.models import sharding
 from jaxrl_scale.models.config import ModelConfig
 from jaxrl_scale.parallel import mesh as mesh_lib
@@ -213,8 +213,8 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
   mesh = slices.generator
   scfg = cfg.sampler
   graphdef, abstract = sharding.abstract_model(mcfg)
-  # The run's own constructor derives the sampler's shapes and shardings (engine.Sampler).
-  lay = engine.layout(mcfg, abstract, scfg, mesh, generator_groups=slices.generator_groups,
+  # The sampler's shapes and shardings as engine.Sampler derives them (generation.layout).
+  lay = layout_lib.layout(mcfg, abstract, scfg, mesh, generator_groups=slices.generator_groups,
                       max_prompt_len=cfg.data.max_prompt_tokens)
   slots, data, buckets, max_len = lay.num_slots, lay.data, lay.buckets, lay.max_len
   page, pages, width = lay.page_size, lay.pages, lay.width
