@@ -75,20 +75,21 @@ class Layout:
     copies stay beside both. (Re-posting the weights already posted is a no-op, so an eval
     adds no third copy.)
     """
-    params = _bytes_per_device(self.params)
+    params = bytes_per_device(self.params)
     layers = 0.0
     if self.layer_copies:
       paths, leaves = paths_and_leaves(self.params)
-      layers = _bytes_per_device([x for p, x in zip(paths, leaves)
+      layers = bytes_per_device([x for p, x in zip(paths, leaves)
                                   if p.startswith("['layers']")])
-    cache = _bytes_per_device(self.state.cache)
+    cache = bytes_per_device(self.state.cache)
     return {"params": params, "pending_params": params, "layer_copies": layers,
             "kv_cache": cache,
-            "slot_state": _bytes_per_device(self.state) - cache + _bytes_per_device(self.table)}
+            "slot_state": bytes_per_device(self.state) - cache + bytes_per_device(self.table)}
 
 
-def _bytes_per_device(tree: Any) -> float:
-  """Bytes one device holds of a tree of sharded ShapeDtypeStructs (the largest share)."""
+def bytes_per_device(tree: Any) -> float:
+  """Bytes one device holds of a tree of sharded ShapeDtypeStructs or arrays (the largest
+  share)."""
   total = 0.0
   for x in jax.tree.leaves(tree):
     shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape

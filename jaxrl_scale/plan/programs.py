@@ -76,15 +76,6 @@ class Program:
   paged_layers: int = 1
 
 
-def _per_chip(tree: Any) -> float:
-  """Bytes one device holds of a tree of sharded ShapeDtypeStructs (or arrays)."""
-  total = 0.0
-  for x in jax.tree.leaves(tree):
-    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape
-    total += float(np.prod(shape, dtype=np.float64)) * jnp.dtype(x.dtype).itemsize
-  return total
-
-
 def abstract_params(mcfg: ModelConfig, mesh: Mesh, dtype: str | None = None
                     ) -> tuple[nnx.GraphDef, nnx.State]:
   """The model's (graphdef, params) with ShapeDtypeStruct leaves sharded on `mesh`."""
@@ -137,8 +128,9 @@ def _trainer_program(name: str, cfg: Config, mcfg: ModelConfig, mesh: Mesh, obje
   trainer = train_step.Trainer(nnx.merge(graphdef, params), mesh, optim, objective,
                                micro_batches=micro)
   state = trainer.state
-  resident = {"params": _per_chip(state.params), "optimizer": _per_chip(state.opt_state),
-              "batch": _per_chip(jax.tree.map(
+  per_chip = layout_lib.bytes_per_device
+  resident = {"params": per_chip(state.params), "optimizer": per_chip(state.opt_state),
+              "batch": per_chip(jax.tree.map(
                   lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), batch,
                   trainer.batch_shardings(batch)))}
   return Program(name, mesh, lambda: trainer.lower(batch),
@@ -198,9 +190,10 @@ def _cast_program(mcfg: ModelConfig, slices: mesh_lib.Slices, optimizer_bytes: f
   dtypes = tuple(jnp.dtype(mcfg.param_dtype) if jnp.issubdtype(x.dtype, jnp.floating)
                  else x.dtype for x in leaves)
   fn = transfer.cast_program(dtypes)
-  cast = sum(_per_chip([x]) * jnp.dtype(d).itemsize / x.dtype.itemsize
+  cast = sum(layout_lib.bytes_per_device([x]) * jnp.dtype(d).itemsize / x.dtype.itemsize
              for x, d in zip(leaves, dtypes) if d != x.dtype)
-  resident = {"params": _per_chip(leaves), "optimizer": optimizer_bytes, "cast_copy": cast}
+  resident = {"params": layout_lib.bytes_per_device(leaves), "optimizer": optimizer_bytes,
+              "cast_copy": cast}
   gathered = 0.0
   if slices.num_processes > 1 and not slices.colocated:
     gathered = transfer.local_copy_bytes_per_device(leaves, dtypes)

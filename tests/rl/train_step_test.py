@@ -300,15 +300,11 @@ def test_bf16_model_gets_float32_masters_that_move_at_paper_lr_and_compile_once(
 # Temperature: the trainer's log-probs are of the distribution the sampler drew from.
 
 
-def test_trainer_logprobs_equal_the_samplers_at_its_temperature():
-  from jaxrl_scale.generation import engine, records  # pylint: disable=g-import-not-at-top
-  temperature = 0.7
-  sampler = engine.Sampler(
-      fresh_model(mesh_lib.single_device_mesh()),
-      config.SamplerConfig(num_slots=8, max_new_tokens=S - PROMPT_LEN, temperature=temperature,
-                           decode_chunk=4, prompt_buckets=(16,)),
-      eos_ids=(), seed=3, max_prompt_len=PROMPT_LEN)
-  rng = np.random.default_rng(12)
+def _on_policy_batch(sampler, seed: int):
+  """P prompts x G completions the sampler drew, packed with its log-probs, and the mask of
+  the completion tokens (every one of them: no EOS ends a row early)."""
+  from jaxrl_scale.generation import records  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
   prompts = [[int(t) for t in rng.integers(1, 64, size=PROMPT_LEN)] for _ in range(P)]
   done = sampler.generate([records.Request(prompts[p], prompt_id=p, sample_index=g)
                            for p in range(P) for g in range(G)])
@@ -318,6 +314,18 @@ def test_trainer_logprobs_equal_the_samplers_at_its_temperature():
                             seq_len=S)
   mask = batch.loss_mask_PGS > 0
   assert mask.sum() == P * G * (S - PROMPT_LEN)
+  return batch, mask
+
+
+def test_trainer_logprobs_equal_the_samplers_at_its_temperature():
+  from jaxrl_scale.generation import engine  # pylint: disable=g-import-not-at-top
+  temperature = 0.7
+  sampler = engine.Sampler(
+      fresh_model(mesh_lib.single_device_mesh()),
+      config.SamplerConfig(num_slots=8, max_new_tokens=S - PROMPT_LEN, temperature=temperature,
+                           decode_chunk=4, prompt_buckets=(16,)),
+      eos_ids=(), seed=3, max_prompt_len=PROMPT_LEN)
+  batch, mask = _on_policy_batch(sampler, 12)
 
   model = fresh_model(mesh_lib.single_device_mesh())
   rows = lambda x: x.reshape(P * G, S)
@@ -357,7 +365,7 @@ def test_one_policy_on_both_sides_with_bf16_params_and_the_fp32_head():
   Both must be the same policy (issue 33: the FP32 head upcast the unrounded master, a gap
   of ~1e-3 in on-policy log-probs). float32 compute isolates the weights: the sampler's
   decode and the trainer's forward then agree to float32 round-off."""
-  from jaxrl_scale.generation import engine, records  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.generation import engine  # pylint: disable=g-import-not-at-top
   single = mesh_lib.single_device_mesh()
   sampler = engine.Sampler(
       _bf16_policy_with_float32_values(single, "float32"),
@@ -365,16 +373,7 @@ def test_one_policy_on_both_sides_with_bf16_params_and_the_fp32_head():
                            prompt_buckets=(16,)),
       eos_ids=(), seed=4, max_prompt_len=PROMPT_LEN)
   assert _float_dtypes(sampler.params) == {"bfloat16"}
-  rng = np.random.default_rng(13)
-  prompts = [[int(t) for t in rng.integers(1, 64, size=PROMPT_LEN)] for _ in range(P)]
-  done = sampler.generate([records.Request(prompts[p], prompt_id=p, sample_index=g)
-                           for p in range(P) for g in range(G)])
-  completions = [[done[p * G + g].tokens.tolist() for g in range(G)] for p in range(P)]
-  gen_logp = [[done[p * G + g].logprobs.tolist() for g in range(G)] for p in range(P)]
-  batch = batch_lib.pack_rl(prompts, completions, gen_logp, rng.normal(size=(P, G)),
-                            seq_len=S)
-  mask = batch.loss_mask_PGS > 0
-  assert mask.sum() == P * G * (S - PROMPT_LEN)
+  batch, mask = _on_policy_batch(sampler, 13)
 
   trainer = train_step.Trainer(
       _bf16_policy_with_float32_values(mesh_8(), "float32"), mesh_8(),
