@@ -231,12 +231,13 @@ def render(result: dict) -> str:
   if result["pooled"] is not None:
     rows.append({"seed": "pooled", **result["pooled"]})
   for s in rows:
+    label = s["seed"] if isinstance(s["seed"], str) else f"seed {s['seed']}"
     if "error" in s:
-      lines.append(f"seed {s['seed']}: failed: {s['error']}")
+      lines.append(f"{label}: failed: {s['error']}")
       continue
     w = s["whole_run"]
     lines.append(
-        f"seed {s['seed']}: plateau {s['plateau']:.3f} +- {s['plateau_se']:.3f} (last "
+        f"{label}: plateau {s['plateau']:.3f} +- {s['plateau_se']:.3f} (last "
         f"{s.get('plateau_n', '-')} evals); whole run A {w['A']:.3f} {_span(w['A_interval'])}"
         + ("; DECLINING" if w["declining"] else ""))
     for f in s["fits"]:
@@ -270,7 +271,7 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   runs: list[dict] = []
   if args.replay:
-    dirs = [(i, d) for i, d in enumerate(args.replay)]
+    dirs = [(pathlib.Path(d).name, d) for d in args.replay]  # labelled by directory
   else:
     steps = int(round(args.multiple * base_steps(args)))
     out = pathlib.Path(args.out_dir)
