@@ -257,6 +257,7 @@ class DecoderLayer(nnx.Module):
 
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, attend: Attend,
                layer: jax.Array | int = 0, mask_BT: jax.Array | None = None,
+               sharding: jax.sharding.NamedSharding | None = None,
                ) -> tuple[jax.Array, Any, moe.RouterStats | None]:
     """(x_BTD after the block, the aux output of `attend`, the router stats of a sparse
     layer or zeros (None in a dense model)); see `Attention.__call__`.
@@ -264,6 +265,7 @@ class DecoderLayer(nnx.Module):
     Args:
       layer: this layer's index (chooses dense or sparse in an interleaved model).
       mask_BT: True at real tokens, which the router stats count (None: all).
+      sharding: where the [B, T, D] activations live (`moe.MoE.__call__`).
     """
     attn_BTD, aux = self.self_attn(self.input_layernorm(x_BTD), positions_BT, attend)
     x_BTD = x_BTD + attn_BTD
@@ -271,9 +273,9 @@ class DecoderLayer(nnx.Module):
     if self.moe is None:
       return x_BTD + self.mlp(h_BTD), aux, None
     if self.mlp is None:
-      y_BTD, stats = self.moe(h_BTD, mask_BT)
+      y_BTD, stats = self.moe(h_BTD, mask_BT, sharding)
     else:
       dense = lambda h: (self.mlp(h), moe.RouterStats.zeros(self.num_experts))  # noqa: E731
       y_BTD, stats = jax.lax.cond(jnp.asarray(self.sparse)[layer],
-                                  lambda h: self.moe(h, mask_BT), dense, h_BTD)
+                                  lambda h: self.moe(h, mask_BT, sharding), dense, h_BTD)
     return x_BTD + y_BTD, aux, stats

@@ -1,4 +1,4 @@
-"""The decoder (Llama 3 / Qwen2 / Qwen3 / Qwen3-MoE) with a full-sequence path and a KV-cache path.
+"""The decoder (Llama 3, Qwen2, Qwen3, Qwen3-MoE): a full-sequence path and a KV-cache path.
 
 Shapes: B batch, T tokens in this call, S key slots, D hidden, V vocab, K kv heads, H head dim.
 
@@ -351,7 +351,7 @@ class Transformer(nnx.Module):
         return out_BTNH, ((k_BTKH, v_BTKH) if keep_kv or write is not None else None)
 
       x_BTD, kv, stats = nnx.merge(graphdef, layer_state)(x_BTD, positions_BT, attend, i,
-                                                          mask_BT)
+                                                          mask_BT, activation_sharding)
       if write is not None:
         return (pin(x_BTD), write(pool, i, *kv)), None
       return pin(x_BTD), (kv, stats)
