@@ -11,6 +11,7 @@ from flax import nnx
 from jaxrl_scale.config import SamplerConfig
 from jaxrl_scale.generation import decode, engine, records
 from jaxrl_scale.models import hf_io
+from jaxrl_scale.parallel import mesh as mesh_lib
 
 SAMPLER = SamplerConfig(num_slots=3, max_new_tokens=12, temperature=0.0, decode_chunk=4,
                         prompt_buckets=(16,))
@@ -109,3 +110,18 @@ def test_load_balancing_loss_matches_transformers(name, hf_checkpoints, hf_helpe
       torch.tensor(mask.astype(np.int64)))
   np.testing.assert_allclose(float(stats.load_balancing_loss()), float(want), rtol=1e-5)
   assert float(stats.tokens) == mask.sum() * sum(cfg.moe_layers())
+
+
+@pytest.mark.slow  # ~35 s; the default run covers the shard_map path in moe_train_test
+def test_greedy_on_a_generator_mesh_matches_transformers(moe_model, greedy_refs):
+  # Rows over 'data' (each shard's prompts sorted to their experts on their own, in a
+  # shard_map), F of the experts over 'tp' (partial sums added).
+  import jax
+
+  mesh = jax.make_mesh((2, 2), mesh_lib.GENERATOR_AXES,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:4])
+  sampler = engine.Sampler(moe_model[0], dataclasses.replace(SAMPLER, num_slots=4), mesh=mesh,
+                           eos_ids=[greedy_refs[1]])
+  gate = sampler.params["layers"]["moe"]["gate_proj"][...]
+  assert gate.sharding.spec == jax.sharding.PartitionSpec(None, None, None, "tp")
+  _check(sampler, greedy_refs)
