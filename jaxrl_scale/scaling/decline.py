@@ -9,7 +9,9 @@ the fitted evals (a hinge, 0 before that window, d at its end). The sigmoid is r
 with d held on a grid (0 .. D_MAX); the likelihood ratio of the best d against d = 0 is the
 drop in the weighted sum of squares over the noise variance of the hinge model's residuals,
 inflated by (1 + rho) / (1 - rho) for their bias-corrected AR(1) autocorrelation. It fires
-when that ratio exceeds LR_CRIT and the fitted decline is larger than the eval noise sd.
+when that ratio exceeds LR_CRIT, the fitted decline is larger than the eval noise sd, and
+the evals themselves trend down over the window (TREND_T): a flat tail the sigmoid
+overshoots also lies below the curve, but that run has stopped rising, not declined.
 A first attempt, a trend test on the plain fit's residuals in the window, fired on only 80%
 of iid runs with a 0.03 drop (27-50% under AR(1) or binomial noise): the refitted curve
 absorbs much of the decline, which the hinge model does not let it do.
@@ -31,15 +33,23 @@ WINDOW_FRACTION = 1.0 / 3.0
 # Fewer evals than this in the window: no test (a trend on 5 points is the noise).
 MIN_WINDOW = 8
 # Threshold on the likelihood ratio (one extra parameter, so chi-square(1)-like under a
-# stable run). On 200 simulated Table-1 runs per case (80 evals, cutoff 1.5k) 3.84 (the
-# nominal 2.5% one-sided) gave 1-3.5% false alarms on stable runs and 4-8% on another
-# 100-run seed set; 5.0 gave 1-1.5% while still firing on 100% (iid sd 0.01, AR(1) 0.25),
-# 96.5% (AR(1) 0.5) and 77% (binomial, 500 problems: noise sd ~0.022) of runs with a 0.03
-# drop over the last third.
+# stable run). The hinge test alone (before TREND_T was added), on 200 simulated Table-1
+# runs per case (80 evals, cutoff 1.5k): 3.84 (the nominal 2.5% one-sided) gave 1-3.5%
+# false alarms on stable runs and 4-8% on another 100-run seed set; 5.0 gave 1-1.5% while
+# still firing on 100% (iid sd 0.01, AR(1) 0.25), 96.5% (AR(1) 0.5) and 77% (binomial,
+# 500 problems: noise sd ~0.022) of runs with a 0.03 drop over the last third.
 LR_CRIT = 5.0
 # The decline per window searched: 0 .. 0.2 in steps of 0.0025.
 D_MAX = 0.2
 N_GRID = 81
+# The evals themselves must fall over the window: their linear trend's t below -TREND_T
+# (one-sided 10%). Without it, a run that stops rising abruptly (the demo: straight up in
+# log compute, then flat; the sigmoid overshoots the flat tail) fired in 33-48% of
+# simulated runs. On 150 runs per case (a seed set of its own), threshold 1.0 / 1.28 /
+# 1.645: that flat demo shape fired in 8.0 / 2.7 / 2.7%; runs with a 0.03 drop in 99 / 99 /
+# 98% (iid sd 0.01), 90 / 85 / 73% (AR(1) 0.5), 69 / 64 / 50% (binomial, 500 problems, sd
+# ~0.022), 99 / 96 / 89% (the demo shape). Stable Table-1 runs: <= 0.7% at each.
+TREND_T = 1.28
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +62,7 @@ class Decline:
     window_start: compute of the window's first eval.
     drop: the fitted decline over the window (pass-rate units; > 0 is a decline).
     lr: the likelihood ratio of that decline against none.
+    trend_t: t statistic of the evals' own linear trend over the window (< 0: falling).
     noise_sd: the eval noise sd (hinge model's residuals, at the mean weight).
     rho: the autocorrelation the noise variance was inflated for.
   """
@@ -60,15 +71,16 @@ class Decline:
   window_start: float
   drop: float
   lr: float
+  trend_t: float
   noise_sd: float
   rho: float
 
   def message(self) -> str:
     """One line for `fit`, the live forecast and the plot."""
-    return (f"the run is declining: over the last {self.n_window} evals (compute >= "
+    return (f"the run is declining: over the last {self.n_window} evals (compute > "
             f"{self.window_start:.3g}) they fall {self.drop:.3f} below the fitted curve "
-            f"(likelihood ratio {self.lr:.1f}, eval noise sd {self.noise_sd:.3f}); A is not its "
-            "plateau")
+            f"(likelihood ratio {self.lr:.1f}, trend t {self.trend_t:.1f}, eval noise sd "
+            f"{self.noise_sd:.3f}); A is not its plateau")
 
   def to_dict(self) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
@@ -115,6 +127,20 @@ def detect(compute, pass_rate, weights, sigmoid: fit_lib.SigmoidFit) -> Decline 
   lr = (sse0 - float(sse_G[g])) / (var * (1.0 + rho) / (1.0 - rho)) if var > 0 else 0.0
   sd = math.sqrt(var / float(np.mean(w[mask])))  # in pass-rate units at a mean weight
   drop = float(d_G[g])
-  declining = bool(lr > LR_CRIT and drop > sd)
+  trend = _trend_t(x, y, (w > 0) & (x > start), rho)
+  declining = bool(lr > LR_CRIT and drop > sd and trend < -TREND_T)
   return Decline(declining=declining, n_window=m, window_start=start, drop=drop,
-                 lr=float(lr), noise_sd=sd, rho=float(rho))
+                 lr=float(lr), trend_t=trend, noise_sd=sd, rho=float(rho))
+
+
+def _trend_t(x, y, window, rho: float) -> float:
+  """t statistic of the evals' own linear trend over the window (AR(1)-inflated se)."""
+  xw, yw = x[window], y[window]
+  if xw.size < 3 or np.ptp(xw) <= 0:
+    return 0.0
+  u = (xw - xw.mean()) / np.ptp(xw)
+  sxx = float(np.sum(u * u))
+  slope = float(np.sum(u * (yw - yw.mean())) / sxx)
+  e = yw - yw.mean() - slope * u
+  var = float(np.sum(e * e)) / (xw.size - 2) * (1.0 + rho) / (1.0 - rho)
+  return slope / math.sqrt(var / sxx) if var > 0 else (-math.inf if slope < 0 else 0.0)

@@ -111,6 +111,25 @@ def simulate_evals(row: Table1Row, *, n_evals: int = 80, spacing: str = "linear"
   return compute, np.clip(noisy, 0.0, 1.0), clean
 
 
+def demo_shape(seed: int, *, plateau: float = 0.95, noise_sd: float = 0.012,
+               steps: int = 600, drop: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+  """The CPU demo run to 3x its budget, as a shape: evals every 10 steps, 0.40 at step 0,
+  then straight up in log compute (0.47 at step 10, +0.36 a decade) until `plateau`
+  (step ~215), flat after; `drop` > 0 loses that much linearly over steps 450..600.
+  A sigmoid fitted before the plateau sees no saturation (A on its bound 1), and one fitted
+  to the whole run overshoots the flat tail.
+
+  Returns:
+    (compute_E, noisy pass rate_E): compute is steps x 1e12 FLOPs; index 0 is step 0.
+  """
+  step = np.arange(0, steps + 1, 10)
+  clean = np.minimum(0.47 + 0.36 * np.log10(np.maximum(step, 1) / 10), plateau)
+  clean[0] = R0
+  clean = clean - drop * np.clip((step - 450) / 150, 0.0, 1.0)
+  y = clean + np.random.default_rng(seed).normal(0.0, noise_sd, step.size)
+  return step * 1e12, np.clip(y, 0.0, 1.0)
+
+
 def write_metrics_jsonl(path: str, compute, pass_rate, *, train_rows_per_eval: int = 2,
                         steps_per_eval: int = 100,
                         eval_size: tuple[int, int] | None = None) -> None:

@@ -36,6 +36,27 @@ def test_quiet_on_stable_runs(noise):
   assert np.mean(fired) <= 0.05, np.mean(fired)
 
 
+def test_quiet_on_a_run_that_stops_rising_abruptly():
+  # The CPU demo's shape: straight up in log compute, then flat. The sigmoid overshoots
+  # the flat tail, so the tail lies below the curve, but the run has stopped, not declined
+  # (without the evals' own trend test this fired on 48% of such runs).
+  fired = []
+  for seed in range(40):
+    x, y = synthetic.demo_shape(2000 + seed)
+    w = (x > 0).astype(float)
+    fired.append(decline.detect(x, y, w, fit_lib.fit_sigmoid(x, y, float(y[0]),
+                                                             weights=w)).declining)
+  assert np.mean(fired) <= 0.05, np.mean(fired)
+  # The same shape losing 0.03 over its last quarter (the demo drifted 0.95 -> 0.91).
+  fired = []
+  for seed in range(20):
+    x, y = synthetic.demo_shape(2000 + seed, drop=0.03)
+    w = (x > 0).astype(float)
+    fired.append(decline.detect(x, y, w, fit_lib.fit_sigmoid(x, y, float(y[0]),
+                                                             weights=w)).declining)
+  assert np.mean(fired) >= 0.8, np.mean(fired)
+
+
 def test_short_windows_are_not_tested():
   x, y, _ = synthetic.simulate_evals(synthetic.TABLE1[0], n_evals=20, seed=1, drop=0.05)
   w = (x > 0).astype(float)

@@ -10,13 +10,7 @@ PLATEAU = 0.95
 
 
 def _demo_like(seed: int) -> io.Curve:
-  """The CPU demo's shape: a straight rise in log-compute, then flat at PLATEAU from step
-  ~215 of 600 (a sigmoid fitted before that sees no saturation: A on its bound 1)."""
-  steps = np.arange(0, 601, 10)
-  clean = np.minimum(0.47 + 0.36 * np.log10(np.maximum(steps, 1) / 10), PLATEAU)
-  clean[0] = 0.40
-  y = np.clip(clean + np.random.default_rng(seed).normal(0.0, 0.012, steps.size), 0.0, 1.0)
-  x = steps * 1e12
+  x, y = synthetic.demo_shape(seed, plateau=PLATEAU)
   return io.Curve(name=f"demo{seed}", path="<simulated>", compute=x, pass_rate=y,
                   line=np.arange(x.size), r0=float(y[0]), is_start=x == 0)
 
