@@ -90,8 +90,9 @@ def render_run(r: forecast.RunReport) -> str:
   if r.well_determined:
     lines.append("  well determined: yes")
   else:
-    lines.append("  well determined: NO")
-    lines += [f"    - {m}" for m in r.messages]
+    lines.append("  well determined: NO" + (" (declining, above)" if r.declining else ""))
+    lines += [f"    - {m}" for m in r.messages
+              if not (r.declining and m == r.decline.message())]
   return "\n".join(lines)
 
 
