@@ -60,7 +60,8 @@ class Decline:
     declining: the test fired.
     n_window: evals in the window.
     window_start: compute of the window's first eval.
-    drop: the fitted decline over the window (pass-rate units; > 0 is a decline).
+    drop: the hinge's decline over the window, beside the refitted sigmoid (pass-rate
+      units; > 0 is a decline).
     lr: the likelihood ratio of that decline against none.
     trend_t: t statistic of the evals' own linear trend over the window (< 0: falling).
     noise_sd: the eval noise sd (hinge model's residuals, at the mean weight).
@@ -78,9 +79,10 @@ class Decline:
   def message(self) -> str:
     """One line for `fit`, the live forecast and the plot."""
     return (f"the run is declining: over the last {self.n_window} evals (compute > "
-            f"{self.window_start:.3g}) they fall {self.drop:.3f} below the fitted curve "
-            f"(likelihood ratio {self.lr:.1f}, trend t {self.trend_t:.1f}, eval noise sd "
-            f"{self.noise_sd:.3f}); A is not its plateau")
+            f"{self.window_start:.3g}) the pass rate falls (trend t {self.trend_t:.1f}) below "
+            f"the fitted curve; the curve with a decline of {self.drop:.3f} there fits "
+            f"better (likelihood ratio {self.lr:.1f}; eval noise sd {self.noise_sd:.3f}). "
+            "A is not its plateau")
 
   def to_dict(self) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
