@@ -91,7 +91,7 @@ class MoE(nnx.Module):
   def route(self, x_ND: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(weights_NK in cfg.dtype, experts_NK int32, probs_NE float32) of N tokens.
 
-    The router runs in float32 (HIGHEST precision): a bf16 router flips near-tied top-k
+    The router runs in float32 (HIGHEST precision): a bf16 router can flip near-tied top-k
     choices between two programs that round differently, and the trainer then scores
     different experts than the sampler ran.
     """
