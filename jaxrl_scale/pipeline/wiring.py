@@ -293,7 +293,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
   loop = loop_lib.Loop(cfg, trainer=trainer, source=source, evaluator=evaluator, writer=writer,
                        checkpointer=ckpt, forecaster=forecaster, curriculum=curriculum,
                        shape=shape, state=host, clock=clock,
-                       flops_per_token=2.0 * mcfg.num_params(), progress=progress,
+                       flops_per_token=2.0 * mcfg.num_params(active=True), progress=progress,
                        gather=gather, stop=stop)
   loop.on_step = on_step
   prompts.set_keep(shard.keep_hook(loop.keep_prompt))

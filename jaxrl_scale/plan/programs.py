@@ -103,8 +103,9 @@ def _struct(x: Any, sharding_: Any = None) -> jax.ShapeDtypeStruct:
 
 def matmul_params(mcfg: ModelConfig) -> int:
   """Parameters that take part in a matmul per token: all but the embedding lookup (with
-  tied embeddings the table is the LM head, so it counts once)."""
-  n = mcfg.num_params()
+  tied embeddings the table is the LM head, so it counts once); of an MoE's experts only
+  the ones a token is routed to."""
+  n = mcfg.num_params(active=True)
   return n if mcfg.tie_embeddings else n - mcfg.vocab_size * mcfg.hidden_size
 
 
