@@ -19,7 +19,7 @@ Environment on every worker: JAXRL_DISTRIBUTED=auto (jax.distributed.initialize(
 the TPU metadata) plus each --env.
 
   --gcs URL            gs://bucket/prefix receiving run directories and logs (required)
-  --run-name RUN       run name (default: UTC time, e.g. $(date -u +%Y%m%d-%H%M%S))
+  --run-name RUN       run name (default: the UTC start time, YYYYMMDD-HHMMSS)
   --env KEY=VALUE      extra environment variable on every worker (repeatable)
   --sync-every S       seconds between copies to GCS (default 300)
   --resume             restore ~/$RUNS_DIR/RUN from GCS first (e.g. on a new VM after a

@@ -183,6 +183,9 @@ def test_in_flight_update_continues_from_kept_cache(loaded, prompts):
   def swap(s, chunk_index):
     if chunk_index == 0:
       s.update_params(nnx.split(model_b)[1], version=7)
+      # The swap waits for the posted copy to be computed; on a loaded machine it could
+      # otherwise land after the last token (CI saw every token at version 0).
+      jax.block_until_ready(s.params)
 
   outs = sampler.generate(prompts[:4], on_chunk=swap)
   fresh_b = _sampler(model_b).generate(prompts[:4])
