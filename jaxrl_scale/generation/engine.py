@@ -81,7 +81,7 @@ from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import decode, prefill, records
 from jaxrl_scale.generation import layout as layout_lib
 from jaxrl_scale.generation import pages as pages_lib
-from jaxrl_scale.models import attention, transformer
+from jaxrl_scale.models import paged_attention, transformer
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.parallel import transfer
 
@@ -171,7 +171,7 @@ class Sampler:
     self._pool = pages_lib.PagePool(page_size, pages, data, self.num_slots // data, self.max_len)
     self._table_sharding = decode.table_sharding(self.mesh)
     # The TPU kernel reads each row's own length, so one decode program serves all lengths.
-    self._ragged = attention.paged_impl(self.mesh, model.cfg.head_dim) == "ragged"
+    self._ragged = paged_attention.paged_impl(self.mesh, model.cfg.head_dim) == "ragged"
     self._table: tuple[int, jax.Array] | None = None  # (pool version, device copy)
     mcfg, n_slots = model.cfg, self.num_slots
     self._init_fn = jax.jit(

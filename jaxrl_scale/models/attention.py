@@ -1,4 +1,4 @@
-"""Attention: causal GQA over a full sequence, and one decode token over a paged KV cache.
+"""Attention: causal GQA over a full sequence (paged decode: `models.paged_attention`).
 
 Full sequence (`causal_attention`). Semantics (both paths): query t of row b attends key s
 iff s <= t (array order) and mask_BT[b, s]. Query head n reads kv head n // (N / K), as in
@@ -13,14 +13,6 @@ garbage, never NaN; callers ignore it.
   `jax.nn.dot_product_attention(implementation="cudnn")` (`fused_attention`).
 - "auto": "splash" when `sharding` lives on TPU devices, "cudnn" on GPUs when cuDNN can run
   the shapes (`auto_impl`), else "einsum".
-
-Paged decode (`paged_attention`): one new token per row is written into its page of the
-pool [L, D, P, C, 2K, H] and attends over the row's positions up to its own.
-
-- "gather": XLA; every row's first `view_pages` pages gathered into a dense view.
-- "ragged": JAX's Pallas TPU ragged paged attention kernel, per device under
-  `jax.shard_map`, reading each row's actual length.
-- "auto": "ragged" when the mesh is on TPUs, else "gather".
 """
 
 from __future__ import annotations
@@ -35,7 +27,7 @@ import numpy as np
 IMPLS = ("auto", "einsum", "splash", "cudnn")
 
 # Finite (not -inf) so a query with no visible key gets a uniform softmax instead of NaN.
-_MASKED = float(np.finfo(np.float32).min)
+MASKED = float(np.finfo(np.float32).min)
 
 
 def causal_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
@@ -72,7 +64,7 @@ def causal_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   return splash_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT, sharding=sharding)
 
 
-def _on_tpu(mesh) -> bool:
+def on_tpu(mesh) -> bool:
   if isinstance(mesh, jax.sharding.AbstractMesh):
     return mesh.abstract_device is not None and mesh.abstract_device.platform == "tpu"
   return mesh.devices.flat[0].platform == "tpu"
@@ -186,7 +178,7 @@ def _fused_spec(sharding: jax.sharding.NamedSharding, kv_heads: int
   """[B, T, heads, H] split as cuDNN's partitioner takes it: rows as the activations, heads
   over 'tp' when free and dividing the kv heads (q, k and v must share one spec)."""
   mesh = sharding.mesh
-  batch_axes = _axes(sharding.spec[0] if len(sharding.spec) else None)
+  batch_axes = spec_axes(sharding.spec[0] if len(sharding.spec) else None)
   tp = mesh.shape.get("tp", 1)
   heads = "tp" if tp > 1 and "tp" not in batch_axes and kv_heads % tp == 0 else None
   batch = tuple(batch_axes) if batch_axes else None
@@ -221,7 +213,7 @@ def einsum_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array,
     query_C = (s - t) + start + jax.lax.iota(jnp.int32, c)
     causal_CS = query_C[:, None] >= jax.lax.iota(jnp.int32, s)[None, :]
     allowed_BCS = causal_CS[None, :, :] & mask_BS.astype(bool)[:, None, :]
-    scores_BKGCS = jnp.where(allowed_BCS[:, None, None, :, :], scores_BKGCS, _MASKED)
+    scores_BKGCS = jnp.where(allowed_BCS[:, None, None, :, :], scores_BKGCS, MASKED)
     probs_BKGCS = jax.nn.softmax(scores_BKGCS, axis=-1).astype(v_BSKH.dtype)
     return jnp.einsum("BKGCS,BSKH->BCKGH", probs_BKGCS, v_BSKH)
 
@@ -273,12 +265,12 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   if n % k:
     raise ValueError(f"query heads {n} are not a multiple of kv heads {k}")
   for size in (block_size, backward_block_size):
-    if size % _LANES:
-      raise ValueError(f"splash block size {size} is not a multiple of {_LANES}")
+    if size % LANES:
+      raise ValueError(f"splash block size {size} is not a multiple of {LANES}")
   block, bwd_block, t_pad = _tiling(t, block_size, backward_block_size)
 
   mesh = sharding.mesh
-  batch_axes = _axes(sharding.spec[0] if len(sharding.spec) else None)
+  batch_axes = spec_axes(sharding.spec[0] if len(sharding.spec) else None)
   rows_per = int(np.prod([mesh.shape[a] for a in batch_axes], dtype=np.int64))
   if b % rows_per:
     raise ValueError(f"attention batch {b} does not divide over mesh axes {batch_axes} "
@@ -381,14 +373,14 @@ def splash_block_flops(batch: int, t_pad: int, num_heads: int, head_dim: int, bl
 
 
 # Splash tiles must be multiples of the TPU lane width.
-_LANES = 128
+LANES = 128
 
 
 def _tiling(t: int, block_size: int, backward_block_size: int) -> tuple[int, int, int]:
   """(block, backward block, padded length): each block clipped to T rounded up to the
   lane width, T padded to a multiple of both."""
-  block = min(block_size, _round_up(t, _LANES))
-  bwd_block = min(backward_block_size, _round_up(t, _LANES))
+  block = min(block_size, _round_up(t, LANES))
+  bwd_block = min(backward_block_size, _round_up(t, LANES))
   return block, bwd_block, _round_up(t, math.lcm(block, bwd_block))
 
 
@@ -396,235 +388,8 @@ def _round_up(x: int, multiple: int) -> int:
   return -(-x // multiple) * multiple
 
 
-def _axes(entry) -> tuple[str, ...]:
+def spec_axes(entry) -> tuple[str, ...]:
   """A PartitionSpec entry (None, a name, or a tuple of names) as a tuple of names."""
   if entry is None:
     return ()
   return (entry,) if isinstance(entry, str) else tuple(entry)
-
-
-# ---- paged decode attention -----------------------------------------------------------------
-
-PAGED_IMPLS = ("auto", "gather", "ragged")
-
-
-def interleave_kv(k_BTKH: jax.Array, v_BTKH: jax.Array) -> jax.Array:
-  """[..., K, H] keys and values -> [..., 2K, H], key of kv head k at 2k and its value at
-  2k + 1: the page pool's head axis (the layout of JAX's ragged paged attention kernel)."""
-  kv = jnp.stack([k_BTKH, v_BTKH], axis=-2)
-  return kv.reshape(*k_BTKH.shape[:-2], 2 * k_BTKH.shape[-2], k_BTKH.shape[-1])
-
-
-def paged_attention(q_B1NH: jax.Array, k_B1KH: jax.Array, v_B1KH: jax.Array,
-                    kv_LDPCXH: jax.Array, layer: jax.Array, table_BM: jax.Array,
-                    pos_B: jax.Array, write_B: jax.Array, *, view_pages: int,
-                    impl: str = "auto", mesh: jax.sharding.Mesh | None = None,
-                    view: tuple[jax.Array, jax.Array] | None = None,
-                    ) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array] | None]:
-  """One decode token per row: writes its key and value into the row's page for pos_B,
-  then attends over the row's positions <= pos_B.
-
-  The pool is [L, D, P, C, X, H]: L layers, D data shards, P pages per shard (the last one
-  the null page), C positions per page, X = 2K heads (`interleave_kv`), H head_dim. Row b
-  lives on shard b // (B / D) and its table row lists local page ids in position order, so
-  position p is at page table_BM[b, p // C], offset p % C.
-
-  Args:
-    q_B1NH, k_B1KH, v_B1KH: this layer's projections of the one new token (RoPE applied).
-    kv_LDPCXH: the stacked page pool.
-    layer: int32 scalar, which layer.
-    table_BM: int32 page table, local page ids.
-    pos_B: int32 position of the new token.
-    write_B: bool, whether the row writes (inactive rows write nothing: their pages may
-      already belong to another sequence). Writes to the null page are dropped too.
-    view_pages: static; for "gather", the pages read per row (covering every live row's
-      positions). "ragged" reads each row's own pos_B + 1 positions.
-    impl: "gather" (XLA: the rows' pages gathered into a dense view; CPU and GPU),
-      "ragged" (the Pallas TPU ragged paged attention kernel per device under
-      `jax.shard_map`; needs `mesh`), or "auto" (`paged_impl`).
-    mesh: the generator mesh: slots and pool shards over 'data', heads over 'tp'.
-    view: for "gather" only, this layer's `paged_view` (k_BKHS, v_BKSH): each row's pages
-      already gathered, by the caller, once for several steps. The new key and value are
-      written into it as well as into the pool, and attention reads it instead of
-      gathering the pages again.
-
-  Returns:
-    (out_B1NH in q's dtype, kv_LDPCXH updated, the view updated or None).
-  """
-  if impl not in PAGED_IMPLS:
-    raise ValueError(f"paged attention impl {impl!r} is not one of {', '.join(PAGED_IMPLS)}")
-  if impl == "auto":
-    impl = paged_impl(mesh, q_B1NH.shape[-1])
-  if impl == "ragged" and mesh is None:
-    raise ValueError("paged attention impl 'ragged' needs the generator mesh")
-  if impl == "ragged" and view is not None:
-    raise ValueError("paged attention impl 'ragged' reads the pool itself; it takes no view")
-  return _paged(q_B1NH, interleave_kv(k_B1KH[:, 0], v_B1KH[:, 0]), kv_LDPCXH, layer, table_BM,
-                pos_B, write_B, mesh, impl, view_pages, view)
-
-
-def paged_impl(mesh: jax.sharding.Mesh | None, head_dim: int) -> str:
-  """What `paged_attention(impl="auto")` runs on `mesh`: the kernel on TPUs when head_dim is
-  a multiple of the 128 lanes it works in (as in every model it is meant for), else XLA."""
-  tpu = mesh is not None and _on_tpu(mesh)
-  return "ragged" if tpu and head_dim % _LANES == 0 else "gather"
-
-
-def gather_decode_attention(q_BNH: jax.Array, pages_BVCXH: jax.Array,
-                            kv_lens_B: jax.Array) -> jax.Array:
-  """The XLA read for one query per row: row b attends the first kv_lens_B[b] positions of
-  its gathered pages (V pages of C positions, keys at even heads and values at odd)."""
-  return dense_decode_attention(q_BNH, *_split_kv(pages_BVCXH.astype(q_BNH.dtype)), kv_lens_B)
-
-
-def _split_kv(pages_BVCXH: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Gathered pages [B, V, C, 2K, H] -> dense keys [B, K, H, V*C] and values [B, K, V*C, H]:
-  kv heads before positions, so each (row, head) is one contiguous matmul operand, and
-  both products in plain (row-major, untransposed) form: queries [G, H] x keys [H, S], then
-  probabilities [G, S] x values [S, H] (on a 2-core CPU the scores' dot was 1.4x faster than
-  over keys [S, H], in a microbenchmark of one layer's write and attention per step)."""
-  b, v, c, x, h = pages_BVCXH.shape
-  kv_B2KSH = pages_BVCXH.reshape(b, v * c, x // 2, 2, h).transpose(0, 3, 2, 1, 4)
-  return kv_B2KSH[:, 0].swapaxes(2, 3), kv_B2KSH[:, 1]
-
-
-def dense_decode_attention(q_BNH: jax.Array, k_BKHS: jax.Array, v_BKSH: jax.Array,
-                           kv_lens_B: jax.Array) -> jax.Array:
-  """One query per row over dense keys [B, K, H, S] and values [B, K, S, H] (`_split_kv`):
-  row b attends its first kv_lens_B[b] positions."""
-  b, n, h = q_BNH.shape
-  k, s = k_BKHS.shape[1], k_BKHS.shape[3]
-  q_BKGH = q_BNH.reshape(b, k, n // k, h)
-  scores_BKGS = jnp.einsum("BKGH,BKHS->BKGS", q_BKGH, k_BKHS.astype(q_BNH.dtype),
-                           preferred_element_type=jnp.float32) * (h ** -0.5)
-  allowed_BS = jnp.arange(s, dtype=jnp.int32)[None, :] < kv_lens_B[:, None]
-  scores_BKGS = jnp.where(allowed_BS[:, None, None, :], scores_BKGS, _MASKED)
-  probs_BKGS = jax.nn.softmax(scores_BKGS, axis=-1).astype(q_BNH.dtype)
-  out_BKGH = jnp.einsum("BKGS,BKSH->BKGH", probs_BKGS, v_BKSH.astype(q_BNH.dtype))
-  return out_BKGH.reshape(b, n, h)
-
-
-def paged_view(kv_LDPCXH: jax.Array, layer: int, table_BM: jax.Array, view_pages: int, *,
-               mesh: jax.sharding.Mesh | None = None) -> tuple[jax.Array, jax.Array]:
-  """Layer `layer`'s keys and values of each row's first `view_pages` pages as dense arrays
-  (k_BKHS, v_BKSH), S = view_pages * C: the working copy that `paged_attention(view=...)`
-  reads. Gathering it once for a chunk of decode steps replaces a gather and a transpose
-  per step and layer (on a 2-core CPU, +7% decode throughput for a 41.7M model; README).
-  Rows and kv heads are split over the mesh as in `paged_attention`."""
-  l, d, p, c, x, h = kv_LDPCXH.shape
-  b = table_BM.shape[0]
-  if b % d:
-    raise ValueError(f"paged view: rows {b} do not divide over {d} pool shards")
-
-  def local(kv_LDPCXH, table_BM):
-    bl, dl = table_BM.shape[0], kv_LDPCXH.shape[1]
-    shard_B = jnp.arange(bl, dtype=jnp.int32) // (bl // dl)
-    return _split_kv(kv_LDPCXH[layer][shard_B[:, None], table_BM[:, :view_pages]])
-
-  if mesh is None or mesh.devices.size == 1:
-    return local(kv_LDPCXH, table_BM)
-  rows, heads = _paged_axes(mesh, x // 2)
-  spec = jax.sharding.PartitionSpec
-  view_spec = spec(rows, heads, None, None)
-  return jax.shard_map(local, mesh=mesh,
-                       in_specs=(spec(None, rows, None, None, heads, None), spec(rows, None)),
-                       out_specs=(view_spec, view_spec), check_vma=False)(kv_LDPCXH, table_BM)
-
-
-def _paged_axes(mesh: jax.sharding.Mesh, kv_heads: int) -> tuple[str | None, str | None]:
-  """(rows axis, heads axis) of paged decode on `mesh`: rows over 'data', heads over 'tp'
-  when it divides the kv heads (and so the query heads, a multiple of them)."""
-  data, tp = mesh.shape.get("data", 1), mesh.shape.get("tp", 1)
-  heads = "tp" if tp > 1 and kv_heads % tp == 0 else None
-  return ("data" if data > 1 else None), heads
-
-
-# KV positions one ragged-kernel block reads (its pages are double-buffered in VMEM) and the
-# queries (one per decoding row) one block holds.
-RAGGED_KV_TOKENS_PER_BLOCK = 1024
-RAGGED_QUERIES_PER_BLOCK = 32
-
-
-def _paged(q_B1NH: jax.Array, new_BXH: jax.Array, kv_LDPCXH: jax.Array, layer: jax.Array,
-           table_BM: jax.Array, pos_B: jax.Array, write_B: jax.Array,
-           mesh: jax.sharding.Mesh | None, impl: str, view_pages: int,
-           view: tuple[jax.Array, jax.Array] | None,
-           ) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array] | None]:
-  """Per device: the write, then the read ("ragged": JAX's TPU kernel; "gather":
-  `gather_decode_attention` over the rows' first `view_pages` pages, or
-  `dense_decode_attention` over a given `paged_view`).
-
-  Under `jax.shard_map` (when there is a mesh) each device holds its data shard's rows and
-  pool, heads split over 'tp' when it divides the kv heads (the pool's 2K axis then splits
-  into whole key/value pairs). For the kernel, the local pool [L, 1, P, C, 2K, H] is viewed
-  as L * P pages [L*P, C, 2K, H] (a reshape of leading dims: a bitcast on TPU) and layer
-  `layer`'s pages are read by offsetting the page table by layer * P, so no layer slice is
-  copied out of the pool.
-  """
-  b, _, _, h = q_B1NH.shape
-  l, d, p, c, x, _ = kv_LDPCXH.shape
-  width = table_BM.shape[1]
-  data = mesh.shape.get("data", 1) if mesh is not None else 1
-  if (mesh is not None and d != data) or b % d:
-    raise ValueError(f"paged attention: pool shards {d}, rows {b} and the mesh's data axis "
-                     f"({data}) do not match")
-
-  def local(q_B1NH, new_BXH, kv_LDPCXH, layer, table_BM, pos_B, write_B, view):
-    # Without a mesh all D shards are here: row b holds shard b // (B / D)'s pages.
-    bl, dl, xl = q_B1NH.shape[0], kv_LDPCXH.shape[1], kv_LDPCXH.shape[4]
-    shard_B = jnp.arange(bl, dtype=jnp.int32) // (bl // dl)
-    col_B = pos_B // c
-    page_B = jnp.take_along_axis(table_BM, jnp.minimum(col_B, width - 1)[:, None],
-                                 axis=1)[:, 0]
-    # Inactive rows, positions past the table and the null page (p - 1: an unassigned
-    # entry) write nothing: their index goes past the pool and the scatter drops it.
-    keep_B = write_B & (col_B < width) & (page_B < p - 1)
-    new_BXH = new_BXH.astype(kv_LDPCXH.dtype)
-    lens_B = (pos_B + 1).astype(jnp.int32)
-    if impl == "gather":
-      # Indexing the pool [L, D, P, ...] itself: on CPU a reshaped view of the scan-carried
-      # pool makes XLA copy the whole pool every layer.
-      kv_LDPCXH = kv_LDPCXH.at[layer, shard_B, jnp.where(keep_B, page_B, p), pos_B % c].set(
-          new_BXH, mode="drop")
-      if view is None:
-        pages_BVCXH = kv_LDPCXH[layer][shard_B[:, None], table_BM[:, :view_pages]]
-        out_BNH = gather_decode_attention(q_B1NH[:, 0], pages_BVCXH, lens_B)
-      else:
-        # The view is the row's positions in order: the new token goes at pos_B (rows that
-        # do not write, or are past the view, drop it).
-        k_BKHS, v_BKSH = view
-        at_B = jnp.where(write_B, pos_B, v_BKSH.shape[2])
-        rows_B = jnp.arange(bl, dtype=jnp.int32)
-        new_B2KH = new_BXH.reshape(bl, xl // 2, 2, h).astype(v_BKSH.dtype)
-        k_BKHS = k_BKHS.at[rows_B, :, :, at_B].set(new_B2KH[:, :, 0], mode="drop")
-        v_BKSH = v_BKSH.at[rows_B, :, at_B].set(new_B2KH[:, :, 1], mode="drop")
-        view = (k_BKHS, v_BKSH)
-        out_BNH = dense_decode_attention(q_B1NH[:, 0], k_BKHS, v_BKSH, lens_B)
-      return out_BNH[:, None].astype(q_B1NH.dtype), kv_LDPCXH, view
-    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
-
-    kv_QCXH = kv_LDPCXH.reshape(l * p, c, xl, h)  # one pool shard per device: dl == 1
-    base = layer * p
-    kv_QCXH = kv_QCXH.at[jnp.where(keep_B, base + page_B, l * p), pos_B % c].set(
-        new_BXH, mode="drop")
-    out_BNH = rpa.ragged_paged_attention(
-        q_B1NH[:, 0], kv_QCXH, lens_B, (base + table_BM).astype(jnp.int32),
-        jnp.arange(bl + 1, dtype=jnp.int32), jnp.full((1,), bl, jnp.int32), sm_scale=h ** -0.5,
-        num_kv_pages_per_block=max(1, min(width, RAGGED_KV_TOKENS_PER_BLOCK // c)),
-        num_queries_per_block=min(bl, RAGGED_QUERIES_PER_BLOCK))
-    return out_BNH[:, None].astype(q_B1NH.dtype), kv_QCXH.reshape(kv_LDPCXH.shape), None
-
-  args = (q_B1NH, new_BXH, kv_LDPCXH, layer, table_BM, pos_B, write_B, view)
-  if mesh is None or mesh.devices.size == 1:
-    if impl == "ragged" and d > 1:
-      raise ValueError("paged attention impl 'ragged' needs one pool shard per device")
-    return local(*args)
-  rows, heads = _paged_axes(mesh, x // 2)
-  spec = jax.sharding.PartitionSpec
-  pool_spec = spec(None, rows, None, None, heads, None)
-  view_spec = None if view is None else (spec(rows, heads, None, None),) * 2
-  return jax.shard_map(
-      local, mesh=mesh,
-      in_specs=(spec(rows, None, heads, None), spec(rows, heads, None), pool_spec, spec(),
-                spec(rows, None), spec(rows), spec(rows), view_spec),
-      out_specs=(spec(rows, None, heads, None), pool_spec, view_spec), check_vma=False)(*args)

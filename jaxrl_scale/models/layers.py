@@ -205,7 +205,7 @@ class Attention(nnx.Module):
       positions_BT: RoPE positions of the T tokens.
       attend: (q_BTNH, k_BTKH, v_BTKH) -> (out_BTNH, aux): the attention itself, with RoPE
         (and the qk norms) already applied. The caller picks the full-sequence kernel or
-        the paged KV-cache write and read (`attention.paged_attention`), so one layer
+        the paged KV-cache write and read (`paged_attention.paged_attention`), so one layer
         serves both paths.
     """
     q_BTNH = self.q_proj(x_BTD)

@@ -28,13 +28,13 @@ Paged KV-cache path (sampler decode)
   `cache = init_pages(cfg, shards=D, pages=P, page_size=C)` is a pool of P pages per data
   shard (plus a null page), each holding C positions of every layer's keys and values:
   kv of shape [L, D, P + 1, C, 2K, H], the key of kv head k at 2k and its value at 2k + 1
-  (`attention.interleave_kv`; the layout of JAX's TPU ragged paged attention kernel).
+  (`paged_attention.interleave_kv`; the layout of JAX's TPU ragged paged attention kernel).
   Which pages a row holds is the caller's page table (generation/pages.py), passed to
   every call.
   `logits_B1V, cache = model.decode(tokens_B1, pos_B, active_B, cache, table_BM,
   view_pages=V, mesh=M)` feeds one token per row at position pos_B: it is written into the
   row's page for that position (not for inactive rows) and attends to the row's positions
-  <= pos_B (`attention.paged_attention`: on TPU meshes the ragged kernel, reading each
+  <= pos_B (`paged_attention.paged_attention`: on TPU meshes the ragged kernel, reading each
   row's own length; elsewhere an XLA gather of the first V pages). Prompts go in through
   `prefill` (below), whose keys and values the sampler scatters into the pages.
 
@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl_scale.models import attention, layers, moe
+from jaxrl_scale.models import attention, layers, moe, paged_attention
 from jaxrl_scale.models.config import ModelConfig
 
 
@@ -66,7 +66,7 @@ class PagedKVCache:
   keys at even heads, values at odd).
 
   `views`, inside one chunk of decode steps only (see `Transformer.decode`): per layer, the
-  rows' first pages gathered into dense (k_BKHS, v_BKSH) (`attention.paged_view`), which
+  rows' first pages gathered into dense (k_BKHS, v_BKSH) (`paged_attention.paged_view`), which
   the steps read and append to instead of gathering the pages every step."""
 
   kv: jax.Array
@@ -219,7 +219,7 @@ class Transformer(nnx.Module):
 
     def layer(x_B1D, pool, layer_state, i, view=None):
       def attend(q_B1NH, k_B1KH, v_B1KH):
-        out_B1NH, pool_out, view_out = attention.paged_attention(
+        out_B1NH, pool_out, view_out = paged_attention.paged_attention(
             q_B1NH, k_B1KH, v_B1KH, pool, i, table_BM, pos_B, active_B,
             view_pages=view_pages, mesh=mesh, view=view)
         return out_B1NH, (pool_out, view_out)
@@ -247,12 +247,12 @@ class Transformer(nnx.Module):
 
   def with_views(self, cache: PagedKVCache, table_BM: jax.Array, view_pages: int, *,
                  mesh: jax.sharding.Mesh | None = None) -> PagedKVCache:
-    """`cache` carrying every layer's `attention.paged_view` of the rows' first
+    """`cache` carrying every layer's `paged_attention.paged_view` of the rows' first
     `view_pages` pages, for a chunk of `decode(layer_states=...)` steps whose rows all stay
     within those pages (drop the views with `PagedKVCache(kv=cache.kv)` after the chunk; the
     pool itself is kept up to date by every step)."""
     return PagedKVCache(kv=cache.kv, views=tuple(
-        attention.paged_view(cache.kv, i, table_BM, view_pages, mesh=mesh)
+        paged_attention.paged_view(cache.kv, i, table_BM, view_pages, mesh=mesh)
         for i in range(self.cfg.num_layers)))
 
   def split_layers(self) -> list[Any]:

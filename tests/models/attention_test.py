@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from jaxrl_scale.models import attention
+from jaxrl_scale.models import attention, paged_attention
 
 
 def reference_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT):
@@ -284,7 +284,7 @@ def _paged_case(shards, rows=8, h=128, kv=2, groups=2, num_layers=2, page=4, wid
     ("view", 1, 1), ("view", 2, 2), ("view", -2, 0),
     ("ragged", 1, 1), ("ragged", 2, 1), ("ragged", 2, 2)])
 def test_paged_attention_matches_the_ragged_kernels_reference(impl, data, tp, monkeypatch):
-  """attention.paged_attention (the write and the read, per device under the shard_map a pod
+  """paged_attention.paged_attention (the write and the read, per device under the shard_map a pod
   runs) against jax's reference for the TPU ragged paged attention kernel (decode rows: one
   query each, kv length = position + 1), on shuffled page tables, GQA 4 query heads over 2
   kv heads. Meshes: data x tp devices; (0, 0) and (-2, 0): no mesh, one or two pool shards.
@@ -305,7 +305,7 @@ def test_paged_attention_matches_the_ragged_kernels_reference(impl, data, tp, mo
       assert sm_scale == q.shape[-1] ** -0.5 and 0 < num_kv_pages_per_block
       assert 0 < num_queries_per_block <= q.shape[0]
       assert cu_q_lens.shape == (q.shape[0] + 1,) and num_seqs.shape == (1,)
-      return attention.gather_decode_attention(q, kv_pages[page_indices], kv_lens)
+      return paged_attention.gather_decode_attention(q, kv_pages[page_indices], kv_lens)
 
     monkeypatch.setattr(rpa, "ragged_paged_attention", kernel_stand_in)
   shards = max(1, abs(data))
@@ -316,10 +316,10 @@ def test_paged_attention_matches_the_ragged_kernels_reference(impl, data, tp, mo
   mesh = (auto_mesh((data, tp), ("data", "tp"), jax.devices()[:data * tp]) if data > 0
           else None)
   width = table.shape[1]
-  view_of = jax.jit(functools.partial(attention.paged_view, layer=layer, view_pages=width,
+  view_of = jax.jit(functools.partial(paged_attention.paged_view, layer=layer, view_pages=width,
                                       mesh=mesh))
   view = view_of(pool, table_BM=table) if impl == "view" else None
-  fn = jax.jit(functools.partial(attention.paged_attention, view_pages=width,
+  fn = jax.jit(functools.partial(paged_attention.paged_attention, view_pages=width,
                                  impl="gather" if impl == "view" else impl, mesh=mesh))
   out, got_pool, got_view = fn(q, k_new, v_new, pool, jnp.int32(layer), table, pos, write,
                                view=view)
@@ -367,7 +367,7 @@ def test_paged_attention_compiles_the_ragged_kernel_for_tpu(tpu_mesh):
 
   def layers_scan(q, k_new, v_new, pool, table, pos, write):
     def body(pool, i):
-      out, pool, _ = attention.paged_attention(q, k_new, v_new, pool, i, table, pos, write,
+      out, pool, _ = paged_attention.paged_attention(q, k_new, v_new, pool, i, table, pos, write,
                                             view_pages=width, mesh=mesh)
       return pool, out
     return jax.lax.scan(body, pool, jnp.arange(layers_))

@@ -185,7 +185,7 @@ def test_ragged_paged_kernel_is_charged_one_layers_pool(tpu_mesh):
   and QK^T + PV over those positions, by hand."""
   import functools
 
-  from jaxrl_scale.models import attention
+  from jaxrl_scale.models import paged_attention
   mesh = Mesh(np.array(tpu_mesh.devices).reshape(4, 1), ("data", "tp"))
   rows, n, k, h, page, width, pages, layers = 16, 8, 2, 128, 16, 8, 40, 4
   sh = lambda *spec: NamedSharding(mesh, P(*spec))  # noqa: E731
@@ -198,7 +198,7 @@ def test_ragged_paged_kernel_is_charged_one_layers_pool(tpu_mesh):
           jax.ShapeDtypeStruct((rows, width), jnp.int32, sharding=sh("data")),
           jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=sh("data")),
           jax.ShapeDtypeStruct((rows,), jnp.bool_, sharding=sh("data")))
-  fn = functools.partial(attention.paged_attention, view_pages=width, mesh=mesh)
+  fn = functools.partial(paged_attention.paged_attention, view_pages=width, mesh=mesh)
   with jax.set_mesh(mesh):
     text = jax.jit(fn, donate_argnums=(3,)).lower(*args).compile().as_text()
   assert "ragged_paged_attention_kernel" in text
