@@ -36,29 +36,13 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# One seed-list syntax for both benches.
+from benchmarks.demo_seeds import parse_seeds  # pylint: disable=wrong-import-position
+
 # Issue 37's targets.
 HOLD_FRAC = 0.8  # the interval holds the plateau on >= 4 of 5 seeds
 WELL_TOL = 0.03  # a fit flagged well determined is within this of the plateau
 PLATEAU_FRAC = 0.1  # the plateau: mean of the last 10% of evals
-
-
-def parse_seeds(text: str) -> list[int]:
-  """'0-4' -> [0..4]; '0,3,7' -> [0, 3, 7]; ranges and lists mix ('0-2,9')."""
-  seeds: list[int] = []
-  for part in text.split(","):
-    try:
-      if "-" in part:
-        lo, hi = (int(v) for v in part.split("-", 1))
-        if hi < lo:
-          raise ValueError
-        seeds.extend(range(lo, hi + 1))
-      else:
-        seeds.append(int(part))
-    except ValueError:
-      raise argparse.ArgumentTypeError(f"bad seed list {text!r} (e.g. 0-4 or 0,3,7)") from None
-  if len(set(seeds)) != len(seeds):
-    raise argparse.ArgumentTypeError(f"seed list {text!r} repeats a seed")
-  return seeds
 
 
 def parse_fractions(text: str) -> list[float]:
