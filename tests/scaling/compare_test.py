@@ -144,7 +144,10 @@ def test_comparison_seed_is_fresh_by_default_and_reproducible():
           _report(_curve("y", 0.62, 1.9, 32), seed=2)]
   first, second = compare.compare(runs), compare.compare(runs)
   assert first.seed != second.seed
-  assert first.p_a_greater != second.p_a_greater
+  # The draws follow the seed (two fresh calls may still round to equal probabilities, as CI
+  # once saw: 0.3 / 0.7 both times, so those are not compared).
+  assert (compare.compare(runs, seed=1).p_a_greater
+          != compare.compare(runs, seed=2).p_a_greater)
   again = compare.compare(runs, seed=first.seed)
   assert again.p_a_greater == first.p_a_greater and again.p_b_greater == first.p_b_greater
   assert first.to_dict()["seed"] == first.seed
