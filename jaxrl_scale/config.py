@@ -37,11 +37,11 @@ def _check(cond: bool, key: str, message: str) -> None:
 class RunConfig:
   """Where a run writes and how long it runs."""
 
-  name: str = "run"
-  output_dir: str = "runs/run"
-  seed: int = 0
+  name: str = "run"  # the run's label, kept in its resolved config.yaml
+  output_dir: str = "runs/run"  # run directory (train's --output-dir overrides it)
+  seed: int = 0  # model init, sampling and rollout seeds
   steps: int = 100  # RL optimizer steps
-  log_every: int = 1
+  log_every: int = 1  # steps between progress lines (eval steps always print)
   tensorboard: bool = True  # TensorBoard event files beside metrics.jsonl
   progress: bool = True  # print progress lines to stdout
   # End the SFT warm start (sft.steps at most) once the policy's sampled pass rate on
@@ -50,8 +50,8 @@ class RunConfig:
   # from a known level of skill rather than wherever a fixed step count lands (small models
   # learn in sudden jumps). None = all sft.steps.
   sft_stop_pass_rate: float | None = None
-  sft_dev_prompts: int = 64
-  sft_check_every: int = 5
+  sft_dev_prompts: int = 64  # training prompts held out of SFT to measure that pass rate
+  sft_check_every: int = 5  # SFT steps between those measurements
 
   def __post_init__(self):
     _check(self.steps >= 0, "run.steps", f"must be >= 0, got {self.steps}")
@@ -66,7 +66,7 @@ class RunConfig:
 class ModelSpec:
   """Which policy to train: a named preset (random init) or a Hugging Face directory."""
 
-  preset: str = "tiny_llama"
+  preset: str = "tiny_llama"  # models/config.py preset, e.g. tiny_llama, qwen3_0p6b, llama3p1_8b
   path: str | None = None  # Hugging Face directory; overrides preset when set
   tokenizer: str = "byte"  # "byte" (built-in) or a directory holding tokenizer.json
   dtype: Literal["float32", "bfloat16"] = "float32"  # activations (the forward's compute)
@@ -79,8 +79,8 @@ class ModelSpec:
   lm_head_fp32: bool = True
   # Shape overrides of a preset (random init only), e.g. to size the CPU demo's model.
   hidden_size: int | None = None
-  num_layers: int | None = None
-  intermediate_size: int | None = None
+  num_layers: int | None = None  # decoder layers of the preset; null = the preset's
+  intermediate_size: int | None = None  # MLP width of the preset; null = the preset's
   init_std: float = 0.02  # std of the random init of matrices (presets without a path)
 
   def __post_init__(self):
@@ -98,9 +98,9 @@ class MeshConfig:
   (0 < x < 1). With `colocated` both roles share all devices and alternate.
   """
 
-  colocated: bool = False
-  trainer_devices: float = 0.5
-  generator_devices: float = 0.5
+  colocated: bool = False  # both roles on all devices, taking turns
+  trainer_devices: float = 0.5  # devices of the trainer slice: a count or a fraction
+  generator_devices: float = 0.5  # devices of the generator slice: a count or a fraction
   trainer_tp: int = 1  # trainer mesh is ('fsdp', 'tp'); fsdp takes the remaining devices
   generator_tp: int = 1  # generator mesh is ('data', 'tp'); data takes the remaining devices
   simulated_cpu_devices: int = 8  # CPU only: devices to simulate when no accelerator exists
@@ -121,18 +121,18 @@ class DataConfig:
 
   source: str = "arithmetic"  # built-in task name, "tfds:NAME", or a .jsonl/.parquet path
   data_dir: str | None = None  # TFDS data_dir (prepared datasets)
-  prompt_field: str = "prompt"
-  answer_field: str = "answer"
-  id_field: str | None = None
+  prompt_field: str = "prompt"  # record field holding the prompt text
+  answer_field: str = "answer"  # record field holding the reference answer
+  id_field: str | None = None  # record field with a unique id; null = derived from the row
   solution_field: str | None = None  # worked solutions for the SFT warm start
   # How the answer field reads: "raw" as is, "gsm8k" (after '####'), "boxed" (last \boxed{}).
   answer_format: Literal["raw", "gsm8k", "boxed"] = "raw"
   task: str = "math"  # reward function for local / TFDS prompts (built-in tasks set their own)
   num_train: int = 2000  # built-in tasks: prompts generated
   num_validation: int = 64  # held-out prompts, split by seed
-  max_prompt_tokens: int = 64
+  max_prompt_tokens: int = 64  # longer prompts (after the template) are dropped and counted
   chat_template: bool = True  # use tokenizer_config.json's template when present
-  seed: int = 0
+  seed: int = 0  # built-in tasks' generation, the held-out split and the epoch order
 
   def __post_init__(self):
     _check(self.num_validation >= 0, "data.num_validation", "must be >= 0")
@@ -147,23 +147,25 @@ class SamplerConfig:
   # (one generator group per JAX process) holds num_slots / hosts of them, which must divide
   # evenly and then split over its mesh's 'data' axis; eval shares the same slots.
   num_slots: int = 64
-  max_new_tokens: int = 32
-  temperature: float = 1.0
-  top_p: float = 1.0
+  max_new_tokens: int = 32  # generation budget per completion, in tokens
+  temperature: float = 1.0  # 0 = greedy
+  top_p: float = 1.0  # nucleus sampling (1 = off; an RL run requires 1)
   top_k: int = 0  # 0 = off
   decode_chunk: int = 8  # decode steps per jitted call; weight swaps happen between chunks
+  # Prompt lengths that prefill compiles for (a prompt pads to the next one); the largest
+  # must hold data.max_prompt_tokens.
   prompt_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
   # Chunked prefill: prompt positions prefilled per engine iteration, between decode chunks,
   # so a long prompt's admission does not stall the live sequences for its whole prefill
   # and the prefill's activations are bounded by this many positions (0 = whole prompts).
   prefill_chunk: int = 0
-  stop_strings: tuple[str, ...] = ()
+  stop_strings: tuple[str, ...] = ()  # a completion ends at the first of these (text)
   # Paged KV cache: positions per page, and the positions the page pool of one generator
   # group holds (0 = every slot at its full length, so nothing is ever preempted). A pool
   # sized for the average length holds more slots in the same memory; when it runs out, the
   # newest sequence is preempted and restarts later (see generation/pages.py).
   page_size: int = 16
-  kv_cache_tokens: int = 0
+  kv_cache_tokens: int = 0  # positions of one generator group's page pool (0 = full)
   # On CPU and GPU, also hold every layer's weights as arrays of their own, cut out of the
   # stacked weights at each weight swap: one more copy of the layer weights in generator
   # memory, for faster decoding (XLA otherwise copies them out every step on GPU, every
@@ -172,10 +174,10 @@ class SamplerConfig:
   # Forced length interruption (paper sec. 4): at a thinking budget drawn uniformly from
   # [interrupt_min, interrupt_max] tokens, force the phrase, then answer within answer_budget.
   interrupt: bool = False
-  interrupt_min: int = 0
-  interrupt_max: int = 0
-  answer_budget: int = 0
-  interrupt_phrase: str = (
+  interrupt_min: int = 0  # lowest thinking budget, in generated tokens
+  interrupt_max: int = 0  # highest thinking budget (< max_new_tokens)
+  answer_budget: int = 0  # tokens left for the answer after the forced phrase
+  interrupt_phrase: str = (  # appended at the thinking budget
       "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>")
 
   def __post_init__(self):
@@ -214,21 +216,25 @@ class RLConfig:
   loss: str = "cispo"  # registered name: cispo, grpo, dapo, gspo, reinforce
   aggregation: str = "prompt_avg"  # sample_avg, prompt_avg (ScaleRL), token_avg
   advantage_norm: str = "batch"  # registered name: batch (ScaleRL), prompt, none
-  generations_per_prompt: int = 16
-  prompts_per_step: int = 48
+  generations_per_prompt: int = 16  # G completions per prompt (paper: 16)
+  prompts_per_step: int = 48  # prompts per optimizer step (paper: 48)
   eps_max: float = 5.0  # CISPO absolute cap on the importance ratio
   clip_low: float = 0.2  # GRPO / DAPO
   clip_high: float = 0.28  # DAPO (GRPO uses clip_low for both)
-  gspo_clip_low: float = 3e-3
-  gspo_clip_high: float = 5e-3
-  zero_variance_filter: bool = True
+  gspo_clip_low: float = 3e-3  # GSPO: lower clip of the sequence-level ratio
+  gspo_clip_high: float = 5e-3  # GSPO: upper clip of the sequence-level ratio
+  zero_variance_filter: bool = True  # drop prompts whose G rewards are all equal from the loss
   length_penalty: bool = False  # DAPO overlong penalty instead of interruption
   length_penalty_max: int = 0  # L_max
   length_penalty_cache: int = 0  # L_cache
+  # No-Positive-Resampling: a prompt whose pass rate so far reaches npr_threshold (after at
+  # least npr_min_samples completions) leaves all later epochs.
   no_positive_resampling: bool = True
-  npr_threshold: float = 0.9
-  npr_min_samples: int = 16
-  reward_correct: float = 1.0
+  npr_threshold: float = 0.9  # pass rate that retires a prompt (paper: 0.9)
+  npr_min_samples: int = 16  # completions of a prompt seen before it can retire
+  reward_correct: float = 1.0  # reward of a completion the verifier judges correct
+  # Reward of one judged not correct (code_fraction maps its fraction of passed cases onto
+  # [reward_incorrect, reward_correct]; verifier errors and timeouts get no reward at all).
   reward_incorrect: float = -1.0
 
   def __post_init__(self):
@@ -244,17 +250,17 @@ class OptimConfig:
   """AdamW with linear warmup then a constant rate (paper: lr 5e-7, eps 1e-15, wd 0.01),
   or, with schedule "cosine", a cosine decay to lr * min_lr_ratio over decay_steps."""
 
-  lr: float = 5e-7
-  warmup_steps: int = 100
+  lr: float = 5e-7  # peak learning rate (paper: 5e-7)
+  warmup_steps: int = 100  # updates of linear warmup up to lr (paper: 100)
   # "constant" after warmup (the paper's); "cosine" decays over `decay_steps` updates after
   # the warmup to lr * min_lr_ratio and stays there.
   schedule: Literal["constant", "cosine"] = "constant"
-  decay_steps: int = 0
-  min_lr_ratio: float = 0.0
-  b1: float = 0.9
-  b2: float = 0.999
+  decay_steps: int = 0  # cosine: updates from peak to the floor (> 0 with cosine)
+  min_lr_ratio: float = 0.0  # cosine: the floor, as a fraction of lr
+  b1: float = 0.9  # AdamW first-moment decay
+  b2: float = 0.999  # AdamW second-moment decay
   eps: float = 1e-15  # paper: avoids epsilon underflow acting as implicit gradient clipping
-  weight_decay: float = 0.01
+  weight_decay: float = 0.01  # AdamW decoupled weight decay (paper: 0.01)
   max_grad_norm: float | None = None  # global-norm clipping; None = off
   micro_batch_prompts: int = 0  # 0 = whole batch in one micro-batch
   max_nonfinite_steps: int = 5  # abort after this many NaN/inf updates in a row
@@ -288,10 +294,10 @@ class SFTConfig:
   """Supervised warm start on (prompt, solution) pairs before RL."""
 
   steps: int = 0  # 0 = no warm start
-  lr: float = 1e-3
-  batch_size: int = 32
-  warmup_steps: int = 10
-  weight_decay: float = 0.0
+  lr: float = 1e-3  # AdamW learning rate of the warm start
+  batch_size: int = 32  # (prompt, solution) examples per SFT step
+  warmup_steps: int = 10  # updates of linear warmup up to sft.lr
+  weight_decay: float = 0.0  # AdamW decoupled weight decay of the warm start
   max_grad_norm: float | None = 1.0  # global-norm clipping; None = off
   micro_batch_size: int = 0  # examples per micro-batch; 0 = whole batch at once
 
@@ -312,10 +318,13 @@ class SFTConfig:
 class PipelineConfig:
   """How generation and training overlap (paper sec. 3.1)."""
 
+  # pipeline: PipelineRL-k (streaming, in-flight weight updates); ppo_offpolicy: k batches
+  # with one policy, then k updates; sync: generate, then train; colocated: sync on one
+  # device set shared by both roles.
   mode: Literal["pipeline", "ppo_offpolicy", "sync", "colocated"] = "pipeline"
   max_staleness: int = 8  # PipelineRL-k / PPO-off-policy-k
   queue_size: int = 4  # rollout batches buffered on the host
-  reward_workers: int = 4
+  reward_workers: int = 4  # host threads running the verifiers
   reward_timeout_s: float = 5.0  # per-response verifier deadline
 
   def __post_init__(self):
@@ -329,9 +338,11 @@ class PipelineConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
+  """Validation during training: mean@k pass rate on the held-out prompts (val/pass_rate)."""
+
   every: int = 10  # steps between validation evals (0 = off)
   samples_per_prompt: int = 4  # mean@k
-  temperature: float = 1.0
+  temperature: float = 1.0  # sampling temperature of the eval completions (0 = greedy)
   max_prompts: int = 0  # validation prompts used (0 = all held-out prompts)
 
   def __post_init__(self):
@@ -343,9 +354,11 @@ class EvalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
+  """Orbax checkpoints of the whole run state in the run directory, and preemption."""
+
   every: int = 50  # steps between checkpoints (0 = only at the end and on signals)
-  keep: int = 3
-  async_save: bool = True
+  keep: int = 3  # newest checkpoints kept; older ones are deleted
+  async_save: bool = True  # write checkpoints in the background while training goes on
   # After SIGTERM/SIGINT the run saves and exits; past this many seconds a watchdog ends it
   # (exit 1, earlier checkpoints intact). 30 s is a preemptible VM's notice; 0 = no deadline.
   preempt_grace_seconds: float = 30.0
@@ -360,7 +373,7 @@ class CheckpointConfig:
 class ForecastConfig:
   """Live sigmoid forecast of the validation pass rate (scaling/)."""
 
-  enabled: bool = True
+  enabled: bool = True  # refit the sigmoid after every eval (forecast/* metrics)
   target_compute_hours: float | None = None  # default: the run's projected total
   min_compute_hours: float = 0.0  # points below this are excluded from the fit
   n_boot: int = 200  # bootstrap refits per eval for the intervals (0 = none)
