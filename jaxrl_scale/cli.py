@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib import metadata
 
 from jaxrl_scale.errors import UserError
 
@@ -31,11 +32,28 @@ def _available_commands() -> dict[str, tuple[str, str]]:
   return out
 
 
+def version_line() -> str:
+  """The `--version` line, `jaxrl-scale X (jax Y, jaxlib Z)`, read from installed metadata.
+
+  It never imports jax, so it answers even where jax cannot load.
+  """
+
+  def version(dist: str) -> str:
+    try:
+      return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+      return "not installed"
+
+  return (f"jaxrl-scale {version('jaxrl-scale')} "
+          f"(jax {version('jax')}, jaxlib {version('jaxlib')})")
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="jaxrl-scale",
       description="ScaleRL post-training on JAX, with sigmoidal compute-performance forecasting.",
   )
+  parser.add_argument("-V", "--version", action="version", version=version_line())
   sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
   for name, (module, help_text) in _available_commands().items():
     p = sub.add_parser(name, help=help_text, description=help_text)
@@ -45,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv[:1] in (["-V"], ["--version"]):
+    # Answered before build_parser, which imports every command's module (and so jax).
+    print(version_line())
+    return 0
   parser = build_parser()
   args = parser.parse_args(argv)
   module = importlib.import_module(args._module)

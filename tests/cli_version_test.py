@@ -1,0 +1,43 @@
+"""`jaxrl-scale --version`: the package, jax and jaxlib versions, without importing jax."""
+
+import importlib.metadata
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from jaxrl_scale import cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _pyproject_version() -> str:
+  with open(ROOT / "pyproject.toml", "rb") as f:
+    return tomllib.load(f)["project"]["version"]
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version_prints_package_jax_and_jaxlib_versions(flag, capsys):
+  assert cli.main([flag]) == 0
+  out = capsys.readouterr().out
+  jax_v, jaxlib_v = importlib.metadata.version("jax"), importlib.metadata.version("jaxlib")
+  assert out == f"jaxrl-scale {_pyproject_version()} (jax {jax_v}, jaxlib {jaxlib_v})\n"
+
+
+def test_version_does_not_import_jax():
+  # This test process has jax loaded already (conftest), so ask a fresh interpreter.
+  code = ("import sys; from jaxrl_scale import cli; rc = cli.main(['--version']); "
+          "sys.exit(rc if 'jax' not in sys.modules else 3)")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=60)
+  assert proc.returncode == 0, f"rc {proc.returncode} (3 = jax imported): {proc.stderr}"
+  assert proc.stdout.startswith(f"jaxrl-scale {_pyproject_version()} (jax ")
+
+
+def test_help_lists_version_flag(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["--help"])
+  assert exit_info.value.code == 0
+  assert "--version" in capsys.readouterr().out
