@@ -98,11 +98,6 @@ class _Source:
 # Types and defaults as a reader of a YAML file sees them.
 
 
-def _is_optional(tp) -> bool:
-  return (typing.get_origin(tp) in (typing.Union, types.UnionType)
-          and type(None) in typing.get_args(tp))
-
-
 def type_name(tp) -> str:
   """A readable name of an annotation: "int", "float | null", "one of a/b", "list of int"."""
   origin = typing.get_origin(tp)
@@ -197,8 +192,8 @@ def sections(module: types.ModuleType | None = None) -> list[Section]:
           default="" if default is dataclasses.MISSING else yaml_value(
               config.to_dict(default) if element is not None else default),
           doc=source.field_comment(cls, field.name)))
-    if prefix:
-      out.append(Section(prefix.rstrip("."), source.docstring(cls), tuple(keys)))
+    if prefix or keys:  # Config's own scalars, if it ever has any, form a "top level" section
+      out.append(Section(prefix.rstrip(".") or "top level", source.docstring(cls), tuple(keys)))
     for sub, dotted in nested:
       walk(sub, dotted + ".")
 

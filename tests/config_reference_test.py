@@ -8,7 +8,6 @@ import sys
 import typing
 from typing import Any
 
-import pytest
 import yaml
 
 from jaxrl_scale import config
