@@ -21,6 +21,7 @@ COMMANDS = {
     "generate": ("jaxrl_scale.generation.command", "sample from a Hugging Face-format checkpoint"),
     "plan": ("jaxrl_scale.plan.command", "compile a run's programs for a Cloud TPU topology (no TPU needed): HBM, FLOPs, roofline"),
     "reward": ("jaxrl_scale.rewards.command", "score one response with a verifier, showing the extracted answer"),
+    "eval": ("jaxrl_scale.downstream.command", "mean@k and unbiased pass@k of a checkpoint on benchmark files (math, code)"),
 }
 
 

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 from jaxrl_scale.errors import UserError
 
@@ -88,15 +89,60 @@ def _check_args(args: argparse.Namespace) -> None:
       raise UserError(f"{flag}: invalid value {value}")
 
 
+def load_model(model_dir: str, dtype: str | None = None) -> tuple[Any, Any, Any]:
+  """(model, model config, mesh): a Hugging Face checkpoint on a (data, tp) mesh of all devices.
+
+  Args:
+    model_dir: the checkpoint directory (config.json + safetensors).
+    dtype: "float32" / "bfloat16" parameter dtype; None keeps the checkpoint's.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from jaxrl_scale.models import hf_io  # pylint: disable=g-import-not-at-top
+
+  devices = jax.devices()
+  mesh = jax.make_mesh((len(devices), 1), ("data", "tp"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
+  model, model_cfg = hf_io.load_hf_model(model_dir, mesh=mesh, param_dtype=dtype)
+  return model, model_cfg, mesh
+
+
+def make_sampler(model: Any, model_cfg: Any, mesh: Any, tokenizer: Any, *,
+                 num_sequences: int, longest_prompt: int, max_new_tokens: int,
+                 slots: int = 64, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int = 0) -> Any:
+  """An `engine.Sampler` sized for `num_sequences` prompts of at most `longest_prompt` tokens.
+
+  Slots are at most `slots` (fewer when there are fewer sequences), rounded up to a
+  multiple of the device count; a warning goes to stderr when prompt + new tokens exceed
+  the model's max_position_embeddings.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from jaxrl_scale.config import SamplerConfig  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.generation import engine  # pylint: disable=g-import-not-at-top
+
+  devices = len(jax.devices())
+  num_slots = min(slots, num_sequences)
+  num_slots = -(-num_slots // devices) * devices  # slots split evenly over devices
+  buckets = tuple(sorted({*SamplerConfig().prompt_buckets,
+                          1 << (longest_prompt - 1).bit_length()}))
+  cfg = SamplerConfig(num_slots=num_slots, max_new_tokens=max_new_tokens,
+                      temperature=temperature, top_p=top_p, top_k=top_k,
+                      prompt_buckets=buckets)
+  if longest_prompt + max_new_tokens > model_cfg.max_position_embeddings:
+    print(f"warning: prompt + new tokens ({longest_prompt} + {max_new_tokens}) exceed the "
+          f"model's max_position_embeddings ({model_cfg.max_position_embeddings})",
+          file=sys.stderr)
+  return engine.Sampler(model, cfg, mesh=mesh, tokenizer=tokenizer, seed=seed,
+                        max_prompt_len=longest_prompt)
+
+
 def run(args: argparse.Namespace) -> int:
   _check_args(args)
   texts = read_prompts(args)
 
-  import jax  # pylint: disable=g-import-not-at-top
-
-  from jaxrl_scale.config import SamplerConfig  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.generation import engine, records  # pylint: disable=g-import-not-at-top
-  from jaxrl_scale.models import hf_io  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
 
   tokenizer = tokenizer_lib.load_tokenizer(args.model)
@@ -108,24 +154,14 @@ def run(args: argparse.Namespace) -> int:
     if not ids:
       raise UserError(f"prompt {i}: tokenizes to no tokens")
 
-  devices = jax.devices()
-  mesh = jax.make_mesh((len(devices), 1), ("data", "tp"),
-                       axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
-  model, model_cfg = hf_io.load_hf_model(args.model, mesh=mesh, param_dtype=args.dtype)
-  total = len(prompt_ids) * args.n
-  slots = min(args.slots, total)
-  slots = -(-slots // len(devices)) * len(devices)  # slots split evenly over devices
-  longest = max(len(ids) for ids in prompt_ids)
-  buckets = tuple(sorted({*SamplerConfig().prompt_buckets, 1 << (longest - 1).bit_length()}))
-  cfg = SamplerConfig(num_slots=slots, max_new_tokens=args.max_new_tokens,
-                      temperature=0.0 if args.greedy else args.temperature,
-                      top_p=args.top_p, top_k=args.top_k, prompt_buckets=buckets)
-  if longest + args.max_new_tokens > model_cfg.max_position_embeddings:
-    print(f"warning: prompt + new tokens ({longest} + {args.max_new_tokens}) exceed the "
-          f"model's max_position_embeddings ({model_cfg.max_position_embeddings})",
-          file=sys.stderr)
-  sampler = engine.Sampler(model, cfg, mesh=mesh, tokenizer=tokenizer, seed=args.seed,
-                           max_prompt_len=longest)
+  model, model_cfg, mesh = load_model(args.model, args.dtype)
+  sampler = make_sampler(model, model_cfg, mesh, tokenizer,
+                         num_sequences=len(prompt_ids) * args.n,
+                         longest_prompt=max(len(ids) for ids in prompt_ids),
+                         max_new_tokens=args.max_new_tokens, slots=args.slots,
+                         temperature=0.0 if args.greedy else args.temperature,
+                         top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+  slots = sampler.cfg.num_slots
   requests = [records.Request(ids, prompt_id=i, sample_index=j)
               for i, ids in enumerate(prompt_ids) for j in range(args.n)]
 

@@ -1,0 +1,275 @@
+"""Downstream evals: the pass@k estimator, benchmark files, scoring and `jaxrl-scale eval`."""
+
+import fractions
+import importlib.util
+import itertools
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from jaxrl_scale import cli
+from jaxrl_scale.downstream import benchmarks
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.generation import records
+from jaxrl_scale.models import tokenizer as tokenizer_lib
+
+_GEN_CONFTEST = os.path.join(os.path.dirname(__file__), "generation", "conftest.py")
+
+
+def _subsets_pass(n: int, c: int, k: int) -> float:
+  """Fraction of the k-subsets of n samples (the first c correct) holding a correct one."""
+  hits = [any(i < c for i in subset) for subset in itertools.combinations(range(n), k)]
+  return sum(hits) / len(hits)
+
+
+def test_pass_at_k_hand_computed():
+  assert benchmarks.pass_at_k(5, 2, 2) == pytest.approx(0.7, abs=1e-12)  # 1 - 3/10
+  assert benchmarks.pass_at_k(10, 3, 1) == pytest.approx(0.3, abs=1e-12)  # pass@1 = c/n
+  assert benchmarks.pass_at_k(4, 1, 2) == pytest.approx(0.5, abs=1e-12)  # 1 - 3/6
+  assert benchmarks.pass_at_k(16, 0, 16) == 0.0
+  assert benchmarks.pass_at_k(16, 0, 1) == 0.0
+  assert benchmarks.pass_at_k(7, 7, 3) == 1.0
+  assert benchmarks.pass_at_k(5, 3, 3) == 1.0  # n - c = 2 < k: every 3-subset has a hit
+  assert benchmarks.pass_at_k(1, 1, 1) == 1.0
+
+
+def test_pass_at_k_equals_subset_enumeration():
+  for n in range(1, 9):
+    for c in range(n + 1):
+      for k in range(1, n + 1):
+        assert benchmarks.pass_at_k(n, c, k) == pytest.approx(
+            _subsets_pass(n, c, k), abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_stable_for_large_n():
+  # Exact rational reference: C(n, k) here has hundreds of digits (no float can hold it).
+  for n, c, k in ((1000, 7, 100), (1000, 900, 50), (2000, 3, 1000), (4096, 1, 4096),
+                  (500, 250, 1)):
+    exact = 1 - fractions.Fraction(math.comb(n - c, k), math.comb(n, k))
+    assert benchmarks.pass_at_k(n, c, k) == pytest.approx(float(exact), abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_rejects_impossible_counts():
+  for n, c, k in ((4, 5, 1), (4, -1, 1), (4, 2, 5), (4, 2, 0)):
+    with pytest.raises(ValueError):
+      benchmarks.pass_at_k(n, c, k)
+
+
+def test_parse_ks():
+  assert benchmarks.parse_ks(None, 16) == [1, 16]
+  assert benchmarks.parse_ks(None, 1) == [1]
+  assert benchmarks.parse_ks("16,1,4,4", 16) == [1, 4, 16]
+  for text, message in (("32", "larger than --samples 16"), ("0", "must be >= 1"),
+                        ("1,x", "comma-separated integers"), (",", "no values")):
+    with pytest.raises(UserError, match=message):
+      benchmarks.parse_ks(text, 16)
+
+
+def test_summarize_hand_computed():
+  bench = benchmarks.Benchmark("b", "b.jsonl", "math", [])
+  correct_PN = np.array([[0, 1, 0, 0], [1, 1, 1, 1]], bool)  # c = 1 and 4 of n = 4
+  counts = {"total": 8, "correct": 5, "wrong": 2, "no_answer": 0, "unparseable": 0,
+            "errors": 0, "timeouts": 1}
+  out = benchmarks.summarize(bench, correct_PN, [1, 2, 4], counts=counts, truncated=3,
+                             tokens=80)
+  assert out["mean@4"] == pytest.approx(5 / 8)
+  assert out["pass@1"] == pytest.approx((0.25 + 1) / 2)
+  assert out["pass@2"] == pytest.approx((0.5 + 1) / 2)
+  assert out["pass@4"] == pytest.approx(1.0)
+  assert (out["problems"], out["samples"], out["correct"], out["invalid"]) == (2, 8, 5, 1)
+  assert out["truncated"] == 3 and out["length_mean"] == 10.0
+  assert benchmarks.format_result(out).startswith(
+      "b (math, 2 problems x 4 samples): mean@4 0.6250  pass@1 0.6250  pass@2 0.7500  "
+      "pass@4 1.0000\n  verdicts: correct 5, wrong 2, no_answer 0, unparseable 0, errors 0, "
+      "timeouts 1; invalid 1; truncated 3; mean length 10.0 tokens")
+
+
+# ---------------------------------------------------------------------------------------
+# Benchmark files.
+
+
+def _jsonl(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return str(path)
+
+
+MATH_ROWS = [{"problem": "What is 2+3?", "answer": "5"},
+             {"problem": "What is 6*7?", "answer": 42},  # AIME files store ints
+             {"problem": "Half of 9?", "answer": "\\frac{9}{2}"}]
+# LiveCodeBench layout (question_content, public_test_cases with testtype) and DeepCoder's
+# (problem, tests as JSON text).
+CODE_ROWS = [
+    {"question_id": "lcb-1", "question_content": "Read n and print n+1.",
+     "public_test_cases": json.dumps([{"input": "1\n", "output": "2\n", "testtype": "stdin"},
+                                      {"input": "41\n", "output": "42\n",
+                                       "testtype": "stdin"}]),
+     "starter_code": "", "metadata": "{}"},
+    {"problem": "Read a line and print it reversed.",
+     "tests": json.dumps([{"input": "abc\n", "output": "cba\n", "testtype": "stdin"}])},
+]
+GOOD_PROGRAM = "```python\nprint(int(input()) + 1)\n```"
+REVERSE_PROGRAM = "```python\nprint(input()[::-1])\n```"
+
+
+def test_read_benchmark_detects_the_layout(tmp_path):
+  math_b = benchmarks.read_benchmark(_jsonl(tmp_path / "aime.jsonl", MATH_ROWS))
+  assert (math_b.name, math_b.task, len(math_b.records)) == ("aime", "math", 3)
+  assert [r["answer"] for r in math_b.records] == ["5", "42", "\\frac{9}{2}"]
+  assert {r["task"] for r in math_b.records} == {"math"}
+  q = _jsonl(tmp_path / "q.jsonl", [{"question": "1+1?", "answer": "2"}])
+  assert benchmarks.read_benchmark(q + ":gsm").records[0]["prompt"] == "1+1?"
+  assert benchmarks.read_benchmark(q + ":gsm").name == "gsm"
+
+  code_b = benchmarks.read_benchmark(_jsonl(tmp_path / "lcb.jsonl", CODE_ROWS), limit=1)
+  assert (code_b.name, code_b.task, len(code_b.records)) == ("lcb", "code", 1)
+  tests = json.loads(code_b.records[0]["answer"])
+  assert tests["inputs"] == ["1\n", "41\n"] and tests["fn_name"] is None
+  assert code_b.records[0]["id"] == "lcb-1"
+
+
+def test_read_benchmark_errors_are_one_line(tmp_path):
+  with pytest.raises(UserError, match="nope.jsonl: no such file"):
+    benchmarks.read_benchmark(str(tmp_path / "nope.jsonl"))
+  odd = _jsonl(tmp_path / "odd.jsonl", [{"text": "hi", "label": 1}])
+  with pytest.raises(UserError, match=r"odd.jsonl: row 1: unknown field layout \(fields: "
+                     r"text, label\)"):
+    benchmarks.read_benchmark(odd)
+  # Forcing a task on a file without its fields names the missing field.
+  with pytest.raises(UserError, match="no field 'answer'"):
+    benchmarks.read_benchmark(_jsonl(tmp_path / "m.jsonl", [{"problem": "x"}]), task="math")
+  with pytest.raises(UserError, match="no tests"):
+    benchmarks.read_benchmark(_jsonl(tmp_path / "c.jsonl", MATH_ROWS), task="code")
+  with pytest.raises(UserError, match="expected PATH or PATH:NAME"):
+    benchmarks.parse_spec(str(tmp_path / "x.jsonl") + ":a/b")
+
+
+# ---------------------------------------------------------------------------------------
+# Scoring: real verifiers and sandbox on known responses.
+
+
+def _fake_generate(texts_by_key, tokenizer):
+  """A `generate` that answers (problem key, sample index) with a fixed text."""
+  seen = []
+
+  def generate(requests):
+    out = []
+    for r in requests:
+      seen.append(r)
+      tokens = np.array(tokenizer.encode(texts_by_key[r.prompt_id][r.sample_index],
+                                         add_special_tokens=False), np.int32)
+      out.append(records.Completion(
+          r.prompt_id, r.sample_index, np.asarray(r.prompt_tokens, np.int32), tokens,
+          np.zeros(len(tokens), np.float32), np.zeros(len(tokens), np.int32),
+          np.zeros(len(tokens), bool), records.EOS, False))
+    return out
+
+  return generate, seen
+
+
+def test_evaluate_scores_every_sample_with_the_real_verifiers(tmp_path):
+  tok = tokenizer_lib.load_tokenizer("byte")
+  math_b = benchmarks.read_benchmark(_jsonl(tmp_path / "aime.jsonl", MATH_ROWS))
+  code_b = benchmarks.read_benchmark(_jsonl(tmp_path / "lcb.jsonl", CODE_ROWS))
+  # Tests the verifier cannot read: every sample is an error (invalid), never "wrong".
+  broken = benchmarks.Benchmark("broken", "broken.jsonl", "code", [
+      {"id": "b1", "task": "code", "prompt": "p", "answer": '{"inputs": []}', "solution": ""}])
+  ids = [f"aime/{r['id']}" for r in math_b.records] + [f"lcb/{r['id']}" for r in code_b.records]
+  texts = {
+      ids[0]: ["\\boxed{5}", "\\boxed{6}", "The answer is \\boxed{5}."],  # c = 2
+      ids[1]: ["\\boxed{41}", "no idea", "\\boxed{43}"],  # c = 0
+      ids[2]: ["\\boxed{4.5}", "\\boxed{9/2}", "\\boxed{\\frac{9}{2}}"],  # c = 3
+      ids[3]: [GOOD_PROGRAM, "```python\nprint(2)\n```", "no code"],  # c = 1
+      ids[4]: [REVERSE_PROGRAM, "```python\nprint(input())\n```", REVERSE_PROGRAM],  # c = 2
+      "broken/b1": [GOOD_PROGRAM] * 3,
+  }
+  generate, seen = _fake_generate(texts, tok)
+  lines = []
+  out = benchmarks.evaluate(generate, tok, [math_b, code_b, broken], samples=3, ks=[1, 2, 3],
+                            temperature=1.0, timeout_s=30.0, progress=lines.append)
+  assert len(seen) == 18 and len({r.seed for r in seen}) == 18
+  m, c, b = out
+  assert (m["problems"], m["samples"], m["correct"], m["invalid"]) == (3, 9, 5, 0)
+  assert m["mean@3"] == pytest.approx(5 / 9)
+  assert m["pass@1"] == pytest.approx((2 / 3 + 0 + 1) / 3)
+  assert m["pass@2"] == pytest.approx((1 + 0 + 1) / 3)
+  assert m["verdicts"]["correct"] == 5 and sum(m["verdicts"].values()) == 9
+  assert (c["problems"], c["samples"], c["correct"], c["invalid"]) == (2, 6, 3, 0)
+  assert (c["verdicts"]["correct"], c["verdicts"]["wrong"], c["verdicts"]["no_answer"]) == (
+      3, 2, 1)
+  assert c["pass@1"] == pytest.approx((1 / 3 + 2 / 3) / 2)
+  assert c["pass@2"] == pytest.approx((2 / 3 + 1) / 2)
+  assert c["pass@3"] == 1.0
+  assert (b["correct"], b["invalid"], b["verdicts"]["errors"], b["pass@3"]) == (0, 3, 3, 0.0)
+  assert any(line.startswith("lcb: scored 6/6") for line in lines)
+
+
+def test_seeds_depend_on_the_problem_not_its_place(tmp_path):
+  tok = tokenizer_lib.load_tokenizer("byte")
+  full = benchmarks.read_benchmark(_jsonl(tmp_path / "aime.jsonl", MATH_ROWS))
+  other = benchmarks.read_benchmark(_jsonl(tmp_path / "x.jsonl", MATH_ROWS[:1]) + ":other")
+  texts = {f"{b}/{r['id']}": ["x"] * 2 for b, bench in (("aime", full), ("other", other))
+           for r in bench.records}
+  generate, alone = _fake_generate(texts, tok)
+  benchmarks.evaluate(generate, tok, [full], samples=2, ks=[1], temperature=1.0)
+  generate, mixed = _fake_generate(texts, tok)
+  benchmarks.evaluate(generate, tok, [other, full], samples=2, ks=[1], temperature=1.0)
+  assert [r.seed for r in alone] == [r.seed for r in mixed[2:]]
+
+
+# ---------------------------------------------------------------------------------------
+# `jaxrl-scale eval` end to end.
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory):
+  """A tiny random Qwen2 directory with a byte-level tokenizer (tests/generation's)."""
+  spec = importlib.util.spec_from_file_location("generation_conftest", _GEN_CONFTEST)
+  gen = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(gen)
+  path = str(tmp_path_factory.mktemp("tiny_hf"))
+  gen.make_hf_model(gen.SPECS["qwen2"], seed=3).save_pretrained(path)
+  gen.write_byte_tokenizer(path)
+  return path
+
+
+def test_eval_command_end_to_end(tiny_hf, tmp_path, capsys):
+  aime = _jsonl(tmp_path / "aime.jsonl", MATH_ROWS)
+  lcb = _jsonl(tmp_path / "lcb.jsonl", CODE_ROWS)
+  rc = cli.main(["eval", "--model", tiny_hf, "--benchmark", aime, "--benchmark", lcb + ":lcb",
+                 "--samples", "4", "--k", "1,2", "--max-new-tokens", "8", "--json"])
+  captured = capsys.readouterr()
+  assert rc == 0, captured.err
+  out = json.loads(captured.out)
+  assert out["samples_per_problem"] == 4 and out["k"] == [1, 2]
+  by_name = {b["name"]: b for b in out["benchmarks"]}
+  assert list(by_name) == ["aime", "lcb"]
+  for name, task, problems in (("aime", "math", 3), ("lcb", "code", 2)):
+    b = by_name[name]
+    assert (b["task"], b["problems"], b["samples"]) == (task, problems, problems * 4)
+    assert sum(b["verdicts"].values()) == problems * 4  # every sample got a verdict or none
+    assert b["invalid"] == b["verdicts"]["errors"] + b["verdicts"]["timeouts"]
+    assert 0 <= b["mean@4"] <= b["pass@1"] + 1e-12 <= b["pass@2"] + 1e-12 <= 1 + 1e-12
+    assert b["correct"] == round(b["mean@4"] * problems * 4)
+    assert 0 < b["length_mean"] <= 8
+  assert "eval [" in captured.err and "generated 20/20 samples" in captured.err
+
+
+
+def test_eval_command_errors_are_one_line(tmp_path, capsys):
+  model = str(tmp_path)  # checked as a directory only: every error comes before loading
+  aime = _jsonl(tmp_path / "aime.jsonl", MATH_ROWS)
+  odd = _jsonl(tmp_path / "odd.jsonl", [{"text": "hi"}])
+  for argv, message in (
+      (["--benchmark", str(tmp_path / "missing.jsonl")], "missing.jsonl: no such file"),
+      (["--benchmark", odd], "unknown field layout"),
+      (["--benchmark", aime, "--samples", "4", "--k", "8"], "--k 8: larger than --samples 4"),
+      (["--benchmark", aime, "--benchmark", aime], "name 'aime' given twice"),
+      (["--benchmark", aime, "--samples", "0"], "--samples: invalid value 0")):
+    assert cli.main(["eval", "--model", model, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+  assert cli.main(["eval", "--model", str(tmp_path / "none"), "--benchmark", aime]) == 2
+  assert "not a directory" in capsys.readouterr().err
