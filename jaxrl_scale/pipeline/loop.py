@@ -265,6 +265,12 @@ class Loop:
       if fit is not None and fit.step == step:
         out.update(fit.as_metrics())
         self._forecast_line = "  " + fit.summary()  # printed under the step's line
+      # A mixed-domain eval: each domain's own forecast, forecast/<domain>/A etc.
+      domain_metrics, lines = self.forecaster.update_domains(hours, out, step=step)
+      out.update(domain_metrics)
+      if lines:
+        self._forecast_line = "\n".join([self._forecast_line or "  forecast (per domain):"]
+                                        + lines)
     return out
 
   def _print_forecast(self) -> None:

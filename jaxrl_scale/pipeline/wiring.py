@@ -197,6 +197,7 @@ def _replay_forecast(forecaster: Any, metrics_path: pathlib.Path, before_step: i
       forecaster.update(row["compute_hours"], row["val/pass_rate"], step=row["step"],
                         eval_size=row.get("val/num_prompts", float("nan"))
                         * row.get("val/samples_per_prompt", float("nan")))
+      forecaster.update_domains(row["compute_hours"], row, step=row["step"])
 
 
 def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.ExitStack,

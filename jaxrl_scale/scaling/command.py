@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="problems x samples per problem of every eval (e.g. 1000x16), "
                       "where the file does not log val/num_prompts and "
                       "val/samples_per_prompt; weights the fit by the binomial error")
+  parser.add_argument("--domain", default=None, metavar="NAME",
+                      help="fit only this domain of a mixed-domain run (its "
+                      "val/NAME/pass_rate column); without it every domain is fitted "
+                      "beside the overall curve")
   parser.add_argument("--plot", default=None, metavar="F.png", help="write a plot here")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   parser.add_argument("--bootstrap", type=int, default=1000, metavar="K",
@@ -100,14 +104,31 @@ def parse_groups(specs: list[str]) -> list[tuple[str, list[str]]]:
 
 def read_curves(args):
   """The runs to fit: each METRICS file, then each --group pooled into one curve."""
+  return read_sources(args)[0]
+
+
+def read_sources(args):
+  """(the runs' curves, each run's files): the files of a run are the seeds pooled into it.
+
+  With --domain NAME every curve is that domain's pass rate, named RUN/NAME.
+  """
+  from jaxrl_scale.scaling import domains
   from jaxrl_scale.scaling import io
-  curves = [io.read_curve(p, args.x, args.y) for p in args.metrics]
+  sources = [[p] for p in args.metrics] + [paths for _, paths in parse_groups(args.group)]
+  y_key = args.y
+  if args.domain is not None:
+    for paths in sources:
+      domains.check_domain(paths, args.domain, args.x, args.y)
+    y_key = io.domain_key(args.y, args.domain)
+  curves = [io.read_curve(p, args.x, y_key) for p in args.metrics]
   for name, paths in parse_groups(args.group):
-    seeds = [io.read_curve(p, args.x, args.y) for p in paths]
+    seeds = [io.read_curve(p, args.x, y_key) for p in paths]
     curves.append(io.pool(seeds, name) if len(seeds) > 1 else
                   dataclasses.replace(seeds[0], name=name))
+  if args.domain is not None:
+    curves = [dataclasses.replace(c, name=f"{c.name}/{args.domain}") for c in curves]
   _dedupe_names(curves)
-  return curves
+  return curves, sources
 
 
 def run(args) -> int:
@@ -118,7 +139,7 @@ def run(args) -> int:
   from jaxrl_scale.scaling import fit as fit_lib
   from jaxrl_scale.scaling import forecast
 
-  curves = read_curves(args)
+  curves, sources = read_sources(args)
   from jaxrl_scale.scaling import bootstrap as boot_lib
   seed = boot_lib.resolve_seed(args.seed)
   options = forecast.AnalysisOptions(
@@ -133,26 +154,45 @@ def run(args) -> int:
   # Runs get different seeds: a shared seed would give them the same bootstrap draws.
   reports = [forecast.analyse(c, dataclasses.replace(options, seed=seed + 7919 * i))
              for i, c in enumerate(curves)]
+  per_domain = None
+  if args.domain is None:
+    # A mixed-domain run: every domain's own sigmoid beside the overall one.
+    from jaxrl_scale.scaling import domains
+    per_domain = [domains.analyse(paths, r, dataclasses.replace(options, seed=r.seed),
+                                  args.x, args.y) for paths, r in zip(sources, reports)]
+    if not any(d.domains or d.errors for d in per_domain):
+      per_domain = None
   comparison = None
   if len(reports) > 1:
     comparison = compare_lib.compare(reports, level=args.level, options=options.fit,
                                      seed=seed + 7919 * len(reports))
   if args.plot:
     from jaxrl_scale.scaling import plot
-    plot.plot_reports(reports, args.plot, x_label=f"{args.x} (log scale)", y_label=args.y)
+    drawn, title = reports, None
+    if per_domain is not None:
+      drawn = domains.plot_reports(per_domain)
+      title = ", ".join(r.name for r in reports) + ": per domain"
+    plot.plot_reports(drawn, args.plot, title=title, x_label=f"{args.x} (log scale)",
+                      y_label=args.y)
 
   if args.json:
+    runs = [r.to_dict() for r in reports]
+    for i, run_dict in enumerate(runs):
+      if args.domain is not None:
+        run_dict["domain"] = args.domain
+      elif per_domain is not None:
+        run_dict["domains"] = per_domain[i].domains_dict()
     if comparison is None:
-      obj = reports[0].to_dict()
+      obj = runs[0]
     else:
-      obj = {"seed": seed, "runs": [r.to_dict() for r in reports],
-             "comparison": comparison.to_dict()}
+      obj = {"seed": seed, "runs": runs, "comparison": comparison.to_dict()}
     if args.plot:
       obj["plot"] = args.plot
     print(json.dumps(obj, indent=2, allow_nan=False))
   else:
     from jaxrl_scale.scaling import text
-    print(text.render(reports, comparison, plot_path=args.plot, seed=seed))
+    print(text.render(reports, comparison, plot_path=args.plot, seed=seed,
+                      domains=per_domain))
   sys.stdout.flush()
   return 0
 

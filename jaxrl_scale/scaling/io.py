@@ -233,6 +233,47 @@ def _eval_size(row: dict, y_key: str, where: str) -> float:
   return n * k
 
 
+def domain_key(y_key: str, domain: str) -> str:
+  """The column of `domain`'s pass rate: 'val/pass_rate', 'math' -> 'val/math/pass_rate'."""
+  prefix, _, leaf = y_key.rpartition("/")
+  return f"{prefix}/{domain}/{leaf}" if prefix else f"{domain}/{leaf}"
+
+
+def domains_in_row(row: dict, y_key: str = "val/pass_rate") -> list[str]:
+  """Domains whose pass rate the row carries (a mixed-domain run logs val/<domain>/pass_rate
+  next to val/pass_rate), in the row's order."""
+  prefix, _, leaf = y_key.rpartition("/")
+  head = prefix + "/" if prefix else ""
+  tail = "/" + leaf
+  found = []
+  for key, value in row.items():
+    if key.startswith(head) and key.endswith(tail) and value is not None:
+      middle = key[len(head):len(key) - len(tail)]
+      if middle and "/" not in middle:
+        found.append(middle)
+  return found
+
+
+def find_domains(path: str, x_key: str = "compute_hours", y_key: str = "val/pass_rate"
+                 ) -> list[str]:
+  """The domains with a pass-rate column in the file (see `domains_in_row`), sorted."""
+  _, rows = _rows(path, x_key, y_key)
+  found: set[str] = set()
+  for _, _, row in rows:
+    found.update(domains_in_row(row, y_key))
+  return sorted(found)
+
+
+def _rows(path: str, x_key: str, y_key: str):
+  """(the file read, its rows as (where, line number, dict)) of a file or run directory."""
+  if os.path.isdir(path) and os.path.exists(os.path.join(path, "metrics.jsonl")):
+    path = os.path.join(path, "metrics.jsonl")  # a run directory: the contract file wins
+  tb = is_tensorboard(path)
+  if not tb and os.path.isdir(path):
+    raise UserError(f"{path}: a directory without metrics.jsonl or TensorBoard event files")
+  return path, (_tb_rows(path) if tb else _text_rows(path, x_key, y_key))
+
+
 def read_curve(path: str, x_key: str = "compute_hours", y_key: str = "val/pass_rate"
                ) -> Curve:
   """Reads the eval points of one run.
@@ -250,12 +291,8 @@ def read_curve(path: str, x_key: str = "compute_hours", y_key: str = "val/pass_r
     UserError: unreadable file, bad JSON, missing column, non-finite or non-numeric value,
       pass rate outside [0, 1], negative or decreasing compute, no eval rows.
   """
-  if os.path.isdir(path) and os.path.exists(os.path.join(path, "metrics.jsonl")):
-    path = os.path.join(path, "metrics.jsonl")  # a run directory: the contract file wins
+  path, rows = _rows(path, x_key, y_key)
   tb = is_tensorboard(path)
-  if not tb and os.path.isdir(path):
-    raise UserError(f"{path}: a directory without metrics.jsonl or TensorBoard event files")
-  rows = _tb_rows(path) if tb else _text_rows(path, x_key, y_key)
 
   compute, rate, lines, start, size, wheres = [], [], [], [], [], []
   seen_keys: set[str] = set()

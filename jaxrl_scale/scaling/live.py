@@ -11,6 +11,11 @@ interval on the same data and seed.
       f = forecaster.update(compute_hours, pass_rate, step=step)
       if f is not None:
         writer.write(step, f.as_metrics())   # forecast/A, forecast/A_lo, ...
+      metrics, lines = forecaster.update_domains(compute_hours, eval_row, step=step)
+
+A mixed-domain run's eval row also carries val/<domain>/pass_rate: `update_domains` feeds
+each domain's points to a forecaster of its own (`domains`), whose metrics are named like
+the overall ones with the domain inserted (forecast/math/A, forecast/code/A_lo, ...).
 """
 
 from __future__ import annotations
@@ -59,12 +64,12 @@ class LiveForecast:
       out["target_compute"] = float(self.target_compute)
     return {prefix + k: float(v) for k, v in out.items()}
 
-  def summary(self) -> str:
-    """One line for a progress display."""
+  def summary(self, label: str = "forecast") -> str:
+    """One line for a progress display (`label` starts it: a domain's name for its line)."""
     a = f"A={self.a:.3f}" if self.well_determined else f"A~{self.a:.2f}?"
     if self.a_interval is not None:
       a += f" [{self.a_interval[0]:.3f}, {self.a_interval[1]:.3f}]"
-    line = f"forecast: {a} B={self.b:.2f} C_mid={self.c_mid:.3g}"
+    line = f"{label}: {a} B={self.b:.2f} C_mid={self.c_mid:.3g}"
     if self.forecast is not None:
       line += f"; at {self.target_compute:.3g}: {self.forecast:.3f}"
       if self.forecast_interval is not None:
@@ -104,6 +109,8 @@ class LiveForecaster:
     self._rate: list[float] = []
     self._size: list[float] = []  # eval sizes (nan: not given)
     self.history: list[LiveForecast] = []
+    # One forecaster per domain of a mixed-domain run, made when its first eval arrives.
+    self.domains: dict[str, LiveForecaster] = {}
 
   @property
   def r0(self) -> float | None:
@@ -155,6 +162,45 @@ class LiveForecaster:
     if result is not None:
       self.history.append(result)
     return result
+
+  def update_domains(self, compute: float, row: dict, step: int | None = None,
+                     y_key: str = "val/pass_rate") -> tuple[dict[str, float], list[str]]:
+    """Feeds every domain's pass rate in an eval row to that domain's forecaster.
+
+    A domain's points are its `val/<domain>/pass_rate`, weighted by its own eval size
+    (`val/<domain>/num_prompts` x `val/<domain>/samples_per_prompt`); its R0 is its own
+    step-0 eval; its forecast is at this forecaster's target compute (the run's).
+
+    Args:
+      compute: compute of the eval.
+      row: the eval's metrics (as the evaluator returns them or metrics.jsonl holds them).
+      step: its training step.
+      y_key: the overall pass-rate column the domains' columns are named after.
+
+    Returns:
+      (metrics forecast/<domain>/... of the domains refitted at this eval, one display line
+      per such domain).
+    """
+    metrics: dict[str, float] = {}
+    lines: list[str] = []
+    for domain in io.domains_in_row(row, y_key):
+      f = self.domains.get(domain)
+      if f is None:
+        # Own bootstrap draws per domain; the overall --r0 is not a domain's R0.
+        f = self.domains[domain] = LiveForecaster(
+            self.target_compute, min_compute=self.min_compute, n_boot=self.n_boot,
+            level=self.level, seed=self.seed + 613 * (len(self.domains) + 1),
+            options=self.fit_options)
+      f.target_compute = self.target_compute
+      size_keys = [io.domain_key(y_key.rpartition("/")[0] + "/" + k, domain)
+                   for k in ("num_prompts", "samples_per_prompt")]
+      n, k = (row.get(key) for key in size_keys)
+      size = None if n is None or k is None else float(n) * float(k)
+      fit = f.update(compute, row[io.domain_key(y_key, domain)], step=step, eval_size=size)
+      if fit is not None and fit.step == step:
+        metrics.update(fit.as_metrics(f"forecast/{domain}/"))
+        lines.append("    " + fit.summary(label=domain))
+    return metrics, lines
 
   def curve(self) -> io.Curve:
     """The points fed so far as the curve `jaxrl-scale fit` would read from metrics.jsonl."""

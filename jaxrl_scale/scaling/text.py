@@ -96,6 +96,28 @@ def render_run(r: forecast.RunReport) -> str:
   return "\n".join(lines)
 
 
+def render_domains(overall: forecast.RunReport, domains: dict[str, forecast.RunReport],
+                   errors: dict[str, str] | None = None) -> str:
+  """One row per domain of a mixed-domain run (the paper's math and code rows), with the
+  reasons a domain's fit is not well determined below the table."""
+  target = overall.target_compute
+  rows = [["domain", "points", "R0", f"A [{overall.level:.0%} interval]", "B [interval]",
+           "C_mid", f"forecast at {num(target)}", "well determined", "declining"]]
+  notes = []
+  for name, r in domains.items():
+    s = r.sigmoid
+    a_txt = f"{s.a:.3f}" if r.well_determined else f"~{s.a:.3f}"
+    rows.append([name, str(s.n_points), f"{s.r0:.3f}", f"{a_txt} {span(r.interval('a'))}",
+                 f"{num(s.b)} {span(r.interval('b'))}", num(s.c_mid),
+                 f"{r.forecast:.3f} {span(r.forecast_interval)}",
+                 "yes" if r.well_determined else "NO", "YES" if r.declining else "no"])
+    notes += [f"    - {name}: {m}" for m in r.messages]
+  notes += [f"    - {name}: not fitted: {e}" for name, e in (errors or {}).items()]
+  head = (f"{overall.name} per domain: each domain's own sigmoid (R0 its step-0 eval, "
+          "weights its own eval size)")
+  return "\n".join([head, table(rows)] + notes)
+
+
 def render_comparison(reports: list[forecast.RunReport],
                       c: compare_lib.Comparison) -> str:
   rows = [["run", "points", "R0", "A", "A interval", "B", "B interval", "C_mid",
@@ -138,9 +160,16 @@ def render_comparison(reports: list[forecast.RunReport],
 
 
 def render(reports: list[forecast.RunReport], comparison: compare_lib.Comparison | None,
-           plot_path: str | None = None, seed: int | None = None) -> str:
-  """The full human report: each run, then the comparison, then where the plot went."""
-  parts = [render_run(r) for r in reports]
+           plot_path: str | None = None, seed: int | None = None,
+           domains: list | None = None) -> str:
+  """The full human report: each run (and its domains' table, `domains` holding a
+  `domains.DomainAnalysis` per run), then the comparison, then where the plot went."""
+  parts = []
+  for i, r in enumerate(reports):
+    parts.append(render_run(r))
+    d = domains[i] if domains else None
+    if d is not None and (d.domains or d.errors):
+      parts.append(render_domains(r, d.domains, d.errors))
   if comparison is not None:
     parts.append(render_comparison(reports, comparison))
   if seed is not None and reports[0].samples is not None:
