@@ -344,12 +344,24 @@ class EvalConfig:
   samples_per_prompt: int = 4  # mean@k
   temperature: float = 1.0  # sampling temperature of the eval completions (0 = greedy)
   max_prompts: int = 0  # validation prompts used (0 = all held-out prompts)
+  # Downstream benchmark files "PATH[:NAME]" (AIME-style math / LiveCodeBench-style code
+  # jsonl, as `jaxrl-scale eval` reads them), logged as downstream/<NAME>/pass@k, mean@n.
+  downstream: tuple[str, ...] = ()
+  downstream_every: int = 0  # steps between downstream evals (0 = off); a multiple of eval.every
+  downstream_samples: int = 4  # n samples per benchmark problem; pass@1 and pass@n are logged
 
   def __post_init__(self):
     _check(self.every >= 0, "eval.every", "must be >= 0")
     _check(self.samples_per_prompt >= 1, "eval.samples_per_prompt", "must be >= 1")
     _check(self.temperature >= 0, "eval.temperature", "must be >= 0")
     _check(self.max_prompts >= 0, "eval.max_prompts", "must be >= 0")
+    _check(self.downstream_every >= 0, "eval.downstream_every", "must be >= 0")
+    _check(self.downstream_samples >= 1, "eval.downstream_samples", "must be >= 1")
+    _check(not self.downstream_every or self.downstream, "eval.downstream",
+           "lists no benchmark files, but eval.downstream_every is set")
+    _check(not self.downstream_every or (self.every and self.downstream_every % self.every == 0),
+           "eval.downstream_every",
+           f"must be a multiple of eval.every={self.every} (downstream evals run on eval steps)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,8 @@ import importlib.util
 import itertools
 import json
 import math
-import os
+import pathlib
+import types
 
 import numpy as np
 import pytest
@@ -16,7 +17,15 @@ from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import records
 from jaxrl_scale.models import tokenizer as tokenizer_lib
 
-_GEN_CONFTEST = os.path.join(os.path.dirname(__file__), "generation", "conftest.py")
+TESTS = pathlib.Path(__file__).parent
+
+
+def _load(name: str, path: pathlib.Path):
+  """Another test file's helpers (tests/ is not a package)."""
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def _subsets_pass(n: int, c: int, k: int) -> float:
@@ -226,9 +235,7 @@ def test_seeds_depend_on_the_problem_not_its_place(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory):
   """A tiny random Qwen2 directory with a byte-level tokenizer (tests/generation's)."""
-  spec = importlib.util.spec_from_file_location("generation_conftest", _GEN_CONFTEST)
-  gen = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(gen)
+  gen = _load("generation_conftest", TESTS / "generation" / "conftest.py")
   path = str(tmp_path_factory.mktemp("tiny_hf"))
   gen.make_hf_model(gen.SPECS["qwen2"], seed=3).save_pretrained(path)
   gen.write_byte_tokenizer(path)
@@ -273,3 +280,83 @@ def test_eval_command_errors_are_one_line(tmp_path, capsys):
     assert message in err and len(err.splitlines()) == 1, err
   assert cli.main(["eval", "--model", str(tmp_path / "none"), "--benchmark", aime]) == 2
   assert "not a directory" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------
+# During training: eval.downstream.
+
+
+class _FakeEvaluator:
+  k = 3
+
+  def __init__(self):
+    self.steps = []
+
+  def run(self, params=None, version=None):
+    self.steps.append(version)
+    return {"val/pass_rate": 0.5}
+
+
+def test_with_downstream_runs_on_due_steps_and_the_last(tmp_path):
+  from jaxrl_scale.downstream import training
+
+  tok = tokenizer_lib.load_tokenizer("byte")
+  bench = benchmarks.read_benchmark(_jsonl(tmp_path / "aime.jsonl", MATH_ROWS[:2]))
+  texts = {"aime/aime-1": ["\\boxed{5}", "\\boxed{4}"], "aime/aime-2": ["x", "y"]}
+  generate, seen = _fake_generate(texts, tok)
+  inner = _FakeEvaluator()
+  sampler = types.SimpleNamespace(generate=generate, version=0)
+  wrapped = training.WithDownstream(inner, sampler, tok, [bench], every=4, last_step=10,
+                                    samples=2, temperature=1.0)
+  assert wrapped.k == 3  # the loop reads the validation evaluator's attributes through it
+  metrics_by_step = {step: wrapped.run(None, step) for step in range(11)}
+  assert inner.steps == list(range(11))
+  due = [s for s, m in metrics_by_step.items() if "downstream/aime/pass@1" in m]
+  assert due == [0, 4, 8, 10] and len(seen) == 4 * 4
+  m = metrics_by_step[4]
+  assert m["val/pass_rate"] == 0.5
+  assert m["downstream/aime/mean@2"] == pytest.approx(0.25)
+  assert m["downstream/aime/pass@1"] == pytest.approx(0.25)
+  assert m["downstream/aime/pass@2"] == pytest.approx(0.5)
+  assert m["downstream/aime/invalid"] == 0.0 and m["downstream/seconds"] >= 0
+
+
+def test_downstream_config_is_checked():
+  from jaxrl_scale import config
+
+  ok = config.EvalConfig(every=5, downstream=("a.jsonl",), downstream_every=10)
+  assert ok.downstream_every == 10
+  for kwargs, message in (
+      (dict(every=5, downstream=("a.jsonl",), downstream_every=7), "multiple of eval.every=5"),
+      (dict(every=0, downstream=("a.jsonl",), downstream_every=5), "multiple of eval.every=0"),
+      (dict(every=5, downstream_every=5), "lists no benchmark files"),
+      (dict(every=5, downstream=("a.jsonl",), downstream_every=5, downstream_samples=0),
+       "eval.downstream_samples"),
+  ):
+    with pytest.raises(UserError, match=message):
+      config.EvalConfig(**kwargs)
+
+
+@pytest.mark.slow  # a 4-step training run: 76 s on a loaded 2-core machine
+def test_training_logs_downstream_metrics(tmp_path):
+  from jaxrl_scale import config, metrics
+  from jaxrl_scale.pipeline import wiring
+
+  train_test = _load("train_test_helpers", TESTS / "train_test.py")  # its tiny run config
+  task = tmp_path / "parity.jsonl"
+  train_test._write_task(task)
+  bench = _jsonl(tmp_path / "par.jsonl", [{"problem": f"{i}:", "answer": str(i % 2)}
+                                          for i in range(3)])
+  cfg = config.load(train_test.ROOT / "configs" / "cpu_tiny.yaml",
+                    train_test.tiny_overrides(task, steps=4) + [
+                        f"run.output_dir={tmp_path / 'run'}", f"eval.downstream=[{bench}:par]",
+                        "eval.downstream_every=4", "eval.downstream_samples=2"])
+  assert wiring.train(cfg, cfg.run.output_dir).reason == "done"
+  rows = metrics.read_metrics(pathlib.Path(cfg.run.output_dir) / "metrics.jsonl")
+  logged = [r["step"] for r in rows if "downstream/par/pass@2" in r]
+  assert logged == [0, 4]
+  for r in rows:
+    if r["step"] in logged:
+      assert r["downstream/par/mean@2"] == pytest.approx(r["downstream/par/pass@1"])
+      assert 0 <= r["downstream/par/pass@1"] <= r["downstream/par/pass@2"] <= 1
+      assert r["downstream/par/invalid"] == 0

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
