@@ -36,20 +36,35 @@ def _half_budget(forecaster: Any, final_compute: float) -> dict[str, Any] | None
 
 
 def _plot(cfg: Config, run_dir: pathlib.Path) -> str | None:
-  from jaxrl_scale.scaling import forecast  # pylint: disable=g-import-not-at-top
-  from jaxrl_scale.scaling import io  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.scaling import domains  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.scaling import plot  # pylint: disable=g-import-not-at-top
 
   try:
-    curve = io.read_curve(str(run_dir / "metrics.jsonl"))
-    report = forecast.analyse(curve, forecast.AnalysisOptions(
-        min_compute=cfg.forecast.min_compute_hours,
+    # A mixed-domain run's plot has each domain's curve beside the overall one.
+    analysis = domains.analyse_file(
+        str(run_dir / "metrics.jsonl"), min_compute=cfg.forecast.min_compute_hours,
         target_compute=cfg.forecast.target_compute_hours, n_boot=cfg.forecast.n_boot,
-        seed=cfg.run.seed))
-    return plot.plot_reports([report], str(run_dir / "forecast.png"))
+        seed=cfg.run.seed)
+    title = f"{analysis.overall.name}: per domain" if analysis.domains else None
+    return plot.plot_reports(domains.plot_reports([analysis]), str(run_dir / "forecast.png"),
+                             title=title)
   except UserError as e:  # too few eval points for a fit: no plot, say why
     log.info("no forecast plot: %s", e)
     return None
+
+
+def _domain_forecasts(forecaster: Any) -> dict[str, dict[str, Any]]:
+  """Each domain's live forecast at its last eval (a mixed-domain run; else empty)."""
+  out = {}
+  for domain, f in sorted(getattr(forecaster, "domains", {}).items()):
+    made = f.latest
+    if made is not None:
+      out[domain] = {"step": made.step, "n_points": made.n_points, "A": made.a,
+                     "A_interval": made.a_interval, "B": made.b, "C_mid": made.c_mid,
+                     "R0": made.r0, "well_determined": made.well_determined,
+                     "declining": made.declining, "target_compute_hours": made.target_compute,
+                     "forecast": made.forecast, "forecast_interval": made.forecast_interval}
+  return out
 
 
 def _timing(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -97,6 +112,9 @@ def finish(cfg: Config, run_dir: pathlib.Path, outcome: Any, forecaster: Any, ho
     summary["final_forecast"] = {"A": latest.a, "B": latest.b, "C_mid": latest.c_mid,
                                  "A_interval": latest.a_interval,
                                  "well_determined": latest.well_determined}
+    by_domain = _domain_forecasts(forecaster)
+    if by_domain:
+      summary["final_forecast_domains"] = by_domain
   if cfg.forecast.plot and outcome.reason == "done" and len(evals) >= 5:
     summary["forecast_plot"] = _plot(cfg, run_dir)
   (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -145,6 +163,21 @@ def render(summary: dict[str, Any]) -> str:
                    f"[{band[0]:.3f}, {band[1]:.3f}])")
   elif summary.get("final_forecast") is not None:
     lines.append("no forecast had been made by half the budget (fewer than 4 eval points)")
+  by_domain = summary.get("final_forecast_domains")
+  if by_domain:
+    lines.append("fitted curve per domain (the live forecast at the last eval):")
+    for domain, f in by_domain.items():
+      a = f"A={f['A']:.3f}" if f["well_determined"] else f"A~{f['A']:.2f}? (not determined)"
+      if f.get("A_interval"):
+        a += f" [{f['A_interval'][0]:.3f}, {f['A_interval'][1]:.3f}]"
+      line = f"  {domain}: {a} B={f['B']:.2f} C_mid={f['C_mid']:.3g} R0={f['R0']:.3f}"
+      if f.get("forecast") is not None:
+        line += f"; at {f['target_compute_hours']:.4g} h: {f['forecast']:.3f}"
+        if f.get("forecast_interval"):
+          line += f" [{f['forecast_interval'][0]:.3f}, {f['forecast_interval'][1]:.3f}]"
+      if f.get("declining"):
+        line += "; DECLINING"
+      lines.append(line)
   if summary.get("forecast_plot"):
     lines.append(f"forecast plot: {summary['forecast_plot']}")
   lines.append("=" * 72)

@@ -220,3 +220,59 @@ def test_eval_step_logs_forecast_keys_per_domain():
     assert f"forecast/{domain}/A" in out and f"forecast/{domain}/pass_rate_hi" in out
   assert "forecast/A" in out
   assert "code:" in printed[-1] and "math:" in printed[-1]
+
+
+def test_run_summary_prints_a_fitted_curve_per_domain(tmp_path, monkeypatch):
+  """The end of a mixed-domain run: summary.json and the console carry each domain's fit,
+  and forecast.png draws each domain."""
+  from jaxrl_scale.pipeline import summary
+  from jaxrl_scale.scaling import plot
+  compute, rows = _domain_rows(seed=5, n_evals=24)
+  _write(tmp_path / "metrics.jsonl", rows)
+  fc = live.LiveForecaster(target_compute=30000.0, n_boot=0)
+  for c, row in zip(compute, rows):
+    fc.update(c, row["val/pass_rate"], step=row["step"])
+    fc.update_domains(c, row, step=row["step"])
+  drawn, printed = [], []
+  real = plot.plot_reports
+  monkeypatch.setattr(plot, "plot_reports",
+                      lambda reports, *a, **k: drawn.append(reports) or real(reports, *a, **k))
+  ns = types.SimpleNamespace
+  cfg = ns(run=ns(steps=rows[-1]["step"], seed=0),
+           forecast=ns(plot=True, min_compute_hours=0.0, target_compute_hours=30000.0,
+                       n_boot=0))
+  out = summary.finish(cfg, tmp_path, ns(reason="done", signal_name=None,
+                                         step=rows[-1]["step"]),
+                       fc, ns(compute_hours=compute[-1], sft_compute_hours=0.0, flops=1.0),
+                       ns(print=printed.append))
+  saved = json.loads((tmp_path / "summary.json").read_text())
+  text = printed[-1]
+  for domain, true in TRUE.items():
+    f = saved["final_forecast_domains"][domain]
+    assert abs(f["A"] - true.a) < 0.03 and f["R0"] == rows[0][f"val/{domain}/pass_rate"]
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(f"  {domain}: A")]
+    assert f"B={f['B']:.2f} C_mid={f['C_mid']:.3g}" in line, line
+  assert out["forecast_plot"] == str(tmp_path / "forecast.png")
+  (reports,) = drawn
+  assert sorted(r.name for r in reports) == ["all domains", "code", "math"]
+
+
+def test_several_runs_and_pooled_seeds_each_get_their_domains(tmp_path, capsys):
+  paths = []
+  for seed in (6, 7):
+    run_dir = tmp_path / f"seed{seed}"
+    run_dir.mkdir()
+    paths.append(_write(run_dir / "metrics.jsonl", _domain_rows(seed=seed)[1]))
+  d = json.loads(_fit(capsys, paths + ["--json", "--bootstrap", "0"]).out)
+  assert [r["run"] for r in d["runs"]] == ["seed6", "seed7"]
+  for r in d["runs"]:
+    assert sorted(r["domains"]) == ["code", "math"]
+    assert r["domains"]["math"]["run"] == f"{r['run']}/math"
+    # Every domain forecasts at the runs' common target.
+    assert r["domains"]["code"]["forecast"]["compute"] == r["forecast"]["compute"]
+  d = json.loads(_fit(capsys, ["--group", f"both={paths[0]},{paths[1]}", "--json",
+                               "--bootstrap", "0"]).out)
+  for domain, true in TRUE.items():
+    f = d["domains"][domain]
+    assert f["file"] == ", ".join(paths)  # the seeds' evals of the domain, pooled
+    assert f["n_points"] == 2 * N_EVALS and abs(f["A"] - true.a) < 0.03
