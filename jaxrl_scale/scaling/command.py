@@ -24,7 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--x", default="compute_hours", help="compute column")
   parser.add_argument("--y", default="val/pass_rate", help="pass-rate column")
   parser.add_argument("--r0", type=float, default=None,
-                      help="pass rate at zero compute (default: the step-0 eval, else fitted)")
+                      help="pass rate at zero compute (default: the step-0 eval, else fitted); "
+                      "the overall curve's, or --domain's: other domains use their own "
+                      "step-0 evals")
   parser.add_argument("--min-compute", type=float, default=0.0, metavar="C",
                       help="ignore points below this compute (the paper skips ~1 epoch)")
   parser.add_argument("--target", type=float, default=None, metavar="C",
@@ -38,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--eval-size", default=None, metavar="NxK",
                       help="problems x samples per problem of every eval (e.g. 1000x16), "
                       "where the file does not log val/num_prompts and "
-                      "val/samples_per_prompt; weights the fit by the binomial error")
+                      "val/samples_per_prompt; weights the fit by the binomial error "
+                      "(the overall curve's, or --domain's; other domains use their own "
+                      "val/<domain>/num_prompts x samples_per_prompt)")
   parser.add_argument("--domain", default=None, metavar="NAME",
                       help="fit only this domain of a mixed-domain run (its "
                       "val/NAME/pass_rate column); without it every domain is fitted "
