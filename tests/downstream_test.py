@@ -151,6 +151,9 @@ def test_read_benchmark_errors_are_one_line(tmp_path):
     benchmarks.read_benchmark(_jsonl(tmp_path / "m.jsonl", [{"problem": "x"}]), task="math")
   with pytest.raises(UserError, match="no tests"):
     benchmarks.read_benchmark(_jsonl(tmp_path / "c.jsonl", MATH_ROWS), task="code")
+  twice = _jsonl(tmp_path / "twice.jsonl", CODE_ROWS[:1] * 2)
+  with pytest.raises(UserError, match="twice.jsonl: row 2 repeats id 'lcb-1' of row 1"):
+    benchmarks.read_benchmark(twice)
   with pytest.raises(UserError, match="expected PATH or PATH:NAME"):
     benchmarks.parse_spec(str(tmp_path / "x.jsonl") + ":a/b")
 

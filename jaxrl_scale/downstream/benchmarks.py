@@ -129,6 +129,12 @@ def read_benchmark(spec: str, *, task: str | None = None, limit: int = 0) -> Ben
                                   id_prefix=name)
     out = [records_lib.map_row(row, fields, origin=path, row_index=row["__row__"])
            for row in rows]
+  first_row: dict[str, int] = {}
+  for row, record in zip(rows, out):  # a problem's samples are keyed (and seeded) by its id
+    if record["id"] in first_row:
+      raise UserError(f"{path}: row {row['__row__']} repeats id {record['id']!r} of row "
+                      f"{first_row[record['id']]}")
+    first_row[record["id"]] = row["__row__"]
   return Benchmark(name=name, path=path, task=task, records=out)
 
 

@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="parameter/activation dtype (default: the checkpoint's)")
   parser.add_argument("--no-chat-template", action="store_true",
                       help="tokenize problems as raw text")
+  parser.add_argument("--system-prompt", default=None, metavar="TEXT",
+                      help="a system message (chat template) or first paragraph (raw text)")
   parser.add_argument("--reward-timeout", type=float, default=10.0,
                       help="verifier deadline per sample in seconds; past it the sample is "
                            "invalid (default 10; the code sandbox's own limit is 4 s)")
@@ -84,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
   if repeated:
     raise UserError(f"--benchmark: name {repeated[0]!r} given twice (name them PATH:NAME)")
   tokenizer = tokenizer_lib.load_tokenizer(args.model)
-  template = templates.PromptTemplate(use_chat_template=not args.no_chat_template)
+  template = templates.PromptTemplate(use_chat_template=not args.no_chat_template,
+                                      system_prompt=args.system_prompt)
   longest = max(len(ids) for b in benches for ids in bench_lib.prompt_ids(tokenizer, b, template))
   total = sum(len(b.records) for b in benches) * args.samples
   say(f"{len(benches)} benchmark(s), {total // args.samples} problems x {args.samples} "
