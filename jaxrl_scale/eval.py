@@ -5,6 +5,11 @@ samples k completions per prompt at the eval temperature and averages correctnes
 all of them. Every eval uses the same per-sample seeds (common random numbers), so the
 difference between two evals reflects the policy, not a new draw of the sampling noise.
 
+Mixed-domain runs (data/mixture.py): the prompts carry their domain, and every metric
+that defines the fit's points is also given per domain: val/<domain>/pass_rate (mean@k over
+that domain's prompts), val/<domain>/pass_at_k, val/<domain>/num_prompts and
+val/<domain>/samples_per_prompt; val/pass_rate stays the mean over all samples.
+
 Several processes: each samples a disjoint share of the prompts (`shard`) on its own
 generator devices, with the seeds the prompts have in the full list, and the per-process
 counts are summed (`gather`); every process gets the same numbers, equal to what a single
@@ -84,6 +89,34 @@ class Evaluator:
       raise ValueError("a sharded eval needs `gather` to combine the processes' counts")
     self.shard = (index, count)
     self.gather = gather
+    # Mixed-domain prompts' domains, in order of appearance ("" = single-source: none).
+    self.domains = [d for d in dict.fromkeys(p.domain for p in self.prompts) if d]
+
+  def _domain_counts(self, indices: Sequence[int], correct_NK: np.ndarray | None
+                     ) -> dict[str, float]:
+    """Per-domain sums over prompts `indices` (rows of `correct_NK`); zeros without it."""
+    counts = {}
+    for d in self.domains:
+      rows = np.array([self.prompts[i].domain == d for i in indices], bool)
+      mine = correct_NK[rows] if correct_NK is not None and rows.any() else np.zeros((0, 1))
+      counts.update({f"{d}/correct": float(mine.sum()), f"{d}/samples": float(mine.size),
+                     f"{d}/any_correct": float(mine.any(axis=1).sum()),
+                     f"{d}/prompts": float(rows.sum())})
+    return counts
+
+  def _domain_metrics(self, counts: dict[str, float]) -> dict[str, float]:
+    """val/<domain>/... from `_domain_counts` (summed over processes)."""
+    out = {}
+    for d in self.domains:
+      samples, prompts = counts[f"{d}/samples"], counts[f"{d}/prompts"]
+      out.update({
+          f"val/{d}/pass_rate": counts[f"{d}/correct"] / samples if samples else float("nan"),
+          f"val/{d}/pass_at_k": (counts[f"{d}/any_correct"] / prompts if prompts
+                                 else float("nan")),
+          f"val/{d}/num_prompts": prompts,
+          f"val/{d}/samples_per_prompt": float(self.k),
+      })
+    return out
 
   def run(self, params: Any = None, version: int | None = None) -> dict[str, float]:
     """Samples and scores; `params` (if given) are loaded into the sampler first.
@@ -91,7 +124,8 @@ class Evaluator:
     Returns:
       val/pass_rate (mean@k), val/pass_at_k (prompts with any correct sample),
       val/length_mean, val/truncated_frac, val/num_prompts, val/samples_per_prompt,
-      val/seconds.
+      val/seconds; with mixed-domain prompts also val/<domain>/pass_rate, pass_at_k,
+      num_prompts and samples_per_prompt.
     """
     if not self.prompts:
       return {}
@@ -115,7 +149,9 @@ class Evaluator:
     correct = list(self.pool.map(score, indices) if self.pool else map(score, indices))
     correct_NK = np.stack(correct)
     lengths = np.array([c.num_tokens for c in completions], np.float32)
+    by_domain = self._domain_metrics(self._domain_counts(indices, correct_NK))
     return {
+        **by_domain,
         "val/pass_rate": float(correct_NK.mean()),
         "val/pass_at_k": float(correct_NK.any(axis=1).mean()),
         "val/length_mean": float(lengths.mean()),
@@ -134,6 +170,7 @@ class Evaluator:
     mine = list(range(index, len(self.prompts), count))
     counts = {"correct": 0.0, "samples": 0.0, "any_correct": 0.0, "prompts": 0.0,
               "tokens": 0.0, "truncated": 0.0, "interrupted": 0.0}
+    counts.update(self._domain_counts(mine, None))  # every process sends every key
     completions = None
     if mine:
       requests = [
@@ -158,6 +195,7 @@ class Evaluator:
                     any_correct=float(correct_NK.any(axis=1).sum()), prompts=float(len(mine)),
                     tokens=float(sum(c.num_tokens for c in completions)),
                     truncated=float(sum(bool(c.truncated) for c in completions)))
+      counts.update(self._domain_counts(mine, correct_NK))
     counts["seconds"] = time.perf_counter() - t0
     parts = self.gather(counts)
     if any(p["interrupted"] for p in parts):
@@ -165,6 +203,7 @@ class Evaluator:
     total = {k: sum(p[k] for p in parts) for k in counts if k != "seconds"}
     samples = max(total["samples"], 1.0)
     return {
+        **self._domain_metrics(total),
         "val/pass_rate": total["correct"] / samples,
         "val/pass_at_k": total["any_correct"] / max(total["prompts"], 1.0),
         "val/length_mean": total["tokens"] / samples,

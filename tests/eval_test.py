@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -55,3 +57,47 @@ def test_mean_at_k_and_pass_at_k():
   assert len(set(seeds)) == len(seeds)
   ev.run()
   assert [r.seed for r in sampler.requests[12:]] == seeds  # same draws every eval
+
+
+def _domain_prompts(domains):
+  return [dataclasses.replace(p, domain=d) for p, d in zip(_prompts(len(domains)), domains)]
+
+
+def test_mixed_domain_eval_reports_each_domain_and_the_overall_mean():
+  # Prompt i has i of 4 samples right: math = prompts 0, 2, 3 -> (0 + 2 + 3) / 12;
+  # code = prompts 1, 4 -> (1 + 4) / 8 (prompt 4: all 4 right).
+  prompts = _domain_prompts(["math", "code", "math", "math", "code"])
+  out = eval_lib.Evaluator(_Sampler(), prompts, _Scorer(), samples_per_prompt=4,
+                           temperature=1.0).run()
+  assert out["val/math/pass_rate"] == pytest.approx(5 / 12)
+  assert out["val/code/pass_rate"] == pytest.approx(5 / 8)
+  assert out["val/pass_rate"] == pytest.approx(10 / 20)  # the mean over all samples
+  assert out["val/math/pass_at_k"] == pytest.approx(2 / 3)
+  assert out["val/code/pass_at_k"] == pytest.approx(1.0)
+  assert (out["val/math/num_prompts"], out["val/code/num_prompts"]) == (3.0, 2.0)
+  assert out["val/math/samples_per_prompt"] == out["val/code/samples_per_prompt"] == 4.0
+
+
+def test_sharded_mixed_domain_eval_equals_the_single_process_one():
+  prompts = _domain_prompts(["math", "code", "math", "math", "code"])
+  want = eval_lib.Evaluator(_Sampler(), prompts, _Scorer(), samples_per_prompt=4,
+                            temperature=1.0).run()
+  # Process 1 of 2 runs first and hands its counts to process 0's exchange.
+  sent = []
+  eval_lib.Evaluator(_Sampler(), prompts, _Scorer(), samples_per_prompt=4, temperature=1.0,
+                     shard=(1, 2), gather=lambda c: sent.append(c) or [c, c]).run()
+  got = eval_lib.Evaluator(_Sampler(), prompts, _Scorer(), samples_per_prompt=4,
+                           temperature=1.0, shard=(0, 2),
+                           gather=lambda c: [c, sent[0]]).run()
+  domain_keys = sorted(k for k in want if k.count("/") == 2)
+  assert len(domain_keys) == 8
+  assert {k: got[k] for k in domain_keys} == pytest.approx({k: want[k] for k in domain_keys})
+  assert got["val/pass_rate"] == pytest.approx(want["val/pass_rate"])
+
+
+def test_single_source_eval_keys_are_unchanged():
+  out = eval_lib.Evaluator(_Sampler(), _prompts(3), _Scorer(), samples_per_prompt=2,
+                           temperature=1.0).run()
+  assert sorted(out) == sorted(
+      ["val/pass_rate", "val/pass_at_k", "val/length_mean", "val/truncated_frac",
+       "val/num_prompts", "val/samples_per_prompt", "val/seconds"])

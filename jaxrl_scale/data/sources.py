@@ -51,6 +51,8 @@ class Prompt:
     token_ids: `text` encoded, at most max_prompt_tokens long.
     answer: ground truth for the verifier.
     solution: SFT warm-start target.
+    domain: the domain of a mixed-domain run (data/mixture.py), which names its metrics;
+      "" for a single-source run.
   """
 
   id: str
@@ -60,6 +62,7 @@ class Prompt:
   token_ids: tuple[int, ...]
   answer: str
   solution: str
+  domain: str = ""
 
 
 def _get_many(records: Sequence[Mapping[str, str]], indices: list[int]) -> list:

@@ -474,7 +474,8 @@ class Loop:
     """
     local = groups if local is None else local
     version = step  # policy version the trainer holds before this update
-    batch, row, keep = rollouts.build_batch(groups, self.cfg.rl, self.shape)
+    batch, row, keep = rollouts.build_batch(
+        groups, self.cfg.rl, self.shape, domains=[s.domain for s in self.cfg.data.sources])
     row.update(staleness_lib.summarize(
         staleness_lib.token_staleness([c.versions for g in groups for c in g.completions],
                                       version),

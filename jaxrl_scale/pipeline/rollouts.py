@@ -175,7 +175,36 @@ def _length_penalty(rl: RLConfig) -> advantages_lib.LengthPenalty | None:
                                       cache_length=rl.length_penalty_cache)
 
 
-def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape
+def domain_stats(groups: Sequence[Group], correct_PG: np.ndarray, judged_PG: np.ndarray,
+                 domains: Sequence[str] = ()) -> dict[str, float]:
+  """rollout/<domain>/pass_rate and rollout/<domain>/num_groups of a mixed-domain batch.
+
+  Args:
+    groups: the batch's groups; group i is row i of the [P, G] arrays.
+    correct_PG: which samples the verifier accepted.
+    judged_PG: which samples have a verdict (the pass rate's denominator, as overall).
+    domains: the run's domains: each gets its keys even when absent from this batch
+      (num_groups 0, pass_rate NaN), so every row has them. Domains of the groups that are
+      not listed get theirs too; a single-source run's groups (domain "") get none.
+
+  Returns:
+    The per-domain metrics.
+  """
+  names = list(dict.fromkeys([*domains, *(g.prompt.domain for g in groups)]))
+  out: dict[str, float] = {}
+  for name in names:
+    if not name:
+      continue
+    rows = np.array([g.prompt.domain == name for g in groups], bool)
+    judged = judged_PG[:len(groups)] & rows[:, None]
+    out[f"rollout/{name}/pass_rate"] = (float(correct_PG[:len(groups)][judged].mean())
+                                        if judged.any() else float("nan"))
+    out[f"rollout/{name}/num_groups"] = float(rows.sum())
+  return out
+
+
+def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape,
+                domains: Sequence[str] = ()
                 ) -> tuple[batch_lib.TrainBatch, dict[str, float], np.ndarray]:
   """Advantages, filters and packing for one step.
 
@@ -183,6 +212,8 @@ def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape
     groups: at most `shape.num_prompts` scored groups of `shape.group_size` completions.
     rl: loss-side settings (normalisation, zero-variance filter, length penalty).
     shape: the batch shape; missing groups become weight-0 padding rows.
+    domains: a mixed-domain run's domains (`data.sources`): the rollout metrics are also
+      logged per domain (`domain_stats`).
 
   Returns:
     (batch of NumPy arrays, rollout statistics, keep_P for the real groups: whether each
@@ -246,6 +277,7 @@ def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape
             [c.finish_reason == records.INTERRUPTED for c in completions])),
         "rollout/num_groups": float(n),
     })
+    stats.update(domain_stats(groups, correct_PG, judged_any_PG, domains))
     counts: dict[str, int] = {}
     for grp in groups:
       for key, value in grp.counts.items():

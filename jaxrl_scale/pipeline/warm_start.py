@@ -37,7 +37,7 @@ from jaxrl_scale import eval as eval_lib
 from jaxrl_scale import metrics as metrics_lib
 from jaxrl_scale import preempt
 from jaxrl_scale.config import Config
-from jaxrl_scale.data import sources as data_sources
+from jaxrl_scale.data import mixture
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import engine
 from jaxrl_scale.pipeline import progress as progress_lib
@@ -100,7 +100,7 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
   """
   target = cfg.run.sft_stop_pass_rate
   n_dev = cfg.run.sft_dev_prompts if target is not None else 0
-  prompts = data_sources.from_config(cfg.data, tok)  # its own stream: RL's is untouched
+  prompts = mixture.from_config(cfg.data, tok)  # its own stream: RL's is untouched
   if n_dev >= prompts.num_train:
     raise UserError(f"config key 'run.sft_dev_prompts': {n_dev} leaves no SFT examples of "
                     f"{prompts.num_train} training prompts")
@@ -160,10 +160,12 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
   with open(run_dir / "sft.jsonl", "w", encoding="utf-8") as f:
     f.writelines(row + "\n" for row in rows)
 
-    def record(step: int, m: dict[str, float], dev_rate: float | None = None) -> None:
+    def record(step: int, m: dict[str, float], dev_rate: float | None = None,
+               dev_domains: dict[str, float] | None = None) -> None:
       row = {"step": step, **m}
       if dev_rate is not None:
         row["dev/pass_rate"] = dev_rate
+        row.update(dev_domains or {})
       f.write(json.dumps(row) + "\n")
       f.flush()
       if (step + 1) % every == 0 or step + 1 == steps or dev_rate is not None and (
@@ -191,15 +193,19 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
         info["steps"] = float(step)
       else:  # the saved step whose dev check was interrupted: check it now
         m, pending = pending, None
-      dev_rate = None
+      dev_rate, dev_domains = None, None
       near = info["dev_pass_rate"] >= target / 2 if target is not None else False
       if checker is not None and (near or step % cfg.run.sft_check_every == 0):
         try:
-          dev_rate = checker.run(trainer.params, 0)["val/pass_rate"]
+          out = checker.run(trainer.params, 0)
         except preempt.Interrupted:
           save_and_stop(m)
+        dev_rate = out["val/pass_rate"]
+        # A mixed-domain run's dev set: each domain's rate too (dev/<domain>/pass_rate).
+        dev_domains = {"dev/" + k[len("val/"):]: v for k, v in out.items()
+                       if k.count("/") == 2 and k.endswith("/pass_rate")}
         info["dev_pass_rate"] = dev_rate
-      record(step - 1, m, dev_rate)
+      record(step - 1, m, dev_rate, dev_domains)
       if dev_rate is not None and dev_rate >= target:
         break
   return trainer.model(), clock.hours, info

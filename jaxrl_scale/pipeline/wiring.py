@@ -35,6 +35,7 @@ from jaxrl_scale import eval as eval_lib
 from jaxrl_scale import metrics as metrics_lib
 from jaxrl_scale import preempt
 from jaxrl_scale.config import Config
+from jaxrl_scale.data import mixture
 from jaxrl_scale.data import sources as data_sources
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import engine
@@ -202,8 +203,8 @@ def _replay_forecast(forecaster: Any, metrics_path: pathlib.Path, before_step: i
 
 def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.ExitStack,
          slices: mesh_lib.Slices, tok: tokenizer_lib.Tokenizer,
-         prompts: data_sources.PromptSource, validation: list, model: nnx.Module,
-         mcfg: model_config.ModelConfig, shape: rollouts.BatchShape,
+         prompts: data_sources.PromptSource | mixture.MixedSource, validation: list,
+         model: nnx.Module, mcfg: model_config.ModelConfig, shape: rollouts.BatchShape,
          progress: progress_lib.Progress, on_step, stop: preempt.StopRequest,
          ) -> tuple[loop_lib.Outcome, Any, Any]:
   """Everything after the policy exists: warm start or restore, then the loop."""
@@ -357,10 +358,10 @@ def _train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool, config_pat
                  f"  mode {mode} | {jax.default_backend()} {slices.describe()}{processes}")
 
   tok = load_tokenizer(cfg)
-  prompts = data_sources.from_config(cfg.data, tok)
-  validation = prompts.validation()
-  if cfg.eval.max_prompts:
-    validation = validation[:cfg.eval.max_prompts]
+  prompts = mixture.from_config(cfg.data, tok)
+  # eval.max_prompts caps each domain's validation set (a mixture's domains come one after
+  # another: a plain slice could leave the later ones out).
+  validation = mixture.validation_subset(prompts.validation(), cfg.eval.max_prompts)
   model, mcfg = build_policy(cfg, tok, slices.trainer)
   p, g = cfg.rl.prompts_per_step, cfg.rl.generations_per_prompt
   seq_len = cfg.data.max_prompt_tokens + cfg.sampler.max_new_tokens

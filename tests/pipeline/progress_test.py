@@ -33,3 +33,14 @@ def test_disabled_prints_nothing():
   p.step(1, {"val/pass_rate": 0.5})
   p.print("x")
   assert out.getvalue() == ""
+
+
+def test_mixed_domain_runs_show_each_domains_val_rate():
+  out = io.StringIO()
+  p = progress.Progress(total_steps=20, log_every=5, stream=out)
+  p.step(0, {"val/pass_rate": 0.5, "val/math/pass_rate": 0.625, "val/code/pass_rate": 0.375,
+             "val/math/num_prompts": 8.0, "compute_hours": 0.0})
+  p.step(5, {"rollout/pass_rate": 0.5, "rollout/math/pass_rate": 0.75})
+  lines = out.getvalue().splitlines()
+  assert lines[0].startswith("step  0/20 | val 0.500 (math 0.62 code 0.38)")
+  assert "| val 0.500 (math 0.62 code 0.38) | rollouts 0.50" in lines[1]  # the last eval's

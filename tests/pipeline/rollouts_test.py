@@ -1,3 +1,4 @@
+import dataclasses
 import threading
 
 import jax
@@ -8,6 +9,7 @@ import pytest
 from jaxrl_scale import config
 from jaxrl_scale import rewards
 from jaxrl_scale.data import sources as data_sources
+from jaxrl_scale.data import tasks
 from jaxrl_scale.generation import records
 from jaxrl_scale.models import tokenizer as tokenizer_lib
 from jaxrl_scale.pipeline import rollouts
@@ -185,3 +187,56 @@ def test_a_nonfinite_behaviour_logprob_drops_only_its_group():
   grad = np.asarray(grad)
   assert np.all(grad[0].sum(-1)[batch.loss_mask_PGS[0].sum(-1) > 0] != 0)
   assert np.all(grad[1:] == 0)
+
+
+# ---- mixed domains (data.sources) ----------------------------------------------------------
+
+
+def _domain_group(seq, domain, rewards):
+  group = _group(seq, ["1"] * len(rewards), rewards)
+  group.prompt = dataclasses.replace(group.prompt, domain=domain)
+  return group
+
+
+def test_each_prompt_is_scored_by_its_own_domains_verifier():
+  """A math answer scores under the math prompt's verifier and is no code under the code
+  prompt's; the program scores under the code prompt's (run in the sandbox) and is wrong
+  under the math one's."""
+  (rec,) = tasks.generate("code", 1, 0)
+  code_answer = rec["solution"]  # ```\nf=lambda x:...\n```
+  math_prompt = dataclasses.replace(_prompt(1, answer="46"), domain="math")
+  code_prompt = data_sources.Prompt(id="code/c0", task="code", prompt=rec["prompt"],
+                                    text=rec["prompt"], token_ids=(1, 2), answer=rec["answer"],
+                                    solution=code_answer, domain="code")
+  scorer = rollouts.GroupScorer(config.RLConfig(), TOK, num_threads=2, timeout_s=30.0)
+  try:
+    comps = [_completion("46", 0), _completion(code_answer, 1)]
+    math_group = scorer.group(0, math_prompt, comps, 0)
+    code_group = scorer.group(1, code_prompt, comps, 0)
+  finally:
+    scorer.close()
+  np.testing.assert_array_equal(math_group.rewards_G, [1.0, -1.0])
+  np.testing.assert_array_equal(code_group.rewards_G, [-1.0, 1.0])
+  assert code_group.counts["no_answer"] == 1  # "46" has no code block
+
+
+def test_per_domain_rollout_metrics_equal_hand_computed_values():
+  rl = config.RLConfig(advantage_norm="none")
+  shape = rollouts.BatchShape(num_prompts=4, group_size=4, seq_len=8, pad_id=TOK.PAD)
+  groups = [_domain_group(0, "math", [1.0, -1.0, -1.0, 1.0]),
+            _domain_group(1, "code", [1.0, np.nan, -1.0, -1.0]),  # one sample not judged
+            _domain_group(2, "math", [1.0, 1.0, 1.0, -1.0])]
+  _, stats, _ = rollouts.build_batch(groups, rl, shape, domains=["math", "code", "idle"])
+  assert stats["rollout/math/pass_rate"] == pytest.approx(5 / 8)
+  assert stats["rollout/code/pass_rate"] == pytest.approx(1 / 3)
+  assert stats["rollout/pass_rate"] == pytest.approx(6 / 11)  # overall: every judged sample
+  assert (stats["rollout/math/num_groups"], stats["rollout/code/num_groups"]) == (2.0, 1.0)
+  # A domain of the run with no group in this batch still has its keys.
+  assert stats["rollout/idle/num_groups"] == 0.0 and np.isnan(stats["rollout/idle/pass_rate"])
+
+
+def test_single_source_batches_have_no_domain_metrics():
+  rl = config.RLConfig(advantage_norm="none")
+  shape = rollouts.BatchShape(num_prompts=2, group_size=2, seq_len=8, pad_id=TOK.PAD)
+  _, stats, _ = rollouts.build_batch([_group(0, ["1", "2"], [1.0, -1.0])], rl, shape)
+  assert not [k for k in stats if k.count("/") > 1]
