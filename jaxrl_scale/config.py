@@ -129,6 +129,11 @@ class SourceConfig:
 
   source: str = ""  # built-in task name, "tfds:NAME", or a .jsonl/.parquet path
   weight: float = 1.0  # share of the training prompts: weight / sum of all weights
+  # This source's share of the SFT warm start's examples instead (null = `weight`; 0 = no
+  # SFT on it). Domains learn at different speeds in SFT (the CPU demo's code task far
+  # faster than its arithmetic), so a warm start on the RL mix can leave one domain solved
+  # and another unlearned, neither of which RL can move.
+  sft_weight: float | None = None
   # Reward function (verifier) of this source's prompts; null = the built-in task's own,
   # "math" for files and TFDS datasets.
   task: str | None = None
@@ -197,6 +202,8 @@ class DataConfig:
              "a .jsonl / .parquet file")
       _check(math.isfinite(src.weight) and src.weight > 0, f"{key}.weight",
              f"must be a number > 0, got {src.weight}")
+      _check(src.sft_weight is None or (math.isfinite(src.sft_weight) and src.sft_weight >= 0),
+             f"{key}.sft_weight", f"must be a number >= 0 or null, got {src.sft_weight}")
       _check(src.num_train >= 1, f"{key}.num_train", f"must be >= 1, got {src.num_train}")
       _check(src.num_validation >= 0, f"{key}.num_validation",
              f"must be >= 0, got {src.num_validation}")

@@ -205,14 +205,25 @@ def _source_data_config(cfg: Any, src: Any) -> Any:
 
 
 def from_config(cfg: Any, tokenizer: tokenizer_lib.Tokenizer,
-                keep: Callable[[str], bool] | None = None
+                keep: Callable[[str], bool] | None = None, *, sft: bool = False
                 ) -> sources.PromptSource | MixedSource:
   """The prompts of a `jaxrl_scale.config.DataConfig`: its single source when
-  `cfg.sources` is empty (`sources.from_config`, unchanged), else a MixedSource."""
+  `cfg.sources` is empty (`sources.from_config`, unchanged), else a MixedSource.
+
+  Args:
+    cfg: the data section.
+    tokenizer: encodes the rendered prompts.
+    keep: the keep hook (see PromptSource).
+    sft: the SFT warm start's mixture: each source's `sft_weight` (when set) instead of
+      its `weight`, without the sources whose sft_weight is 0.
+  """
   if not cfg.sources:
     return sources.from_config(cfg, tokenizer, keep=keep)
   domains = []
   for i, src in enumerate(cfg.sources):
+    weight = src.sft_weight if sft and src.sft_weight is not None else src.weight
+    if weight == 0:
+      continue
     if src.task is not None:
       try:
         tasks.reward_name(src.task)
@@ -228,5 +239,8 @@ def from_config(cfg: Any, tokenizer: tokenizer_lib.Tokenizer,
         num_validation=one.num_validation, seed=one.seed,
         template=templates.PromptTemplate(use_chat_template=one.chat_template),
         origin=f"data.sources[{i}] ({origin})")
-    domains.append(Domain(src.domain, prompt_source, src.weight, src.task))
+    domains.append(Domain(src.domain, prompt_source, weight, src.task))
+  if not domains:
+    raise UserError("config key 'data.sources': every sft_weight is 0, so the SFT warm start "
+                    "has no examples (set sft.steps=0 or give a source an sft_weight > 0)")
   return MixedSource(domains, seed=cfg.seed, keep=keep)

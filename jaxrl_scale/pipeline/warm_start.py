@@ -100,7 +100,8 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
   """
   target = cfg.run.sft_stop_pass_rate
   n_dev = cfg.run.sft_dev_prompts if target is not None else 0
-  prompts = mixture.from_config(cfg.data, tok)  # its own stream: RL's is untouched
+  # Its own stream (RL's is untouched), mixed by the sources' sft_weight.
+  prompts = mixture.from_config(cfg.data, tok, sft=True)
   if n_dev >= prompts.num_train:
     raise UserError(f"config key 'run.sft_dev_prompts': {n_dev} leaves no SFT examples of "
                     f"{prompts.num_train} training prompts")

@@ -209,3 +209,35 @@ def test_yaml_and_dotted_override_forms():
   # config.replace round-trips the tuple of sources (to_dict then from_dict).
   again = config.replace(cfg, **{"rl.loss": "grpo"})
   assert again.data.sources == cfg.data.sources
+
+
+def test_admitter_checkpoint_of_a_mixture_regenerates_the_untrained_groups():
+  """The pipeline's checkpoint state (position before the oldest group not trained on)
+  over a mixture: a resumed Admitter admits exactly the groups that were not trained."""
+  from jaxrl_scale.pipeline import sources as pipeline_sources  # pylint: disable=g-import-not-at-top
+
+  first = pipeline_sources.Admitter(_mix((2.0, 1.0)), group_size=2, seed=0)
+  admitted = [first.admit(0) for _ in range(30)]
+  first.consumed([seq for seq, _, _ in admitted[:17]])
+  state = json.loads(json.dumps(first.state()))
+  resumed = pipeline_sources.Admitter(_mix((2.0, 1.0)), group_size=2, seed=0)
+  resumed.load_state(state)
+  again = [resumed.admit(0) for _ in range(13)]
+  assert [(s, p.id, p.domain) for s, p, _ in again] == [
+      (s, p.id, p.domain) for s, p, _ in admitted[17:]]
+
+
+def test_the_sft_mixture_uses_sft_weight():
+  cfg = _data_cfg({"source": "arithmetic", "num_train": 20, "num_validation": 2,
+                   "sft_weight": 3.0},
+                  {"source": "code/fn", "num_train": 20, "num_validation": 2},
+                  {"source": "countdown", "name": "puzzles", "num_train": 20,
+                   "num_validation": 2, "weight": 2.0, "sft_weight": 0})
+  assert mixture.from_config(cfg, _BYTE).shares == pytest.approx(
+      {"math": 0.25, "code": 0.25, "puzzles": 0.5})
+  sft = mixture.from_config(cfg, _BYTE, sft=True)
+  assert sft.shares == pytest.approx({"math": 0.75, "code": 0.25})  # puzzles: no SFT
+  with pytest.raises(UserError, match="every sft_weight is 0"):
+    mixture.from_config(_data_cfg({"source": "arithmetic", "sft_weight": 0}), _BYTE, sft=True)
+  with pytest.raises(UserError, match=r"data.sources\[0\].sft_weight': must be a number >= 0"):
+    _data_cfg({"source": "arithmetic", "sft_weight": -1})
