@@ -17,7 +17,8 @@ Sections:
      show; paper App. A.5), one run per recipe or a --group of three seeds each;
   5. time of one fit with intervals: `jaxrl-scale fit` cold in a new process, and warm;
   6. the decline detector (scaling/decline.py) on whole runs: how often it fires on stable
-     runs (false alarms) and on runs that rise and then lose 0.03 over the last third.
+     runs (false alarms) and on runs that rise and then lose 0.03 over the last third,
+     beside the power of the best test that knows the noise covariance (what the data allow).
 
 Goals (issue 15): coverage 0.92-0.98 everywhere; flagged fits >= 0.90 at every fraction;
 no winner in >= 80% of same-recipe pairs, the right one in >= 90% of different-B pairs;
@@ -202,12 +203,67 @@ def _decline_curve(kind: str, rho: float, drop: float, i: int, seed: int) -> io.
                   line=np.arange(compute.size), r0=float(noisy[0]), is_start=compute == 0)
 
 
+def _best_power(signal_N, jac_NP, cov_NN, alpha: float = 0.05) -> float:
+  """Power of the best one-sided level-alpha test of a mean shift, curve fitted, noise known.
+
+  Phi(d - z_alpha), d the norm of `signal_N`'s part orthogonal to the curve's Jacobian
+  (`jac_NP`, its fitted parameters) in the metric of the inverse noise covariance: the
+  asymptotic power (the curve linearised at the truth) of a test no detector can beat.
+  """
+  from scipy import stats  # lazy, as coverage.wilson
+  chol = np.linalg.cholesky(cov_NN)
+  s_N = np.linalg.solve(chol, signal_N)
+  j_NP = np.linalg.solve(chol, jac_NP)
+  coef, *_ = np.linalg.lstsq(j_NP, s_N, rcond=None)
+  d = float(np.linalg.norm(s_N - j_NP @ coef))
+  return float(stats.norm.cdf(d - stats.norm.ppf(1.0 - alpha)))
+
+
+def _decline_bound(kind: str, rho: float, i: int, drop: float = 0.03,
+                   noise_sd: float = 0.01) -> tuple[float, float]:
+  """(ramp, run's own shape): the best test's power for run i of a case, noise known.
+
+  Ramp: the signal is the linear loss of `drop` over the last third, beside a sigmoid whose
+  A, B, C_mid are fitted (R0 is the step-0 eval's). Run's own shape: the signal is what the
+  simulated runs lose against the sigmoid, the ramp plus the rise the sigmoid still had
+  there (the runs hold their level at 2/3 of the budget, then fall). The demo shape: a free
+  plateau level is the one fitted parameter, the ramp its last quarter's loss.
+  """
+  if kind == "demo":
+    step = np.arange(10, 601, 10)
+    ramp = -drop * np.clip((step - 450) / 150, 0.0, 1.0)
+    level = (0.47 + 0.36 * np.log10(step / 10) >= 0.95).astype(np.float64)[:, None]
+    p = _best_power(ramp, level, 0.012 ** 2 * np.eye(step.size))
+    return p, p
+  row = synthetic.TABLE1[i % len(synthetic.TABLE1)]
+  x, _, clean = synthetic.simulate_evals(row, noise="iid", noise_sd=0.0)
+  _, _, fall = synthetic.simulate_evals(row, noise="iid", noise_sd=0.0, drop=drop)
+  keep = x >= coverage.PAPER_CUTOFF
+  x, clean, fall = x[keep], clean[keep], fall[keep]
+  start = row.budget * 2.0 / 3.0
+  ramp = -drop * np.clip((x - start) / (row.budget - start), 0.0, 1.0)
+  u = np.log(x / row.c_mid)
+  s = 1.0 / (1.0 + np.exp(-row.b * u))
+  g = (row.a - synthetic.R0) * s * (1.0 - s)
+  jac = np.stack([s, g * u, -g * row.b], axis=1)  # d/dA, d/dlog B, d/dlog C_mid
+  lag = np.abs(np.subtract.outer(np.arange(x.size), np.arange(x.size)))
+  if kind == "binomial":
+    cov = np.diag(clean * (1.0 - clean) / 500.0)
+  else:
+    cov = noise_sd ** 2 * (rho ** lag if kind == "ar1" else np.eye(x.size))
+  return _best_power(ramp, jac, cov), _best_power(fall - clean, jac, cov)
+
+
 def section_decline(args) -> None:
   print("\n6. decline detector on whole runs (as `jaxrl-scale fit`; Table-1 rows: 80 evals, "
         "cutoff 1.5k); fires on: stable runs (false alarms), runs losing 0.03 over the "
-        "last third (the demo shape: over its last quarter)")
+        "last third (the demo shape: over its last quarter). Best test, noise known: the "
+        "power of the best one-sided 5% test, curve parameters fitted, noise covariance "
+        "known, over the same runs: of the ramp alone, and of the runs' own shape (the ramp "
+        "plus the rise they lost)")
   n = args.decline_runs
   for label, kind, rho in DECLINE_CASES:
+    bound_RC = np.asarray([_decline_bound(kind, rho, i) for i in range(n)])
     t0 = time.perf_counter()
     fired = {}
     for drop in (0.0, 0.03):
@@ -219,6 +275,8 @@ def section_decline(args) -> None:
         k += report.declining
       fired[drop] = k
     print(f"{label:26s} stable: {_fmt(fired[0.0], n)}   0.03 drop: {_fmt(fired[0.03], n)}"
+          f"   best test, noise known: ramp {bound_RC[:, 0].mean():.3f} (min "
+          f"{bound_RC[:, 0].min():.3f}), own shape {bound_RC[:, 1].mean():.3f}"
           f"  ({time.perf_counter() - t0:.0f}s)", flush=True)
 
 

@@ -36,6 +36,18 @@ def test_quiet_on_stable_runs(noise):
   assert np.mean(fired) <= 0.05, np.mean(fired)
 
 
+def test_fires_on_correlated_and_binomial_noise():
+  # Issue 37 asks >= 90% at a 0.03 drop. The evals' own trend used to be a line over the
+  # window alone (intercept and slope from its ~26 evals), which fired on 84% (AR(1) 0.5)
+  # and 71.5% (binomial, 500 problems) in the benchmark, and on 0.783 and 0.567 of these
+  # seeds. Hinged at the window's start to the evals before it (and LR_CRIT 3.84): 0.933
+  # and 0.85 here. (The stable AR(1) runs stay quiet: test_quiet_on_stable_runs.)
+  fired = [_detect(500 + i, 0.03, "ar1").declining for i in range(60)]
+  assert np.mean(fired) >= 0.85, np.mean(fired)
+  fired = [_detect(500 + i, 0.03, "binomial").declining for i in range(60)]
+  assert np.mean(fired) >= 0.75, np.mean(fired)
+
+
 def test_quiet_on_a_run_that_stops_rising_abruptly():
   # The CPU demo's shape: straight up in log compute, then flat. The sigmoid overshoots
   # the flat tail, so the tail lies below the curve, but the run has stopped, not declined
