@@ -84,3 +84,15 @@ def test_cpu_demo_is_small_and_split():
   assert cfg.sft.steps > 0 and cfg.model.path is None and cfg.model.tokenizer == "byte"
   assert (cfg.rl.loss, cfg.rl.aggregation, cfg.rl.advantage_norm) == (
       "cispo", "prompt_avg", "batch")
+
+
+def test_math_code_configs_mix_two_domains():
+  demo = config.load(CONFIGS / "cpu_math_code.yaml")
+  assert [(s.domain, s.source, s.weight, s.sft_weight) for s in demo.data.sources] == [
+      ("math", "arithmetic/add2", 2.0, 8.0), ("code", "code/fn", 1.0, 1.0)]
+  paper = config.load(CONFIGS / "scalerl_qwen3_8b_math_code.yaml")
+  assert [(s.domain, s.task, s.weight, s.num_validation) for s in paper.data.sources] == [
+      ("math", "math", 1.0, 1000), ("code", "code", 1.0, 1000)]
+  # The paper's math+code run is the ScaleRL recipe with other data, nothing else.
+  assert set(_diff("scalerl_qwen3_8b_math_code")) == {"data.source", "data.num_validation",
+                                                       "data.sources"}

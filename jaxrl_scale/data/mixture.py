@@ -14,7 +14,10 @@ plain dict), over the sources of `data.sources`:
     `task`), and its id is prefixed with the domain ("code/<id>"), so prompts of two
     sources never share a curriculum entry;
   * each domain holds out its own validation set (its `num_validation`, split by the
-    data seed as in a single-source run); `validation()` is all of them, domain by domain.
+    data seed as in a single-source run); `validation()` is all of them, domain by domain;
+  * the SFT warm start draws its own stream by each source's `sft_weight` (`from_config(...,
+    sft=True)`): domains learn at different speeds in SFT, and RL moves neither a domain
+    it starts near zero on nor one it starts near solved.
 
 A source whose prompts the keep hook drops entirely (No-Positive-Resampling solved all of
 them) ends the run with `PromptsExhausted` naming it, as a single source does.
