@@ -258,24 +258,33 @@ class DecoderLayer(nnx.Module):
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, attend: Attend,
                layer: jax.Array | int = 0, mask_BT: jax.Array | None = None,
                sharding: jax.sharding.NamedSharding | None = None,
-               ) -> tuple[jax.Array, Any, moe.RouterStats | None]:
+               recorded_BTK: jax.Array | None = None, recorded_BT: jax.Array | None = None,
+               replay: bool = False,
+               ) -> tuple[jax.Array, Any, moe.RouterStats | None, jax.Array | None]:
     """(x_BTD after the block, the aux output of `attend`, the router stats of a sparse
-    layer or zeros (None in a dense model)); see `Attention.__call__`.
+    layer or zeros, the experts_BTK int32 its tokens went to or zeros (both None in a dense
+    model)); see `Attention.__call__`.
 
     Args:
       layer: this layer's index (chooses dense or sparse in an interleaved model).
       mask_BT: True at real tokens, which the router stats count (None: all).
-      sharding: where the [B, T, D] activations live (`moe.MoE.__call__`).
+      sharding: where the [B, T, D] activations live (`moe.MoE.apply`).
+      recorded_BTK, recorded_BT, replay: routing replay (`moe.MoE.apply`); ignored by a
+        dense layer.
     """
     attn_BTD, aux = self.self_attn(self.input_layernorm(x_BTD), positions_BT, attend)
     x_BTD = x_BTD + attn_BTD
     h_BTD = self.post_attention_layernorm(x_BTD)
     if self.moe is None:
-      return x_BTD + self.mlp(h_BTD), aux, None
+      return x_BTD + self.mlp(h_BTD), aux, None, None
+    sparse = lambda h: self.moe.apply(h, mask_BT, sharding, recorded_BTK,  # noqa: E731
+                                      recorded_BT, replay)
     if self.mlp is None:
-      y_BTD, stats = self.moe(h_BTD, mask_BT, sharding)
+      y_BTD, stats, experts_BTK = sparse(h_BTD)
     else:
-      dense = lambda h: (self.mlp(h), moe.RouterStats.zeros(self.num_experts))  # noqa: E731
-      y_BTD, stats = jax.lax.cond(jnp.asarray(self.sparse)[layer],
-                                  lambda h: self.moe(h, mask_BT, sharding), dense, h_BTD)
-    return x_BTD + y_BTD, aux, stats
+      b, t, _ = h_BTD.shape
+      dense = lambda h: (self.mlp(h), moe.RouterStats.zeros(self.num_experts),  # noqa: E731
+                         jnp.zeros((b, t, self.moe.top_k), jnp.int32))
+      y_BTD, stats, experts_BTK = jax.lax.cond(jnp.asarray(self.sparse)[layer], sparse, dense,
+                                               h_BTD)
+    return x_BTD + y_BTD, aux, stats, experts_BTK

@@ -41,11 +41,16 @@ class RouterStats:
   chosen_E: jax.Array
   prob_E: jax.Array
   tokens: jax.Array
+  # Routing replay (`MoE.apply` given recorded choices): of the `compared` recorded
+  # (token, slot) choices at real tokens, how many the router's own top-k lacks.
+  mismatch: jax.Array = dataclasses.field(default_factory=lambda: jnp.zeros((), jnp.float32))
+  compared: jax.Array = dataclasses.field(default_factory=lambda: jnp.zeros((), jnp.float32))
 
   @staticmethod
   def zeros(num_experts: int) -> RouterStats:
     z = jnp.zeros((num_experts,), jnp.float32)
-    return RouterStats(chosen_E=z, prob_E=z, tokens=jnp.zeros((), jnp.float32))
+    s = jnp.zeros((), jnp.float32)
+    return RouterStats(chosen_E=z, prob_E=z, tokens=s, mismatch=s, compared=s)
 
   def __add__(self, other: RouterStats) -> RouterStats:
     return jax.tree.map(jnp.add, self, other)
@@ -62,6 +67,11 @@ class RouterStats:
     n = jnp.maximum(self.tokens, 1.0)
     e = self.chosen_E.shape[-1]
     return e * jnp.sum((self.chosen_E / n) * (self.prob_E / n))
+
+  def routing_mismatch(self) -> jax.Array:
+    """The fraction of recorded (token, layer, slot) expert choices that the router's own
+    top-k would not have made (0 when nothing was compared)."""
+    return self.mismatch / jnp.maximum(self.compared, 1.0)
 
 
 class MoE(nnx.Module):
@@ -95,33 +105,83 @@ class MoE(nnx.Module):
     choices between two programs that round differently, and the trainer then scores
     different experts than the sampler ran.
     """
+    logits_NE, probs_NE = self.scores(x_ND)
+    experts_NK = self.top_k_experts(logits_NE, probs_NE)
+    return self.gates(logits_NE, probs_NE, experts_NK), experts_NK, probs_NE
+
+  def scores(self, x_ND: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The router's (logits_NE, probs_NE = softmax(logits)), float32."""
     w_DE = layers.held(self.router[...], self.param_dtype).astype(jnp.float32)
     logits_NE = jnp.dot(x_ND.astype(jnp.float32), w_DE, precision=jax.lax.Precision.HIGHEST)
-    probs_NE = jax.nn.softmax(logits_NE, axis=-1)
+    return logits_NE, jax.nn.softmax(logits_NE, axis=-1)
+
+  def top_k_experts(self, logits_NE: jax.Array, probs_NE: jax.Array) -> jax.Array:
+    """The router's own choice, experts_NK int32 (softmax: top-k of the probabilities;
+    sigmoid: of the logits), highest score first."""
+    scores_NE = probs_NE if self.scoring == "softmax" else logits_NE
+    return jax.lax.top_k(scores_NE, self.top_k)[1].astype(jnp.int32)
+
+  def gates(self, logits_NE: jax.Array, probs_NE: jax.Array, experts_NK: jax.Array,
+            ) -> jax.Array:
+    """weights_NK (cfg.dtype) of the experts `experts_NK`, whoever chose them: gathered from
+    the router's scores, so the gradient reaches the router through exactly these gates.
+    For the router's own top-k the gathered values are the top-k values themselves."""
     if self.scoring == "softmax":
-      weights_NK, experts_NK = jax.lax.top_k(probs_NE, self.top_k)
+      weights_NK = jnp.take_along_axis(probs_NE, experts_NK, axis=-1)
       if self.norm_topk_prob:
         weights_NK = weights_NK / jnp.sum(weights_NK, axis=-1, keepdims=True)
     else:  # sigmoid (Llama 4): the chosen experts' logits squashed independently
-      top_NK, experts_NK = jax.lax.top_k(logits_NE, self.top_k)
-      weights_NK = jax.nn.sigmoid(top_NK)
-    return weights_NK.astype(self.dtype), experts_NK.astype(jnp.int32), probs_NE
+      weights_NK = jax.nn.sigmoid(jnp.take_along_axis(logits_NE, experts_NK, axis=-1))
+    return weights_NK.astype(self.dtype)
 
   def __call__(self, x_BTD: jax.Array, mask_BT: jax.Array | None = None,
                sharding: jax.sharding.NamedSharding | None = None,
                ) -> tuple[jax.Array, RouterStats]:
-    """(y_BTD, stats); `mask_BT` (True at real tokens) only limits what the stats count:
-    padding tokens are routed and computed like any other (their outputs are ignored).
+    """(y_BTD, stats); see `apply`."""
+    y_BTD, stats, _ = self.apply(x_BTD, mask_BT, sharding)
+    return y_BTD, stats
+
+  def apply(self, x_BTD: jax.Array, mask_BT: jax.Array | None = None,
+            sharding: jax.sharding.NamedSharding | None = None,
+            recorded_BTK: jax.Array | None = None, recorded_BT: jax.Array | None = None,
+            replay: bool = False) -> tuple[jax.Array, RouterStats, jax.Array]:
+    """(y_BTD, stats, experts_BTK int32: the experts each token went to).
+
+    `mask_BT` (True at real tokens) only limits what the stats count: padding tokens are
+    routed and computed like any other (their outputs are ignored).
 
     `sharding`: where the [B, T, D] activations live (rows over a data axis). Given, each
     shard of rows sorts and runs its own tokens (`_local_experts`); without it the sort
     spans the whole batch, which the compiler may carry out by gathering every token on
     every chip.
+
+    Routing replay: `recorded_BTK` (any int dtype) are expert choices another program made
+    (the sampler's), valid where `recorded_BT` (None: everywhere). The stats count how many
+    of them at real tokens the router's own top-k lacks (`RouterStats.routing_mismatch`).
+    With `replay` the tokens go to the recorded experts instead of the router's own
+    (elsewhere to its own), weighted by this router's gates for them (`gates`).
     """
     b, t, d = x_BTD.shape
     n = b * t
     x_ND = x_BTD.reshape(n, d).astype(self.dtype)
-    weights_NK, experts_NK, probs_NE = self.route(x_ND)
+    logits_NE, probs_NE = self.scores(x_ND)
+    experts_NK = self.top_k_experts(logits_NE, probs_NE)
+    real_N = (jnp.ones((n,), jnp.float32) if mask_BT is None
+              else mask_BT.reshape(n).astype(jnp.float32))
+    mismatch = compared = jnp.zeros((), jnp.float32)
+    if recorded_BTK is not None:
+      rec_NK = recorded_BTK.reshape(n, self.top_k).astype(jnp.int32)
+      has_N = (jnp.ones((n,), jnp.bool_) if recorded_BT is None
+               else recorded_BT.reshape(n).astype(jnp.bool_))
+      # A slot mismatches when its recorded expert is not among the router's own K (the
+      # order within the K does not change the output).
+      miss_NK = ~jnp.any(rec_NK[:, :, None] == experts_NK[:, None, :], axis=-1)
+      counted_N = real_N * has_N.astype(jnp.float32)
+      mismatch = jnp.sum(miss_NK.astype(jnp.float32) * counted_N[:, None])
+      compared = jnp.sum(counted_N) * self.top_k
+      if replay:
+        experts_NK = jnp.where(has_N[:, None], rec_NK, experts_NK)
+    weights_NK = self.gates(logits_NE, probs_NE, experts_NK)
     e = probs_NE.shape[-1]
     params = (self._weight(self.gate_proj), self._weight(self.up_proj),
               self._weight(self.down_proj))
@@ -133,8 +193,6 @@ class MoE(nnx.Module):
     if self.shared_expert is not None:
       y_ND = y_ND + self.shared_expert(x_ND[None])[0]
 
-    real_N = (jnp.ones((n,), jnp.float32) if mask_BT is None
-              else mask_BT.reshape(n).astype(jnp.float32))
     # A segment sum, not a one-hot: [N, K, E] floats would be 268 MB at 64k tokens, top-8
     # of 128 experts.
     chosen_E = jax.ops.segment_sum(jnp.repeat(real_N, self.top_k), experts_NK.reshape(-1),
@@ -142,8 +200,11 @@ class MoE(nnx.Module):
     stats = RouterStats(
         chosen_E=jax.lax.stop_gradient(chosen_E),
         prob_E=real_N @ probs_NE,
-        tokens=jnp.sum(real_N))
-    return y_ND.reshape(b, t, d).astype(x_BTD.dtype), stats
+        tokens=jnp.sum(real_N),
+        mismatch=jax.lax.stop_gradient(mismatch),
+        compared=jax.lax.stop_gradient(compared))
+    return (y_ND.reshape(b, t, d).astype(x_BTD.dtype), stats,
+            experts_NK.reshape(b, t, self.top_k))
 
   def _weight(self, w: nnx.Param) -> jax.Array:
     """An expert weight as the model computes with it, in cfg.dtype."""

@@ -184,23 +184,58 @@ class Transformer(nnx.Module):
   def hidden_states_with_stats(
       self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array, *,
       remat: str = "none", activation_sharding: jax.sharding.NamedSharding | None = None,
+      recorded_BTLK: jax.Array | None = None, recorded_BT: jax.Array | None = None,
+      replay: bool = False,
   ) -> tuple[jax.Array, moe.RouterStats | None]:
     """`hidden_states` and the router stats of the sparse layers over the real tokens,
     summed (None for a dense model): `stats.load_balancing_loss()` is the auxiliary loss a
-    trainer adds, weighted by cfg.router_aux_loss_coef."""
+    trainer adds, weighted by cfg.router_aux_loss_coef.
+
+    Routing replay (MoE only): `recorded_BTLK` are the experts another program (the
+    sampler: `prefill_into` / `decode` with record_routing) chose at each position, for
+    each sparse layer in order (L = len(`sparse_layers()`)), valid where `recorded_BT`
+    (None: everywhere). `stats.routing_mismatch()` is how often this model's own top-k
+    differs from them; with `replay` the tokens go to the recorded experts
+    (`moe.MoE.apply`)."""
     policy = _remat_policy(remat)
     pin = _pinner(activation_sharding)
     mask_BT = mask_BT.astype(jnp.bool_)
     x_BTD = pin(self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype)))
-    x_BTD, (_, stats_L) = self._scan(x_BTD, positions_BT, mask_BT, policy,
-                                     activation_sharding)
+    recorded_L = None
+    if recorded_BTLK is not None and any(self.cfg.moe_layers()):
+      recorded_L = self._per_layer(recorded_BTLK)
+    x_BTD, (_, stats_L, _) = self._scan(x_BTD, positions_BT, mask_BT, policy,
+                                        activation_sharding, recorded_L=recorded_L,
+                                        recorded_BT=recorded_BT, replay=replay)
     return pin(self.norm(x_BTD)), None if stats_L is None else stats_L.sum_layers()
+
+  def sparse_layers(self) -> tuple[int, ...]:
+    """Indices of the layers whose MLP is a mixture of experts (the layer axis of routing
+    records)."""
+    return tuple(i for i, sparse in enumerate(self.cfg.moe_layers()) if sparse)
+
+  def _per_layer(self, recorded_BTLK: jax.Array) -> jax.Array:
+    """[B, T, L_sparse, K] records -> [L, B, T, K] int32 (zeros at dense layers, which
+    never read them), the layer loop's input."""
+    rec_LBTK = jnp.moveaxis(recorded_BTLK, 2, 0).astype(jnp.int32)
+    idx = self.sparse_layers()
+    if len(idx) == self.cfg.num_layers:
+      return rec_LBTK
+    full = jnp.zeros((self.cfg.num_layers,) + rec_LBTK.shape[1:], jnp.int32)
+    return full.at[jnp.asarray(idx)].set(rec_LBTK)
+
+  def _sparse_records(self, experts_LBTK: jax.Array) -> jax.Array:
+    """Every layer's experts [L, B, T, K] -> the sparse layers' [B, T, L_sparse, K]."""
+    return jnp.moveaxis(experts_LBTK[jnp.asarray(self.sparse_layers())], 0, 2)
 
   def decode(self, tokens_B1: jax.Array, pos_B: jax.Array, active_B: jax.Array,
              cache: PagedKVCache, table_BM: jax.Array, *, view_pages: int,
              mesh: jax.sharding.Mesh | None = None, layer_states: list[Any] | None = None,
-             ) -> tuple[jax.Array, PagedKVCache]:
-    """One token per row through the paged cache: (logits_B1V, updated cache).
+             record_routing: bool = False,
+             ) -> tuple[jax.Array, PagedKVCache] | tuple[jax.Array, PagedKVCache, jax.Array]:
+    """One token per row through the paged cache: (logits_B1V, updated cache), and with
+    `record_routing` (an MoE model) the experts each row's token went to in each sparse
+    layer, experts_BLK int32 (L = len(`sparse_layers()`)).
 
     See the module docstring. The whole page pool rides along the layers and each layer
     scatters its new keys/values into it in place. `mesh` (the generator's) picks the TPU
@@ -224,26 +259,32 @@ class Transformer(nnx.Module):
             view_pages=view_pages, mesh=mesh, view=view)
         return out_B1NH, (pool_out, view_out)
 
-      x_B1D, aux, _ = nnx.merge(graphdef, layer_state)(x_B1D, pos_B[:, None], attend, i,
-                                                       active_B[:, None])
-      return x_B1D, aux
+      x_B1D, aux, _, experts_B1K = nnx.merge(graphdef, layer_state)(
+          x_B1D, pos_B[:, None], attend, i, active_B[:, None])
+      return x_B1D, aux, experts_B1K
 
+    record_routing = record_routing and bool(self.sparse_layers())
     if layer_states is not None:
-      pool, new_views = cache.kv, []
+      pool, new_views, experts = cache.kv, [], []
       for i, layer_state in enumerate(layer_states):
-        x_B1D, (pool, view) = layer(x_B1D, pool, layer_state, jnp.int32(i),
-                                    None if views is None else views[i])
+        x_B1D, (pool, view), experts_B1K = layer(x_B1D, pool, layer_state, jnp.int32(i),
+                                                 None if views is None else views[i])
         new_views.append(view)
+        experts.append(experts_B1K)
       cache = PagedKVCache(kv=pool, views=None if views is None else tuple(new_views))
+      experts_LB1K = jnp.stack(experts) if record_routing else None
     else:
       def body(carry, xs):
-        x_B1D, (pool, _) = layer(*carry, *xs)
-        return (x_B1D, pool), None
+        x_B1D, (pool, _), experts_B1K = layer(*carry, *xs)
+        return (x_B1D, pool), experts_B1K if record_routing else None
 
-      (x_B1D, pool), _ = jax.lax.scan(body, (x_B1D, cache.kv),
-                                      (state_L, jnp.arange(self.cfg.num_layers)))
+      (x_B1D, pool), experts_LB1K = jax.lax.scan(body, (x_B1D, cache.kv),
+                                                 (state_L, jnp.arange(self.cfg.num_layers)))
       cache = PagedKVCache(kv=pool)
-    return self.logits(self.norm(x_B1D)), cache
+    logits_B1V = self.logits(self.norm(x_B1D))
+    if not record_routing:
+      return logits_B1V, cache
+    return logits_B1V, cache, self._sparse_records(experts_LB1K)[:, 0]
 
   def with_views(self, cache: PagedKVCache, table_BM: jax.Array, view_pages: int, *,
                  mesh: jax.sharding.Mesh | None = None) -> PagedKVCache:
@@ -277,15 +318,16 @@ class Transformer(nnx.Module):
     pin = _pinner(activation_sharding)
     mask_BT = mask_BT.astype(jnp.bool_)
     x_BTD = pin(self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype)))
-    x_BTD, ((k_LBTKH, v_LBTKH), _) = self._scan(x_BTD, positions_BT, mask_BT, None,
-                                                activation_sharding, keep_kv=True)
+    x_BTD, ((k_LBTKH, v_LBTKH), _, _) = self._scan(x_BTD, positions_BT, mask_BT, None,
+                                                   activation_sharding, keep_kv=True)
     return pin(self.norm(x_BTD)), k_LBTKH, v_LBTKH
 
   def prefill_into(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
                    pool: jax.Array, write: Callable[..., jax.Array], *,
                    activation_sharding: jax.sharding.NamedSharding | None = None,
                    prefix: PromptPrefix | None = None, prefix_in_loop: bool = True,
-                   ) -> tuple[jax.Array, jax.Array]:
+                   record_routing: bool = False,
+                   ) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, jax.Array]:
     """`prefill` writing each layer's keys and values into `pool` inside the layer loop.
 
     Args:
@@ -302,6 +344,8 @@ class Transformer(nnx.Module):
         held at a time; what TPUs want), or every layer's once before it (XLA:CPU copied
         the whole pool twice per layer to keep an in-loop read apart from the in-place
         write). Same numbers either way.
+      record_routing: (an MoE model) also return the experts each token went to in each
+        sparse layer, experts_BTLK int32 (L = len(`sparse_layers()`)).
 
     Returns:
       (h_BTD, pool): final-norm hidden states and the updated pool. Only one layer's keys
@@ -310,20 +354,26 @@ class Transformer(nnx.Module):
     pin = _pinner(activation_sharding)
     mask_BT = mask_BT.astype(jnp.bool_)
     x_BTD = pin(self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype)))
-    (x_BTD, pool), _ = self._scan((x_BTD, pool), positions_BT, mask_BT, None,
-                                  activation_sharding, prefix=prefix, write=write,
-                                  prefix_in_loop=prefix_in_loop)
-    return pin(self.norm(x_BTD)), pool
+    record_routing = record_routing and bool(self.sparse_layers())
+    (x_BTD, pool), experts_LBTK = self._scan(
+        (x_BTD, pool), positions_BT, mask_BT, None, activation_sharding, prefix=prefix,
+        write=write, prefix_in_loop=prefix_in_loop, record=record_routing)
+    if not record_routing:
+      return pin(self.norm(x_BTD)), pool
+    return pin(self.norm(x_BTD)), pool, self._sparse_records(experts_LBTK)
 
   def _scan(self, carry: Any, positions_BT: jax.Array, mask_BT: jax.Array,
             policy: Callable | None, activation_sharding: jax.sharding.NamedSharding | None,
             keep_kv: bool = False, prefix: PromptPrefix | None = None,
             write: Callable[..., jax.Array] | None = None, prefix_in_loop: bool = True,
-            ) -> tuple[Any, Any]:
+            recorded_L: jax.Array | None = None, recorded_BT: jax.Array | None = None,
+            replay: bool = False, record: bool = False) -> tuple[Any, Any]:
     """Runs the stacked layers with one scanned (optionally remat'd) layer body. The carry
     is x_BTD, or (x_BTD, pool) with `write` (see `prefill_into`); the stacked outputs are
-    (each layer's keys and values when keep_kv, else None; router stats or None), except
-    with `write` (None)."""
+    (each layer's keys and values when keep_kv, else None; router stats or None; each
+    layer's experts_BTK or None), except with `write` (each layer's experts_BTK when
+    `record`, else None). recorded_L [L, B, T, K], recorded_BT, replay: routing replay
+    (`hidden_states_with_stats`)."""
     graphdef, state_L = nnx.split(self.layers)
     pin = _pinner(activation_sharding)
     impl = self.cfg.attention_impl
@@ -335,7 +385,7 @@ class Transformer(nnx.Module):
         prefix_L = prefix.read(pool)
 
     def body(carry, xs):
-      layer_state, i, prefix_kv = xs
+      layer_state, i, prefix_kv, recorded_BTK = xs
       x_BTD, pool = carry if write is not None else (carry, None)
 
       def attend(q_BTNH, k_BTKH, v_BTKH):
@@ -350,17 +400,19 @@ class Transformer(nnx.Module):
               jnp.concatenate([valid_BS, mask_BT], axis=1))
         return out_BTNH, ((k_BTKH, v_BTKH) if keep_kv or write is not None else None)
 
-      x_BTD, kv, stats = nnx.merge(graphdef, layer_state)(x_BTD, positions_BT, attend, i,
-                                                          mask_BT, activation_sharding)
+      x_BTD, kv, stats, experts_BTK = nnx.merge(graphdef, layer_state)(
+          x_BTD, positions_BT, attend, i, mask_BT, activation_sharding, recorded_BTK,
+          recorded_BT, replay)
       if write is not None:
-        return (pin(x_BTD), write(pool, i, *kv)), None
-      return pin(x_BTD), (kv, stats)
+        return (pin(x_BTD), write(pool, i, *kv)), experts_BTK if record else None
+      return pin(x_BTD), (kv, stats, experts_BTK if record else None)
 
     if policy is not None:
       # prevent_cse=False: inside a scan the loop already keeps XLA from merging the
       # recomputation into the forward pass (the JAX docs' advice for remat under scan).
       body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-    return jax.lax.scan(body, carry, (state_L, jnp.arange(self.cfg.num_layers), prefix_L))
+    return jax.lax.scan(body, carry,
+                        (state_L, jnp.arange(self.cfg.num_layers), prefix_L, recorded_L))
 
   def head(self) -> tuple[jax.Array, str]:
     """The LM head's weights as the model computes with them, and its einsum spec.
