@@ -110,6 +110,15 @@ class ChunkOutput:
   forced_NS: jax.Array  # bool
   valid_NS: jax.Array  # bool
   end_NS: jax.Array  # int8 RUNNING / END_EOS / END_LENGTH
+  # Routing records (`record_routing`): the experts each step's fed token went to in each
+  # sparse layer, [N, S, L_sparse, K] in `routing_dtype`; None when not recorded.
+  routing_NSLK: jax.Array | None = None
+
+
+def routing_dtype(num_experts: int) -> np.dtype:
+  """The narrowest integer holding an expert index: what routing records cost per token
+  and sparse layer and slot (1 byte up to 256 experts)."""
+  return np.dtype(np.uint8 if num_experts <= 256 else np.int16)
 
 
 def next_pow2(n: int) -> int:
@@ -161,7 +170,8 @@ def empty_state(cfg: ModelConfig, num_slots: int, shards: int, pages_per_shard: 
 
 def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
           adm: Admission, table_SM: jax.Array, mesh: Mesh | None = None,
-          start: int = 0) -> SlotState:
+          start: int = 0, record_routing: bool = False,
+          ) -> SlotState | tuple[SlotState, jax.Array]:
   """Prefills one piece of the admitted prompts, once per distinct prompt, and writes its
   keys/values into the pages of every row that takes them (rows sharing a prompt write its
   shared pages alike); rows whose prompt this piece completes start decoding.
@@ -173,6 +183,8 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   and attends to each prompt's positions before it, read from the pages of slot
   adm.src_slot_u (an XLA gather and einsum attention on every platform; inside the layer
   loop, except on CPU: see `Transformer.prefill_into`).
+  `record_routing` (an MoE model): also returns the experts the piece's tokens went to,
+  routing_uTLK in `routing_dtype` (garbage at the padding the mask excludes).
   """
   model = nnx.merge(graphdef, params)
   u, t = adm.tokens_uT.shape
@@ -220,9 +232,10 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
     return pool
 
   # The full-sequence pass (the TPU attention kernel where there is one).
-  _, pool = model.prefill_into(adm.tokens_uT, positions_uT, mask_uT, pool, write,
-                               activation_sharding=act_sharding, prefix=prefix,
-                               prefix_in_loop=not _on_cpu(mesh))
+  out = model.prefill_into(adm.tokens_uT, positions_uT, mask_uT, pool, write,
+                           activation_sharding=act_sharding, prefix=prefix,
+                           prefix_in_loop=not _on_cpu(mesh), record_routing=record_routing)
+  pool = out[1]
   cache = transformer.PagedKVCache(kv=pool)
 
   # Only rows whose prompt is complete take their slot state (the others' slots stay
@@ -233,7 +246,7 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
     return old.at[starting_n].set(new.astype(old.dtype), mode="drop")
 
   n = adm.slot_n.shape[0]
-  return SlotState(
+  new = SlotState(
       cache=cache,
       token_S=row(state.token_S, adm.last_n),
       pos_S=row(state.pos_S, length_n - 1),
@@ -246,15 +259,22 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
       limit_S=row(state.limit_S, adm.limit_n),
       force_at_S=row(state.force_at_S, adm.force_at_n),
       answer_budget_S=row(state.answer_budget_S, adm.answer_budget_n))
+  if not record_routing:
+    return new
+  return new, out[2].astype(routing_dtype(model.cfg.num_experts))
 
 
 def _step(model: transformer.Transformer, st: SlotState, consts: Constants, table_SM: jax.Array,
           view_pages: int, truncate: bool, all_greedy: bool, mesh: Mesh | None,
-          layer_states: list[Any] | None) -> tuple[SlotState, tuple[jax.Array, ...]]:
+          layer_states: list[Any] | None, record_routing: bool = False,
+          ) -> tuple[SlotState, tuple[jax.Array, ...]]:
   """One decode step for every slot."""
   active_S = st.active_S
-  logits_S1V, cache = model.decode(st.token_S[:, None], st.pos_S, active_S, st.cache, table_SM,
-                                   view_pages=view_pages, mesh=mesh, layer_states=layer_states)
+  out = model.decode(st.token_S[:, None], st.pos_S, active_S, st.cache, table_SM,
+                     view_pages=view_pages, mesh=mesh, layer_states=layer_states,
+                     record_routing=record_routing)
+  logits_S1V, cache = out[:2]
+  routing = (out[2].astype(routing_dtype(model.cfg.num_experts)),) if record_routing else ()
   logits_SV = logits_S1V[:, 0].astype(jnp.float32)
   seed_keys_SK = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s)))(st.seed_S)
   keys_SK = sampling.step_keys(seed_keys_SK, st.num_gen_S)
@@ -291,14 +311,14 @@ def _step(model: transformer.Transformer, st: SlotState, consts: Constants, tabl
       num_gen_S=jnp.where(active_S, num_gen_S, st.num_gen_S),
       active_S=active_S & (end_S == RUNNING),
       force_at_S=force_at_S)
-  return new, (tok_S, lp_S, forcing_S, active_S, end_S)
+  return new, (tok_S, lp_S, forcing_S, active_S, end_S) + routing
 
 
 def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
                  consts: Constants, table_SM: jax.Array, *, num_steps: int, view_pages: int,
                  truncate: bool, all_greedy: bool = False, mesh: Mesh | None = None,
                  layer_leaves: Sequence[jax.Array] | None = None,
-                 ) -> tuple[SlotState, ChunkOutput]:
+                 record_routing: bool = False) -> tuple[SlotState, ChunkOutput]:
   """`num_steps` decode steps for all slots in one program (lax.scan).
 
   Off TPU, attention reads each slot's first `view_pages` pages: the caller guarantees they
@@ -308,6 +328,7 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   `layer_leaves`: `layers_program`'s output for these params (the sampler passes it where
   `splits_layers`), the layers' weights already cut out of the stacked arrays. Without it
   the steps read the stacked weights, except on CPU, where the chunk cuts them itself.
+  `record_routing` (an MoE model): the output carries each step's experts (`routing_NSLK`).
   """
   model = nnx.merge(graphdef, params)
   # XLA (CPU and GPU) copies a layer's weights out of the stacked arrays before its
@@ -328,12 +349,13 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
 
   def body(st, _):
     return _step(model, st, consts, table_SM, view_pages, truncate, all_greedy, mesh,
-                 layer_states)
+                 layer_states, record_routing)
 
-  state, (tok, lp, forced, valid, end) = jax.lax.scan(body, state, None, length=num_steps)
+  state, (tok, lp, forced, valid, end, *routing) = jax.lax.scan(body, state, None,
+                                                                length=num_steps)
   state = dataclasses.replace(state, cache=transformer.PagedKVCache(kv=state.cache.kv))
   return state, ChunkOutput(tokens_NS=tok, logprobs_NS=lp, forced_NS=forced, valid_NS=valid,
-                            end_NS=end)
+                            end_NS=end, routing_NSLK=routing[0] if routing else None)
 
 
 # Compiled programs are memoised on static, hashable keys (graphdef, param tree structure,
@@ -344,15 +366,18 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
 
 @functools.lru_cache(maxsize=None)
 def admit_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState,
-                  start: int = 0) -> Callable:
+                  start: int = 0, record_routing: bool = False) -> Callable:
   """jit(admit) taking (param_leaves, state, admission, page table); the state is donated.
-  `start`: see `admit` (0 for a whole prompt or its first piece)."""
+  `start`: see `admit` (0 for a whole prompt or its first piece). With `record_routing`
+  it returns (state, routing_uTLK)."""
 
   def run(param_leaves, state, adm, table_SM):
     params = jax.tree.unflatten(param_treedef, param_leaves)
-    new = admit(graphdef, params, state, adm, table_SM, mesh=shardings.token_S.mesh,
-                start=start)
-    return jax.lax.with_sharding_constraint(new, shardings)
+    out = admit(graphdef, params, state, adm, table_SM, mesh=shardings.token_S.mesh,
+                start=start, record_routing=record_routing)
+    if record_routing:
+      return jax.lax.with_sharding_constraint(out[0], shardings), out[1]
+    return jax.lax.with_sharding_constraint(out, shardings)
 
   return jax.jit(run, donate_argnums=(1,))
 
@@ -360,7 +385,7 @@ def admit_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSta
 @functools.lru_cache(maxsize=None)
 def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState,
                    num_steps: int, truncate: bool, all_greedy: bool,
-                   view_pages: int) -> Callable:
+                   view_pages: int, record_routing: bool = False) -> Callable:
   """jit(decode_chunk) taking (param_leaves, layer_leaves, state, consts, page table); the
   state is donated. layer_leaves: `layers_program`'s output where `splits_layers`, else
   None. `view_pages` bounds the attention read (see `decode_chunk`); the engine compiles a
@@ -370,7 +395,8 @@ def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSt
     params = jax.tree.unflatten(param_treedef, param_leaves)
     state, out = decode_chunk(graphdef, params, state, consts, table_SM, num_steps=num_steps,
                               view_pages=view_pages, truncate=truncate, all_greedy=all_greedy,
-                              mesh=shardings.token_S.mesh, layer_leaves=layer_leaves)
+                              mesh=shardings.token_S.mesh, layer_leaves=layer_leaves,
+                              record_routing=record_routing)
     return jax.lax.with_sharding_constraint(state, shardings), out
 
   return jax.jit(run, donate_argnums=(2,))

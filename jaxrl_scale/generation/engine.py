@@ -113,6 +113,11 @@ class Sampler:
     think_end_id: token that ends thinking on its own and so cancels a pending forced
       interruption; default the tokenizer's "</think>" when it is a single token.
     pipeline_depth: chunks in flight before the host reads one back (0 = synchronous).
+    record_routing: an MoE model's routing records: every Completion carries the experts
+      each of its positions went to (`Completion.routing`, for routing replay in the
+      trainer). Costs L_sparse * K bytes per position on the host (uint8 up to 256
+      experts; qwen3_30b_a3b: 48 * 8 = 384) and the same read back from the device;
+      ignored (no cost) for a dense model.
   """
 
   def __init__(self, model: transformer.Transformer, cfg: SamplerConfig, *,
@@ -120,8 +125,9 @@ class Sampler:
                eos_ids: Sequence[int] | None = None, seed: int = 0,
                max_prompt_len: int | None = None, cache_dtype: str | None = None,
                version: int = 0, think_end_id: int | None = None, pipeline_depth: int = 1,
-               generator_groups: int = 1):
+               generator_groups: int = 1, record_routing: bool = False):
     self.cfg = cfg
+    self.record_routing = bool(record_routing) and any(model.cfg.moe_layers())
     self.model_cfg = model.cfg
     self.tokenizer = tokenizer
     self.seed = seed
@@ -358,9 +364,16 @@ class Sampler:
       adm, rows, u, n = prefill.next_piece(job, self.cfg, self.num_slots)
       if start not in self._admit_fns:
         self._admit_fns[start] = decode.admit_program(
-            self._graphdef, self._param_treedef, self._state_shardings, start)
-      self._state = self._admit_fns[start](self._param_leaves, self._state, adm,
-                                           self._device_table())
+            self._graphdef, self._param_treedef, self._state_shardings, start,
+            self.record_routing)
+      out = self._admit_fns[start](self._param_leaves, self._state, adm, self._device_table())
+      if self.record_routing:
+        # Kept on the device until the sequence finishes (`TokenBuffer.routing_record`).
+        self._state, routing_uTLK = out
+        for (_, buf), source in zip(rows, adm.source_n):
+          buf.prompt_routing.append((routing_uTLK, int(source), start))
+      else:
+        self._state = out
       for (_, buf), done in zip(rows, adm.activate_n):
         buf.prefilled = bool(done)
       if job.done:
@@ -377,7 +390,7 @@ class Sampler:
     if key not in self._decode_fns:
       self._decode_fns[key] = decode.decode_program(
           self._graphdef, self._param_treedef, self._state_shardings, self.cfg.decode_chunk,
-          truncate, all_greedy, view_pages)
+          truncate, all_greedy, view_pages, self.record_routing)
     return self._decode_fns[key]
 
   def _device_table(self) -> jax.Array:
@@ -564,6 +577,8 @@ class Sampler:
     logprobs_SN = np.asarray(host.logprobs_NS).T
     forced_SN = np.asarray(host.forced_NS).T
     end_SN = np.asarray(host.end_NS).T
+    routing_SNLK = (None if host.routing_NSLK is None
+                    else np.swapaxes(np.asarray(host.routing_NSLK), 0, 1))
     for slot, buf in enumerate(snapshot):
       if buf is None or buf.done:
         continue
@@ -573,6 +588,8 @@ class Sampler:
       num_old = len(buf.tokens)
       buf.extend(tokens_SN[slot, steps], logprobs_SN[slot, steps], forced_SN[slot, steps],
                  version)
+      if routing_SNLK is not None:
+        buf.extend_routing(routing_SNLK[slot, steps])
       self.stats.tokens += int(steps.size)
       ends = end_SN[slot, steps]
       reason = None

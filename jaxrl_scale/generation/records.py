@@ -62,6 +62,11 @@ class Completion:
     finish_reason: one of FINISH_REASONS.
     truncated: ended by a token budget (max new tokens or the answer budget).
     text: decoded generated text when the sampler has a tokenizer.
+    routing: with routing records on (an MoE sampler's `record_routing`), the experts the
+      sampler's model sent each position's token to: [P - 1 + T, L, K] (L sparse layers,
+      top-K; uint8 up to 256 experts) for the P - 1 + T positions it fed through the model
+      (every prompt token, every generated token but the last), position order; None
+      otherwise.
   """
 
   prompt_id: Any
@@ -74,6 +79,7 @@ class Completion:
   finish_reason: str
   truncated: bool
   text: str | None = None
+  routing: np.ndarray | None = None
 
   @property
   def num_tokens(self) -> int:
@@ -101,6 +107,11 @@ class TokenBuffer:
     self.versions: list[int] = []
     self.forced: list[bool] = []
     self.done = False
+    # Routing records (`record_routing`): one [L, K] array per generated token (the experts
+    # of the step that produced it), and the prefill pieces' device outputs, read back at
+    # the end: (routing_uTLK, prompt row, first position).
+    self.routing: list[np.ndarray] = []
+    self.prompt_routing: list[tuple[Any, int, int]] = []
 
   @property
   def surely_done(self) -> bool:
@@ -113,8 +124,24 @@ class TokenBuffer:
     self.forced.extend(bool(f) for f in forced)
     self.versions.extend([version] * len(tokens))
 
+  def extend_routing(self, routing_NLK: np.ndarray) -> None:
+    self.routing.extend(routing_NLK)
+
   def truncate(self, n: int) -> None:
     del self.tokens[n:], self.logprobs[n:], self.versions[n:], self.forced[n:]
+    del self.routing[n:]
+
+  def routing_record(self) -> np.ndarray | None:
+    """The Completion's `routing`: the prompt's P - 1 prefilled positions, then one per
+    generated token; None when nothing was recorded."""
+    if not self.prompt_routing and not self.routing:
+      return None
+    pieces = sorted(self.prompt_routing, key=lambda p: p[2])
+    prompt = [np.asarray(arr)[row] for arr, row, _ in pieces]  # [T, L, K] each
+    p = len(self.request.prompt_tokens) - 1
+    parts = ([np.concatenate(prompt)[:p]] if prompt else []) + (
+        [np.stack(self.routing)] if self.routing else [])
+    return np.concatenate(parts)
 
   def finish(self, reason: str, decode: Callable[[list[int]], str] | None) -> Completion:
     self.done = True
@@ -131,6 +158,7 @@ class TokenBuffer:
         finish_reason=INTERRUPTED if was_forced else reason,
         truncated=truncated,
         text=decode(self.tokens) if decode is not None else None,
+        routing=self.routing_record(),
     )
 
 
