@@ -84,6 +84,12 @@ class ModelSpec:
   num_layers: int | None = None  # decoder layers of the preset; null = the preset's
   intermediate_size: int | None = None  # MLP width of the preset; null = the preset's
   init_std: float = 0.02  # std of the random init of matrices (presets without a path)
+  # MoE policies: "own" = the trainer routes every token itself; "record" = the sampler
+  # also records its expert choices (layers x top-k per position) and the trainer logs
+  # train/routing_mismatch against them; "replay" = the trainer's forward uses the recorded
+  # choices (gates still from its own router) and logs how often its own would differ.
+  # No effect, and no cost, on a dense model.
+  routing: Literal["own", "record", "replay"] = "own"
 
   def __post_init__(self):
     for key in ("hidden_size", "num_layers", "intermediate_size"):

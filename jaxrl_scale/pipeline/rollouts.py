@@ -203,6 +203,14 @@ def domain_stats(groups: Sequence[Group], correct_PG: np.ndarray, judged_PG: np.
   return out
 
 
+def _routing(groups: Sequence[Group]) -> list[list[np.ndarray]] | None:
+  """The completions' routing records for `pack_rl` (an MoE sampler's `record_routing`),
+  or None when they carry none."""
+  if not groups or groups[0].completions[0].routing is None:
+    return None
+  return [[c.routing for c in grp.completions] for grp in groups]
+
+
 def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape,
                 domains: Sequence[str] = ()
                 ) -> tuple[batch_lib.TrainBatch, dict[str, float], np.ndarray]:
@@ -255,7 +263,7 @@ def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape,
       advantages_PG[:n], seq_len=shape.seq_len, pad_id=shape.pad_id,
       trainable=[[~c.forced for c in grp.completions] for grp in groups],
       weights=weight_PG[:n], prompt_ids=[grp.seq % 2**31 for grp in groups],
-      num_prompts=p)
+      num_prompts=p, routing=_routing(groups))
   stats = {f"rollout/{k}": float(v) for k, v in adv.stats.items() if k != "num_invalid"}
   judged_PG = valid_PG & np.isfinite(rewards_PG)
   judged_any_PG = np.isfinite(rewards_PG) & (np.arange(p) < n)[:, None]  # log-probs aside

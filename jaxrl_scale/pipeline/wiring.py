@@ -122,7 +122,8 @@ def build_policy(cfg: Config, tok: tokenizer_lib.Tokenizer, mesh
 
 def rl_objective(cfg: Config) -> train_step.RLObjective:
   """The run's policy loss, at the temperature its sampler draws with."""
-  return train_step.RLObjective(cfg.rl, temperature=cfg.sampler.temperature)
+  return train_step.RLObjective(cfg.rl, temperature=cfg.sampler.temperature,
+                                replay_routing=cfg.model.routing == "replay")
 
 
 def load_tokenizer(cfg: Config) -> tokenizer_lib.Tokenizer:
@@ -229,7 +230,8 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
   # this host's share of the job's sampler.num_slots.
   sampler = engine.Sampler(model, cfg.sampler, mesh=slices.generator, tokenizer=tok,
                            seed=cfg.run.seed, max_prompt_len=cfg.data.max_prompt_tokens,
-                           generator_groups=slices.generator_groups)
+                           generator_groups=slices.generator_groups,
+                           record_routing=cfg.model.routing != "own")
   # Driven from this thread (sync modes, evals, SFT checks): stops at a chunk on SIGTERM.
   interruptible = preempt.Interruptible(sampler, stop)
   host = loop_lib.HostState(seed=cfg.run.seed)

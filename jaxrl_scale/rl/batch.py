@@ -21,6 +21,11 @@ finite (gen_logp 0, loss_mask 0 there): the RL batcher drops such a token's whol
 and the loss guards against it too (losses.policy_loss).
 
 Unused rows (padding prompts that keep the shape fixed) have weight 0 and input_mask 0.
+
+Routing records of an MoE sampler (`Completion.routing`), when given, ride along as
+routing_PGSLK [P, G, S, L, K] (L sparse layers, top-K), aligned with the trainer's INPUTS:
+position s holds the experts the sampler sent tokens[s] to, for s < Lp + Lc - 1 (the last
+token was never fed); zeros elsewhere. `recorded_mask` says which positions hold one.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_scale.rl import losses
@@ -55,6 +61,8 @@ class TrainBatch:
     weight_PG: float32, 0 drops a completion (filtered prompt, padding row).
     prompt_id_PG: int32 dataset index of the prompt (-1 for padding), for logging and the
       curriculum; the loss never reads it.
+    routing_PGSLK: the sampler's expert choices (module docstring), uint8 / int16; None
+      without routing records.
   """
   tokens_PGS: jax.Array
   positions_PGS: jax.Array
@@ -64,6 +72,7 @@ class TrainBatch:
   advantages_PG: jax.Array
   weight_PG: jax.Array
   prompt_id_PG: jax.Array
+  routing_PGSLK: jax.Array | None = None
 
   def loss_batch(self) -> losses.LossBatch:
     """The arrays `losses.policy_loss` reads."""
@@ -85,6 +94,15 @@ class SFTBatch:
   positions_BS: jax.Array
   input_mask_BS: jax.Array
   loss_mask_BS: jax.Array
+
+
+def recorded_mask(input_mask_BS: jax.Array) -> jax.Array:
+  """[..., S] bool: the positions holding a routing record, every real token but the last
+  of its row (whose successor is real too). NumPy in, NumPy out; jax in, jax out."""
+  xp = np if isinstance(input_mask_BS, np.ndarray) else jnp
+  nxt = xp.concatenate([input_mask_BS[..., 1:] > 0,
+                        xp.zeros_like(input_mask_BS[..., :1], dtype=bool)], axis=-1)
+  return (input_mask_BS > 0) & nxt
 
 
 def rl_batch_spec(num_prompts: int, group_size: int, seq_len: int) -> TrainBatch:
@@ -132,7 +150,8 @@ def pack_rl(prompts: Sequence[Sequence[int]],
             trainable: Sequence[Sequence[Sequence[bool]]] | None = None,
             weights: np.ndarray | None = None,
             prompt_ids: Sequence[int] | None = None,
-            num_prompts: int | None = None) -> TrainBatch:
+            num_prompts: int | None = None,
+            routing: Sequence[Sequence[np.ndarray]] | None = None) -> TrainBatch:
   """Packs ragged rollouts into a fixed-shape `TrainBatch` (NumPy, host side).
 
   Args:
@@ -148,6 +167,8 @@ def pack_rl(prompts: Sequence[Sequence[int]],
     prompt_ids: P dataset indices; None = 0..P-1.
     num_prompts: pad the prompt axis to this many with weight-0 rows, so every step has
       the same shape (and the jitted step compiles once).
+    routing: [P][G] routing records (`Completion.routing`: [Lp - 1 + Lc, L, K] each, one
+      dtype and L, K throughout), or None.
 
   Returns:
     A TrainBatch of NumPy arrays.
@@ -170,6 +191,9 @@ def pack_rl(prompts: Sequence[Sequence[int]],
       weight_PG=np.zeros((p, g), np.float32),
       prompt_id_PG=np.full((p, g), -1, np.int32),
   )
+  if routing is not None and p_real:
+    first = np.asarray(routing[0][0])
+    out["routing_PGSLK"] = np.zeros((p, g, seq_len) + first.shape[1:], first.dtype)
   for i in range(p_real):
     if len(completions[i]) != g:
       raise ValueError(f"prompt {i} has {len(completions[i])} completions, expected {g}")
@@ -190,6 +214,13 @@ def pack_rl(prompts: Sequence[Sequence[int]],
       out["advantages_PG"][i, j] = advantages[i, j]
       out["weight_PG"][i, j] = weights[i, j]
       out["prompt_id_PG"][i, j] = pid
+      if "routing_PGSLK" in out:
+        rec = routing[i][j]
+        if rec is None or rec.shape[0] != lp + lc - 1:
+          raise ValueError(f"routing[{i}][{j}] covers "
+                           f"{'no' if rec is None else rec.shape[0]} positions, expected "
+                           f"{lp + lc - 1} (prompt + completion - 1)")
+        out["routing_PGSLK"][i, j, :lp + lc - 1] = rec
   return TrainBatch(**out)
 
 

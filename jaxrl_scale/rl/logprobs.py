@@ -16,6 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxrl_scale.rl import batch as batch_lib
+
 
 def _head_logprobs(model: nnx.Module, head: tuple[jax.Array, str], h_BTD: jax.Array,
                    targets_BT: jax.Array, temperature: float) -> tuple[jax.Array, jax.Array]:
@@ -59,10 +61,31 @@ def token_logprobs(model: nnx.Module, tokens_BS: jax.Array, positions_BS: jax.Ar
   Returns:
     (logp_BS float32, top1_BS bool); position 0 has no prediction and holds 0 / False.
   """
+  logp_BS, top1_BS, _ = token_logprobs_and_stats(
+      model, tokens_BS, positions_BS, mask_BS, chunk, temperature=temperature, remat=remat,
+      activation_sharding=activation_sharding)
+  return logp_BS, top1_BS
+
+
+def token_logprobs_and_stats(model: nnx.Module, tokens_BS: jax.Array, positions_BS: jax.Array,
+                             mask_BS: jax.Array, chunk: int = 0, *, temperature: float = 1.0,
+                             remat: str = "none",
+                             activation_sharding: NamedSharding | None = None,
+                             routing_BSLK: jax.Array | None = None, replay: bool = False):
+  """`token_logprobs` and the router stats of an MoE policy (`moe.RouterStats`, None for
+  a dense one): (logp_BS, top1_BS, stats).
+
+  `routing_BSLK`: the sampler's expert choices aligned with the inputs
+  (`batch.TrainBatch.routing_PGSLK`, recorded where `batch.recorded_mask`); the stats then
+  count how often this model's own routing differs, and with `replay` the forward routes
+  the tokens to the recorded experts (gates from this model's router, so its gradient
+  flows through them)."""
   if temperature <= 0:
     raise ValueError(f"temperature must be > 0, got {temperature}")
-  h_BSD = model.hidden_states(tokens_BS, positions_BS, mask_BS, remat=remat,
-                              activation_sharding=activation_sharding)
+  recorded_BS = None if routing_BSLK is None else batch_lib.recorded_mask(mask_BS)
+  h_BSD, stats = model.hidden_states_with_stats(
+      tokens_BS, positions_BS, mask_BS, remat=remat, activation_sharding=activation_sharding,
+      recorded_BTLK=routing_BSLK, recorded_BT=recorded_BS, replay=replay)
   # The last position predicts past the sequence: never a target, so skip its logits.
   h_BTD, targets_BT = h_BSD[:, :-1], tokens_BS[:, 1:]
   b, t = targets_BT.shape
@@ -88,4 +111,4 @@ def token_logprobs(model: nnx.Module, tokens_BS: jax.Array, positions_BS: jax.Ar
     top1_BT = top1_CBc.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
   logp_BS = jnp.pad(logp_BT, ((0, 0), (1, 0)))
   top1_BS = jnp.pad(top1_BT, ((0, 0), (1, 0)))
-  return logp_BS, top1_BS
+  return logp_BS, top1_BS, stats

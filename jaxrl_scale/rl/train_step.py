@@ -129,11 +129,15 @@ class RLObjective:
     temperature: the sampler's temperature (`sampler.temperature`): the importance ratio
       divides the trainer's probability by the sampler's recorded one, which is of
       softmax(logits / T). 0 (greedy) records untempered log-probs, so it means T = 1 here.
+    replay_routing: an MoE policy's forward sends each token to the experts the sampler
+      chose (the batch's `routing_PGSLK`, when it has one) instead of its own top-k
+      (`model.routing: replay`).
   """
 
   example_dims = 2
 
-  def __init__(self, rl: RLConfig, *, temperature: float):
+  def __init__(self, rl: RLConfig, *, temperature: float, replay_routing: bool = False):
+    self.replay_routing = bool(replay_routing)
     if temperature < 0:
       raise UserError(f"config key 'sampler.temperature': must be >= 0, got {temperature}")
     self.temperature = float(temperature) if temperature > 0 else 1.0
@@ -350,27 +354,35 @@ class Trainer:
     return NamedSharding(self.mesh, PartitionSpec(DATA_AXIS, None, None))
 
   def _grads(self, params, rest, micro, totals):
-    """(loss, grads, logp, top1) of one micro-batch; grads float32 like the masters."""
+    """(loss, grads, logp, top1, routing) of one micro-batch; grads float32 like the
+    masters; routing: (mismatched, compared) recorded expert choices, float32 sums (zeros
+    without routing records)."""
     dims = self.objective.example_dims
 
     def loss_of(p):
       model = nnx.merge(self.graphdef, p, rest)
       tokens, positions, mask = self.objective.model_inputs(micro)
       tokens_R = _rows(tokens, dims)
-      logp_R, top1_R = logprobs_lib.token_logprobs(
+      routing = getattr(micro, "routing_PGSLK", None)
+      logp_R, top1_R, stats = logprobs_lib.token_logprobs_and_stats(
           model, tokens_R, _rows(positions, dims), _rows(mask, dims), chunk=self.logits_chunk,
           temperature=self.objective.temperature, remat=self.remat,
-          activation_sharding=self.activation_sharding(tokens_R.shape[0]))
+          activation_sharding=self.activation_sharding(tokens_R.shape[0]),
+          routing_BSLK=None if routing is None else _rows(routing, dims),
+          replay=getattr(self.objective, "replay_routing", False))
       logp = logp_R.reshape(tokens.shape)
       top1 = top1_R.reshape(tokens.shape)
-      return self.objective.micro_loss(logp, top1, micro, totals), (logp, top1)
+      zero = jnp.zeros((), jnp.float32)
+      counts = (zero, zero) if stats is None else (stats.mismatch, stats.compared)
+      return self.objective.micro_loss(logp, top1, micro, totals), (logp, top1, counts)
 
-    (loss, (logp, top1)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+    (loss, (logp, top1, counts)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
     grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
-    return loss, grads, logp, top1
+    return loss, grads, logp, top1, counts
 
   def _accumulate(self, params, rest, batch, totals):
-    """(loss, float32 grads, logp, top1) of the full batch, summed over micro-batches."""
+    """(loss, float32 grads, logp, top1, routing counts) of the full batch, summed over
+    micro-batches."""
     if self.micro_batches == 1:
       return self._grads(params, rest, batch, totals)
     micro_M = jax.tree.map(self._split_micro, batch)
@@ -378,21 +390,28 @@ class Trainer:
     zeros = jax.lax.with_sharding_constraint(zeros, self.param_shardings)
 
     def body(carry, micro):
-      loss_sum, grad_sum = carry
-      loss, grads, logp, top1 = self._grads(params, rest, micro, totals)
+      loss_sum, grad_sum, counts_sum = carry
+      loss, grads, logp, top1, counts = self._grads(params, rest, micro, totals)
       grad_sum = jax.tree.map(jnp.add, grad_sum, grads)
-      return (loss_sum + loss, grad_sum), (logp, top1)
+      counts_sum = jax.tree.map(jnp.add, counts_sum, counts)
+      return (loss_sum + loss, grad_sum, counts_sum), (logp, top1)
 
-    (loss, grads), (logp_M, top1_M) = jax.lax.scan(
-        body, (jnp.zeros((), jnp.float32), zeros), micro_M)
-    return loss, grads, self._merge_micro(logp_M), self._merge_micro(top1_M)
+    zero = jnp.zeros((), jnp.float32)
+    (loss, grads, counts), (logp_M, top1_M) = jax.lax.scan(
+        body, (zero, zeros, (zero, zero)), micro_M)
+    return loss, grads, self._merge_micro(logp_M), self._merge_micro(top1_M), counts
 
   def _step(self, state: TrainState, rest, batch) -> tuple[TrainState, dict[str, jax.Array]]:
     self.trace_count += 1
     totals = self.objective.totals(batch)
     params = state.params
-    loss, grads, logp, top1 = self._accumulate(params, rest, batch, totals)
+    loss, grads, logp, top1, (mismatched, compared) = self._accumulate(params, rest, batch,
+                                                                      totals)
     metrics = self.objective.metrics(jax.lax.stop_gradient(logp), top1, batch, totals)
+    if getattr(batch, "routing_PGSLK", None) is not None:
+      # Of the sampler's recorded (token, sparse layer, slot) expert choices, the fraction
+      # the trainer's own top-k would not make (with replay too: how much replay changed).
+      metrics["routing_mismatch"] = mismatched / jnp.maximum(compared, 1.0)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, new_opt = self.tx.update(grads, state.opt_state, params)
@@ -480,7 +499,7 @@ class Trainer:
 
       def fn(params, rest, batch):
         totals = self.objective.totals(batch)
-        loss, grads, _, _ = self._accumulate(params, rest, batch, totals)
+        loss, grads = self._accumulate(params, rest, batch, totals)[:2]
         return loss, grads
 
       self._loss_and_grads = jax.jit(
