@@ -5,10 +5,15 @@
     python benchmarks/sampler_bench.py --model HF_DIR --batch 32 --prompt-len 32 \
         --new-tokens 256 --temperature 0 --json
     python benchmarks/sampler_bench.py --quick                  # small shapes, seconds
+    python benchmarks/sampler_bench.py --quick --preset tiny_qwen3_moe   # an MoE policy
 
 Without --model a random Qwen3 checkpoint is written with transformers (hidden 512, 4
 layers, 8 heads of 64, 2 kv heads, MLP 1024, vocab 32000, untied: 41.7M params) and loaded
-by both sides, so both run the same weights. Measured in this run on this machine:
+by both sides, so both run the same weights. `--preset NAME` writes a random checkpoint of
+a models.config preset instead (e.g. tiny_qwen3_moe: a Qwen3-MoE, which transformers runs
+as Qwen3MoeForCausalLM); for an MoE model every FLOP count below takes the ACTIVE
+parameters (`ModelConfig.num_params(active=True)`: router, the top-k experts a token runs).
+Measured in this run on this machine:
 
 1. Decode throughput at a fixed batch (default 32 random 32-token prompts x 256 new tokens,
    no early stop): ours (jitted decode chunks, compile excluded by a warm-up run with the
@@ -64,6 +69,10 @@ def _parse() -> argparse.Namespace:
   p.add_argument("--quick", action="store_true", help="small shapes for a fast check")
   p.add_argument("--model", default=None,
                  help="a Hugging Face checkpoint directory (default: a random Qwen3)")
+  p.add_argument("--preset", default=None,
+                 help="instead of --model: a random checkpoint of this models.config preset "
+                      "with a Hugging Face form (e.g. tiny_qwen3_moe); the shape flags are "
+                      "ignored")
   p.add_argument("--hidden", type=int, default=512)
   p.add_argument("--layers", type=int, default=4)
   p.add_argument("--heads", type=int, default=8)
@@ -99,7 +108,24 @@ def _parse() -> argparse.Namespace:
     p.error("--temperature must be >= 0")
   if args.model is not None and not os.path.isdir(args.model):
     p.error(f"--model {args.model}: not a directory")
+  if args.model is not None and args.preset is not None:
+    p.error("--model and --preset exclude each other")
   return args
+
+
+def _write_preset(name: str, path: str) -> None:
+  """A random checkpoint (std 0.02 init, seed 0) of preset `name`, in Hugging Face form."""
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from jaxrl_scale.models import config as model_config
+  from jaxrl_scale.models import hf_io, transformer
+
+  try:
+    cfg = model_config.preset(name)
+  except ValueError as e:
+    sys.exit(f"--preset: {e}")
+  if cfg.num_experts and cfg.family != "qwen3_moe":  # shape-only (models/config.py)
+    sys.exit(f"--preset {name}: has no Hugging Face form")
+  hf_io.save_hf_model(transformer.create_model(cfg, seed=0), cfg, path)
 
 
 def _write_checkpoint(args, path: str) -> None:
@@ -197,6 +223,11 @@ def floor_program(model_cfg, batch: int, dtype: str, steps: int = 32):
   them (a residual add, silu, an RMS scale, the logits' max), so no matmul can be dropped
   or hoisted out of the loop.
 
+  An MoE model's sparse layer is its router [D, E] and one SwiGLU as wide as the top-k
+  experts together (k * moe_intermediate_size, plus a shared expert): a token's active
+  FLOPs, on the weights of only k experts, so the bound is an optimistic one (the real
+  decode's rows go to different experts and read more of them).
+
   Its tokens/s (`matmul_floor`) bound any decode that uses these matmul kernels: it reads
   the same weights per step as the real decode, from the same memory hierarchy.
   """
@@ -204,24 +235,34 @@ def floor_program(model_cfg, batch: int, dtype: str, steps: int = 32):
   import jax.numpy as jnp
 
   c = model_cfg
-  d, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
+  d, v = c.hidden_size, c.vocab_size
   nh, kh = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-  shapes = [(d, nh), (d, kh), (d, kh), (nh, d), (d, f), (d, f), (f, d)]
+  layer_shapes = []
+  for sparse in c.moe_layers():
+    f = (c.experts_per_token * c.moe_intermediate_size + c.shared_expert_size if sparse
+         else c.intermediate_size)
+    router = [(d, c.num_experts)] if sparse else []
+    layer_shapes.append([(d, nh), (d, kh), (d, kh), (nh, d), (d, f), (d, f), (f, d)] + router)
   key = jax.random.key(0)
+  shapes = [shape for layer in layer_shapes for shape in layer]
   weights = [jax.random.normal(jax.random.fold_in(key, i), s, dtype) / float(np.sqrt(s[0]))
-             for i, s in enumerate(shapes * c.num_layers)]
+             for i, s in enumerate(shapes)]
   head = jax.random.normal(jax.random.fold_in(key, 10_000), (v, d) if c.tie_embeddings else (d, v),
                            dtype) / float(np.sqrt(d))
   x0 = jax.random.normal(jax.random.fold_in(key, 10_001), (batch, d), dtype)
   group = c.num_heads // c.num_kv_heads
 
   def step(weights, head, x):
-    for i in range(0, len(weights), len(shapes)):
-      wq, wk, wv, wo, wg, wu, wd = weights[i:i + len(shapes)]
+    i = 0
+    for layer in layer_shapes:
+      wq, wk, wv, wo, wg, wu, wd, *router = weights[i:i + len(layer)]
+      i += len(layer)
       kv = (x @ wk + x @ wv).reshape(batch, c.num_kv_heads, 1, c.head_dim)
       a = x @ wq + jnp.broadcast_to(kv, (batch, c.num_kv_heads, group, c.head_dim)).reshape(
           batch, nh)
       x = x + a @ wo
+      if router:  # the router's scores scale the experts' input, so it stays in the loop
+        x = x * (1 + 1e-3 * jnp.max(x @ router[0], axis=-1, keepdims=True))
       x = x + (jax.nn.silu(x @ wg) * (x @ wu)) @ wd
       x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
     spec = (((1,), (1,)), ((), ())) if c.tie_embeddings else (((1,), (0,)), ((), ()))
@@ -296,22 +337,32 @@ def main() -> int:
   path = args.model
   if path is None:
     path = tempfile.mkdtemp(prefix="sampler_bench_")
-    _write_checkpoint(args, path)
+    if args.preset is not None:
+      _write_preset(args.preset, path)
+    else:
+      _write_checkpoint(args, path)
   model, model_cfg = hf_io.load_hf_model(path, param_dtype=args.dtype)
   if args.attention != model_cfg.attention_impl:
     model_cfg = dataclasses.replace(model_cfg, attention_impl=args.attention)
     model.cfg = model_cfg  # read by the layer loop at trace time (prefill's attention)
   n_params = model_cfg.num_params()
   embed = model_cfg.vocab_size * model_cfg.hidden_size
-  matmul_params = n_params - (0 if model_cfg.tie_embeddings else embed)
+  # An MoE token runs its top-k experts only: FLOPs follow the active parameters.
+  matmul_params = (model_cfg.num_params(active=True)
+                   - (0 if model_cfg.tie_embeddings else embed))
   device = f"{jax.devices()[0].device_kind} x{len(jax.devices())}"
-  report.update(device=device, cpu_cores=os.cpu_count(), model=args.model or "random qwen3",
-                params=n_params, dtype=args.dtype, batch=args.batch,
+  name = args.model or (f"random {args.preset}" if args.preset else "random qwen3")
+  report.update(device=device, cpu_cores=os.cpu_count(), model=name,
+                params=n_params, active_params=model_cfg.num_params(active=True),
+                dtype=args.dtype, batch=args.batch,
                 prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                 temperature=args.temperature, chunk=args.chunk, attention=args.attention)
-  log(f"device: {device}; model: {args.model or 'random qwen3'} hidden={model_cfg.hidden_size} "
+  experts = (f", {model_cfg.experts_per_token} of {model_cfg.num_experts} experts: "
+             f"{model_cfg.num_params(active=True) / 1e6:.2f}M active"
+             if model_cfg.num_experts else "")
+  log(f"device: {device}; model: {name} hidden={model_cfg.hidden_size} "
       f"layers={model_cfg.num_layers} vocab={model_cfg.vocab_size} "
-      f"({n_params / 1e6:.1f}M params, {args.dtype}); temperature {args.temperature}")
+      f"({n_params / 1e6:.2f}M params{experts}, {args.dtype}); temperature {args.temperature}")
 
   rng = np.random.default_rng(0)
   prompts = rng.integers(3, model_cfg.vocab_size, size=(args.batch, args.prompt_len))

@@ -2,6 +2,7 @@
 
     python benchmarks/train_step_bench.py            # ~50M params (preset 'small'), S = 512
     python benchmarks/train_step_bench.py --quick    # tiny shapes, seconds
+    python benchmarks/train_step_bench.py --quick --preset tiny_qwen3_moe   # an MoE policy
 
 Model FLOPs of one step (the MFU convention: what the model needs, not what XLA runs; no
 credit for recomputation, padding positions count because the fixed-shape step computes
@@ -11,7 +12,9 @@ them):
 
   tokens    = rows * S, every position of the fixed-shape batch
   N_matmul  = parameters that enter a matmul: all of them minus the input embedding table
-              when it is not tied to the LM head (a gather, no FLOPs)
+              when it is not tied to the LM head (a gather, no FLOPs); for an MoE preset
+              the ACTIVE ones (`ModelConfig.num_params(active=True)`: the router and the
+              top-k experts a token runs, not all experts)
   6         = 2 (multiply-add) x 3 (forward, grad w.r.t. activations, grad w.r.t. weights)
   12 L N H S per token = QK^T and AV (2 * 2 * S * N * H forward) x 3 for the backward; the
               implementation computes the full S x S scores and masks them, so no causal
@@ -36,7 +39,9 @@ import time
 
 def parse_args() -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--preset", default="small", help="models.config preset (small ~ 50M)")
+  p.add_argument("--preset", default=None,
+                 help="models.config preset (default small ~ 50M; MoE presets count active "
+                      "parameters)")
   p.add_argument("--seq-len", type=int, default=512)
   p.add_argument("--prompts", type=int, default=2)
   p.add_argument("--generations", type=int, default=4)
@@ -54,10 +59,13 @@ def parse_args() -> argparse.Namespace:
                  help="model.dtype, the activations (default: the preset's; masters stay "
                       "param_dtype). cuDNN attention needs bfloat16")
   p.add_argument("--quick", action="store_true",
-                 help="tiny shapes for a smoke run (preset tiny_llama, S=128, n=1024)")
+                 help="tiny shapes for a smoke run (preset tiny_llama unless --preset, S=128, "
+                      "n=1024)")
   args = p.parse_args()
   if args.quick:
-    args.preset, args.seq_len, args.steps, args.matmul_size = "tiny_llama", 128, 2, 1024
+    args.preset = args.preset or "tiny_llama"
+    args.seq_len, args.steps, args.matmul_size = 128, 2, 1024
+  args.preset = args.preset or "small"
   return args
 
 
@@ -78,6 +86,13 @@ def matmul_peak(n: int, reps: int = 5, dtype: str = "float32") -> float:
     dot(a, b).block_until_ready()
     best = min(best, time.perf_counter() - t)
   return 2 * n**3 / best
+
+
+def flop_params(cfg, num_params: int) -> int:
+  """The parameter count the 6N rule takes: all `num_params` of a dense model; of an MoE
+  model the active ones (router, top-k experts, shared expert, attention, embeddings), from
+  the config (an interleaved model's stacked layers also hold unused MLPs)."""
+  return cfg.num_params(active=True) if cfg.num_experts else num_params
 
 
 def model_flops(cfg, num_params: int, rows: int, seq_len: int) -> float:
@@ -122,7 +137,7 @@ def main() -> None:
   batch = random_batch(np.random.default_rng(0), cfg.vocab_size, args.prompts,
                        args.generations, args.seq_len)
   rows = args.prompts * args.generations
-  flops = model_flops(cfg, num_params, rows, args.seq_len)
+  flops = model_flops(cfg, flop_params(cfg, num_params), rows, args.seq_len)
 
   optim = config.OptimConfig(lr=1e-6, warmup_steps=0, remat=args.remat,
                              logits_chunk=args.logits_chunk)
@@ -153,7 +168,10 @@ def main() -> None:
   peak = statistics.median(peaks)
   print(f"device: {devices[0].platform} x{len(devices)} ({devices[0].device_kind}), "
         f"mesh fsdp={args.fsdp} tp={args.tp}")
-  print(f"model: {args.preset}, {num_params / 1e6:.1f}M params, batch {rows} x {args.seq_len} "
+  active = (f" ({cfg.num_params(active=True) / 1e6:.2f}M active: {cfg.experts_per_token} of "
+            f"{cfg.num_experts} experts)" if cfg.num_experts else "")
+  print(f"model: {args.preset}, {num_params / 1e6:.1f}M params{active}, batch {rows} x "
+        f"{args.seq_len} "
         f"tokens, {args.micro_batches} micro-batch(es), remat {args.remat}, logits chunk "
         f"{args.logits_chunk}, attention {args.attention}, {cfg.dtype} activations over "
         f"{cfg.param_dtype} params; compile {compile_s:.1f} s")
