@@ -1,0 +1,171 @@
+"""Every shell line in the README and docs/ runs: commands exist, flags exist, configs load.
+
+A ```bash block holds runnable lines, run in order as one shell would (usage syntax with placeholders goes in ```text). Each
+line (continuations joined, `&&` / `;` / `|` split into commands, leading VAR=value
+assignments and `export` applied as the environment) is checked by what it runs:
+
+- `jaxrl-scale ...`: parsed by the real CLI parser (unknown flags and bad values fail);
+  `train` / `plan` also load their YAML config with the overrides through `config.load`,
+  so a renamed key or a missing config file fails here.
+- `python[3] benchmarks/X.py ...`, `python -m jaxrl_scale.X ...`: the script exists and
+  every `--flag` the line uses appears in the script's own `--help`.
+- `tpu_scripts/X.sh ...`: run with `--dry-run` (prints the gcloud commands, runs none).
+- `pip install -e ".[extra]"`: the extra exists in pyproject.toml.
+- a few set-up commands (venv, source, cd, pytest) are allowed unchecked; anything else
+  fails, so a new kind of command gets a check or a deliberate exemption.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+UNCHECKED = {("python3", "-m", "venv"), (".",), ("source",), ("cd",), ("python", "-m", "pytest"),
+             ("tensorboard",), ("git",)}
+
+
+def _bash_blocks(path: pathlib.Path) -> list[tuple[int, list[str]]]:
+  """(first line number, its command lines joined over continuations) per ```bash block."""
+  out, block, pending = [], None, ""
+  for n, line in enumerate(path.read_text().splitlines(), 1):
+    if line.strip().startswith("```"):
+      if block is not None and block[1]:
+        out.append(block)
+      block = (n + 1, []) if line.strip() == "```bash" else None
+      continue
+    if block is None:
+      continue
+    code = "" if line.lstrip().startswith("#") else line.split(" #", 1)[0].rstrip()
+    if code.endswith("\\"):
+      pending += code[:-1] + " "
+      continue
+    full, pending = (pending + code).strip(), ""
+    if full:
+      block[1].append(full)
+  return out
+
+
+def _all_blocks():
+  blocks = [(f"{p.name}:{n}", lines) for p in DOCS for n, lines in _bash_blocks(p)]
+  assert sum(len(b) for _, b in blocks) >= 20, "the docs' runnable lines were not found"
+  return blocks
+
+
+def _split(line: str) -> list[list[str]]:
+  """A command line -> its commands as argv lists (env assignments kept at the front)."""
+  line = re.sub(r"\$\([^)]*\)", "SUBST", line)  # $(git rev-parse HEAD) -> one word
+  out = []
+  for part in re.split(r"&&|;|\|", line):
+    argv = shlex.split(part)
+    if argv:
+      out.append(argv)
+  return out
+
+
+@functools.cache
+def _help_flags(argv0: tuple[str, ...]) -> frozenset[str]:
+  proc = subprocess.run([sys.executable, *argv0, "--help"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, f"{' '.join(argv0)} --help failed: {proc.stderr[-500:]}"
+  return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", proc.stdout))
+
+
+def _check_jaxrl_scale(args: list[str]) -> None:
+  from jaxrl_scale import cli, config
+  try:
+    ns = cli.build_parser().parse_args(args)
+  except SystemExit as e:
+    pytest.fail(f"jaxrl-scale {' '.join(args)}: the CLI refuses it (exit {e.code})")
+  if args and args[0] == "train":
+    from jaxrl_scale import train
+    path, overrides = train._split_args(ns)  # pylint: disable=protected-access
+  elif args and args[0] == "plan":
+    path, overrides = pathlib.Path(ns.config), list(ns.overrides)
+  else:
+    return
+  assert (ROOT / path).exists(), f"config {path} does not exist"
+  config.load(str(ROOT / path), overrides)
+
+
+def _check_script(argv: list[str]) -> None:
+  if argv[1] == "-m":
+    module, rest = argv[2], argv[3:]
+    import importlib.util
+    assert importlib.util.find_spec(module) is not None, f"no module {module}"
+    target = ("-m", module)
+  else:
+    script, rest = argv[1], argv[2:]
+    assert (ROOT / script).exists(), f"no script {script}"
+    target = (script,)
+  known = _help_flags(target)
+  used = [a.split("=", 1)[0] for a in rest if a.startswith("-") and a != "--"]
+  unknown = [a for a in used if a not in known]
+  assert not unknown, f"{' '.join(target)} has no {unknown} (its --help lists {sorted(known)})"
+
+
+def _check_pip(argv: list[str]) -> None:
+  extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+  for a in argv:
+    m = re.fullmatch(r"\.\[([\w,-]+)\]", a)
+    if m:
+      missing = [e for e in m.group(1).split(",") if e not in extras]
+      assert not missing, f"pyproject.toml has no extra {missing}"
+
+
+def _check(argv: list[str], env: dict[str, str]) -> None:
+  if argv[0] == "export":
+    env.update(a.split("=", 1) for a in argv[1:] if "=" in a)
+    return
+  env = dict(env)  # VAR=value before a command holds for that command only
+  while argv and re.fullmatch(r"[A-Za-z_]\w*=.*", argv[0]):
+    k, v = argv.pop(0).split("=", 1)
+    env[k] = v
+  if not argv:
+    return
+  if argv[0] == "jaxrl-scale":
+    return _check_jaxrl_scale(argv[1:])
+  if argv[0] in ("python", "python3") and len(argv) > 1 and (
+      argv[1].startswith("benchmarks/") or (argv[1] == "-m" and argv[2].startswith("jaxrl_scale"))):
+    return _check_script(argv)
+  if argv[0] == "pip":
+    return _check_pip(argv)
+  if argv[0].startswith("tpu_scripts/"):
+    proc = subprocess.run(["bash", argv[0], "--dry-run", *argv[1:]], cwd=ROOT, text=True,
+                          capture_output=True, timeout=60, env={**os.environ, **env})
+    assert proc.returncode == 0, f"{' '.join(argv)} --dry-run: {proc.stderr[-500:]}"
+    return
+  if any(tuple(argv[:len(u)]) == u for u in UNCHECKED):
+    return
+  pytest.fail(f"no check for the command {argv[0]!r}: add one to tests/docs_test.py "
+              "or put the line in a ```text block")
+
+
+@pytest.mark.parametrize("where,lines", _all_blocks(), ids=[w for w, _ in _all_blocks()])
+def test_runnable_block(where, lines):
+  env: dict[str, str] = {}  # an `export` holds for the rest of its block
+  for line in lines:
+    for argv in _split(line):
+      _check(argv, env)
+
+
+def test_the_checks_catch_stale_lines():
+  """A renamed flag, a missing config, a stale config key and a missing extra all fail."""
+  for bad in ["jaxrl-scale fit m.jsonl --no-such-flag",
+              "jaxrl-scale train configs/no_such.yaml",
+              "jaxrl-scale train configs/cpu_tiny.yaml rl.no_such_key=1",
+              "python benchmarks/fit_bench.py --no-such-flag",
+              'pip install -e ".[no_such_extra]"',
+              "frobnicate --now"]:
+    with pytest.raises(BaseException):
+      for argv in _split(bad):
+        _check(argv, {})
