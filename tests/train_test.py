@@ -237,8 +237,8 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(task_file, tmp_pat
 def test_nonfinite_steps_are_skipped_then_abort(task_file, tmp_path, monkeypatch):
   real = rollouts.build_batch
 
-  def poisoned(groups, rl, shape):
-    batch, stats, keep = real(groups, rl, shape)
+  def poisoned(groups, rl, shape, **kwargs):
+    batch, stats, keep = real(groups, rl, shape, **kwargs)
     # NaN advantages: a NaN generator log-prob no longer reaches the loss (its token is
     # left out, and build_batch drops its group), so poison what the loss does multiply.
     bad = batch.advantages_PG.copy()
