@@ -102,7 +102,10 @@ def _check_stream(rows, steps, k):
   assert all(r["flops"] > 0 for r in rows[1:])
 
 
-@pytest.mark.parametrize("mode", ["sync", "pipeline", "ppo_offpolicy", "colocated"])
+# colocated is slow-only (15 s): tests/pipeline/overlap_test.py runs colocated weights in the
+# default run; the other three modes stay.
+@pytest.mark.parametrize("mode", ["sync", "pipeline", "ppo_offpolicy",
+                                  pytest.param("colocated", marks=pytest.mark.slow)])
 def test_each_mode_runs_end_to_end(task_file, tmp_path, mode, monkeypatch):
   cfg = _cfg(task_file, tmp_path / mode, f"pipeline.mode={mode}")
   built = []  # eval, SFT dev checks and rollouts share the process's one Sampler
