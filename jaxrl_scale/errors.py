@@ -6,3 +6,10 @@ class UserError(Exception):
 
   The message must name the offending thing: the file, the key, the row or the column.
   """
+
+
+def check_flags(checks) -> None:
+  """Raises UserError for the first (flag, value, ok) whose ok is false: `--n: invalid value 0`."""
+  for flag, value, ok in checks:
+    if not ok:
+      raise UserError(f"{flag}: invalid value {value}")

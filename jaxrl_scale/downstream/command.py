@@ -18,6 +18,7 @@ import os
 import sys
 import time
 
+from jaxrl_scale import errors
 from jaxrl_scale.errors import UserError
 
 
@@ -54,14 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check_args(args: argparse.Namespace) -> None:
   if not os.path.isdir(args.model):
     raise UserError(f"--model {args.model}: not a directory")
-  for flag, value, ok in (("--samples", args.samples, args.samples >= 1),
-                          ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1),
-                          ("--slots", args.slots, args.slots >= 1),
-                          ("--limit", args.limit, args.limit >= 0),
-                          ("--temperature", args.temperature, args.temperature >= 0),
-                          ("--reward-timeout", args.reward_timeout, args.reward_timeout > 0)):
-    if not ok:
-      raise UserError(f"{flag}: invalid value {value}")
+  errors.check_flags((("--samples", args.samples, args.samples >= 1),
+                      ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1),
+                      ("--slots", args.slots, args.slots >= 1),
+                      ("--limit", args.limit, args.limit >= 0),
+                      ("--temperature", args.temperature, args.temperature >= 0),
+                      ("--reward-timeout", args.reward_timeout, args.reward_timeout > 0)))
 
 
 def run(args: argparse.Namespace) -> int:

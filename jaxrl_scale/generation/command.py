@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+from jaxrl_scale import errors
 from jaxrl_scale.errors import UserError
 
 
@@ -79,14 +80,12 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 def _check_args(args: argparse.Namespace) -> None:
   if not os.path.isdir(args.model):
     raise UserError(f"--model {args.model}: not a directory")
-  for flag, value, ok in (("--n", args.n, args.n >= 1),
-                          ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1),
-                          ("--slots", args.slots, args.slots >= 1),
-                          ("--temperature", args.temperature, args.temperature >= 0),
-                          ("--top-p", args.top_p, 0 < args.top_p <= 1),
-                          ("--top-k", args.top_k, args.top_k >= 0)):
-    if not ok:
-      raise UserError(f"{flag}: invalid value {value}")
+  errors.check_flags((("--n", args.n, args.n >= 1),
+                      ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1),
+                      ("--slots", args.slots, args.slots >= 1),
+                      ("--temperature", args.temperature, args.temperature >= 0),
+                      ("--top-p", args.top_p, 0 < args.top_p <= 1),
+                      ("--top-k", args.top_k, args.top_k >= 0)))
 
 
 def load_model(model_dir: str, dtype: str | None = None) -> tuple[Any, Any, Any]:
