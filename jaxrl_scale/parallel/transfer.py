@@ -15,8 +15,9 @@ an all-gather over hosts, cast fused in), then reassembles those local shards in
 process-local array; the move onto the generator mesh is then local. `reshard` does this
 by itself when given such arrays, a group of leaves at a time (`staging_groups`): each
 group's local copy is moved and waited for before the next is gathered, so the trainer chips
-hold at most `STAGING_BYTES` of it (or one leaf, when a leaf is larger) instead of a whole
-param_dtype copy of the model (16 GB of Qwen3-8B on a host with one trainer chip). It is a
+hold at most `STAGING_BYTES` of it instead of a whole param_dtype copy of the model (16 GB
+of Qwen3-8B on a host with one trainer chip). A leaf larger than that (a stacked [L, ...]
+layer weight) goes in pieces of a few layers, written into its target array in place. It is a
 collective: every process must call it, in the same order, from the same (main) thread.
 """
 
@@ -85,28 +86,55 @@ def _local_spec(x: jax.Array, per_process: int) -> PartitionSpec:
 # The most bytes per device of the process-local copy that `reshard` stages at once.
 STAGING_BYTES = 1 << 30
 
+# A part of a leaf staged by itself: (axis, start, stop), or None for the whole leaf.
+Piece = tuple[int, int, int] | None
 
-def _local_bytes(x: Any, dtype: jnp.dtype, per_process: int) -> float:
-  """Bytes per device of `x`'s process-local copy in `dtype` (`_local_spec`'s split)."""
+
+def _local_bytes(x: Any, dtype: jnp.dtype, per_process: int, piece: Piece = None) -> float:
+  """Bytes per device of `x`'s process-local copy in `dtype` (`_local_spec`'s split), or of
+  the `piece` of it."""
   spec = _local_spec(x, per_process)
   shape = [n // per_process if i < len(spec) and spec[i] else n for i, n in enumerate(x.shape)]
+  if piece is not None:
+    axis, start, stop = piece
+    shape[axis] = stop - start
   return float(np.prod(shape, dtype=np.float64)) * dtype.itemsize
 
 
+def _pieces(x: Any, dtype: jnp.dtype, per_process: int, max_bytes: float) -> list[Piece]:
+  """`x` whole when its local copy fits `max_bytes`, else split along an axis the local copy
+  does not split (the leading one first: a stacked [L, ...] layer weight goes a few layers at
+  a time) into equal-sized pieces that each fit, or into single rows when none would."""
+  whole = _local_bytes(x, dtype, per_process)
+  if whole <= max_bytes:
+    return [None]
+  spec = _local_spec(x, per_process)
+  free = [i for i in range(x.ndim) if x.shape[i] > 1 and not (i < len(spec) and spec[i])]
+  if not free:
+    return [None]
+  axis = free[0]
+  n = x.shape[axis]
+  per = max(1, int(n * max_bytes // whole))  # rows of `axis` per piece
+  return [(axis, a, min(a + per, n)) for a in range(0, n, per)]
+
+
 def staging_groups(leaves: list, dtypes: list, per_process: int,
-                   max_bytes: float = STAGING_BYTES) -> list[list[int]]:
-  """Indices of `leaves` in consecutive groups whose process-local copies (in `dtypes`)
-  take at most `max_bytes` per device; a leaf larger than that is a group of its own."""
-  groups: list[list[int]] = []
+                   max_bytes: float = STAGING_BYTES) -> list[list[tuple[int, Piece]]]:
+  """(leaf index, piece) pairs in consecutive groups whose process-local copies (in `dtypes`)
+  take at most `max_bytes` per device. A leaf larger than that is split into pieces along an
+  axis its local copy does not split (`_pieces`), each a group of its own; only a leaf with no
+  such axis (or a single row over the budget) exceeds it."""
+  groups: list[list[tuple[int, Piece]]] = []
   size = 0.0
   for i, (x, d) in enumerate(zip(leaves, dtypes)):
-    b = _local_bytes(x, jnp.dtype(d), per_process)
-    if groups and size + b <= max_bytes:
-      groups[-1].append(i)
-      size += b
-    else:
-      groups.append([i])
-      size = b
+    for piece in _pieces(x, jnp.dtype(d), per_process, max_bytes):
+      b = _local_bytes(x, jnp.dtype(d), per_process, piece)
+      if groups and size + b <= max_bytes:
+        groups[-1].append((i, piece))
+        size += b
+      else:
+        groups.append([(i, piece)])
+        size = b
   return groups
 
 
@@ -120,17 +148,25 @@ def local_copy_bytes_per_device(leaves: Any, dtypes: Any,
   want = [jnp.dtype(getattr(w, "dtype", w)) for w in jax.tree.leaves(dtypes)]
   grid = _by_process(leaves[0].sharding._device_assignment)  # pylint: disable=protected-access
   per_process = grid.shape[1]
-  return max(sum(_local_bytes(leaves[i], want[i], per_process) for i in group)
+  return max(sum(_local_bytes(leaves[i], want[i], per_process, piece) for i, piece in group)
              for group in staging_groups(leaves, want, per_process, max_bytes))
 
 
+def _take(x: jax.Array, piece: Piece) -> jax.Array:
+  if piece is None:
+    return x
+  axis, start, stop = piece
+  return jax.lax.slice_in_dim(x, start, stop, axis=axis)
+
+
 @functools.lru_cache(maxsize=16)
-def _gather_fn(out_shardings: tuple, dtypes: tuple):
-  return jax.jit(lambda xs: tuple(x.astype(d) for x, d in zip(xs, dtypes)),
+def _gather_fn(out_shardings: tuple, dtypes: tuple, pieces: tuple):
+  # The slice is inside the gather's program: only the piece is ever laid out locally.
+  return jax.jit(lambda xs: tuple(_take(x, p).astype(d) for x, d, p in zip(xs, dtypes, pieces)),
                  out_shardings=out_shardings)
 
 
-def to_local(tree: Any, dtypes: Any | None = None) -> Any:
+def to_local(tree: Any, dtypes: Any | None = None, pieces: list[Piece] | None = None) -> Any:
   """A process-local copy of `tree`, whose arrays may span several processes.
 
   Arrays that are already fully addressable pass through (cast if asked). The others must
@@ -140,6 +176,8 @@ def to_local(tree: Any, dtypes: Any | None = None) -> Any:
   Args:
     tree: a pytree of jax.Arrays (e.g. the trainer's params).
     dtypes: optional tree with the target dtype of every leaf.
+    pieces: optional, one `Piece` per leaf: only that part of a cross-process leaf is
+      gathered (fully addressable leaves pass whole).
 
   Returns:
     The same structure; every leaf fully addressable. A collective when any leaf is not
@@ -166,7 +204,8 @@ def to_local(tree: Any, dtypes: Any | None = None) -> Any:
   local_mesh = Mesh(np.array(row), ("local",))
   specs = [_local_spec(leaves[i], grid.shape[1]) for i in remote]
   out_shardings = tuple(NamedSharding(gather_mesh, spec) for spec in specs)
-  gathered = _gather_fn(out_shardings, tuple(want[i] for i in remote))(
+  cut = tuple(pieces[i] if pieces is not None else None for i in remote)
+  gathered = _gather_fn(out_shardings, tuple(want[i] for i in remote), cut)(
       tuple(leaves[i] for i in remote))
   out = list(leaves)
   for i, y, spec in zip(remote, gathered, specs):
@@ -223,7 +262,8 @@ def _reshard_staged(tree: Any, shardings: Any, dtypes: Any | None, may_alias: An
                     max_bytes: float) -> Any:
   """`reshard` of cross-process arrays onto this process's devices, one `staging_groups`
   group at a time: gather (`to_local`), move, wait, so that one group's local copy is alive
-  on the source devices at a time."""
+  on the source devices at a time. A leaf staged in pieces is written piece by piece into
+  its target array (allocated once, updated in place)."""
   leaves, treedef = jax.tree.flatten(tree)
   # `shardings` may be a prefix of the tree: one target per leaf.
   targets = jax.tree.leaves(jax.tree.map(lambda s, sub: jax.tree.map(lambda _: s, sub),
@@ -237,15 +277,40 @@ def _reshard_staged(tree: Any, shardings: Any, dtypes: Any | None, may_alias: An
   per_process = _by_process(remote[0].sharding._device_assignment).shape[1]  # pylint: disable=protected-access
   out: list[Any] = [None] * len(leaves)
   for group in staging_groups(leaves, want, per_process, max_bytes):
-    local = to_local([leaves[i] for i in group], [want[i] for i in group])
-    placed = jax.device_put(local, [targets[i] for i in group],
-                            may_alias=[aliases[i] for i in group])
+    idx = [i for i, _ in group]
+    pieces = [piece for _, piece in group]
+    local = to_local([leaves[i] for i in idx], [want[i] for i in idx], pieces)
+    placed = jax.device_put(local, [targets[i] if p is None else _piece_sharding(targets[i], p)
+                                    for i, p in zip(idx, pieces)],
+                            may_alias=[aliases[i] for i in idx])
     del local
+    for i, piece, y in zip(idx, pieces, placed):
+      if piece is None:
+        out[i] = y
+        continue
+      if out[i] is None:
+        out[i] = jax.jit(lambda: jnp.zeros(leaves[i].shape, want[i]),  # pylint: disable=cell-var-from-loop
+                         out_shardings=targets[i])()
+      out[i] = _write_piece(piece[0], targets[i])(out[i], y, piece[1])
     # Wait before gathering the next group: its local copy is freed once the move is done.
-    jax.block_until_ready(placed)
-    for i, y in zip(group, placed):
-      out[i] = y
+    jax.block_until_ready([out[i] for i in idx])
   return jax.tree.unflatten(treedef, out)
+
+
+def _piece_sharding(target: NamedSharding, piece: tuple[int, int, int]) -> NamedSharding:
+  """`target` with the piece's axis unsplit (a piece's length need not divide its mesh axis)."""
+  axis = piece[0]
+  spec = list(target.spec) + [None] * (axis + 1 - len(target.spec))
+  spec[axis] = None
+  return NamedSharding(target.mesh, PartitionSpec(*spec))
+
+
+@functools.lru_cache(maxsize=64)
+def _write_piece(axis: int, target: NamedSharding):
+  """jit(buffer, piece, start -> buffer with the piece written at `start` along `axis`), the
+  buffer donated so that it is updated in place."""
+  return jax.jit(lambda buf, y, start: jax.lax.dynamic_update_slice_in_dim(buf, y, start, axis),
+                 out_shardings=target, donate_argnums=0)
 
 
 def same_placement(tree: Any, shardings: Any) -> bool:

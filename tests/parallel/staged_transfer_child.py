@@ -22,13 +22,15 @@ budget = int(sys.argv[3])
 by_process = [[d for d in jax.devices() if d.process_index == p] for p in range(2)]
 trainer = Mesh(np.array([row[:2] for row in by_process]), ("fsdp", "tp"))
 local = Mesh(np.array(by_process[jax.process_index()][2:]), ("data",))
-shapes = {"a": (64, 32), "b": (8, 128), "c": (256, 16), "d": (16,), "e": (32, 32)}
+shapes = {"a": (64, 32), "b": (8, 128), "c": (256, 16), "d": (16,), "e": (32, 32),
+          "f": (24, 64, 32)}
 specs = {"a": P("fsdp", "tp"), "b": P(None, ("fsdp", "tp")), "c": P("fsdp", None),
-         "d": P(), "e": P("tp", "fsdp")}
+         "d": P(), "e": P("tp", "fsdp"), "f": P(None, "fsdp", "tp")}
 want = {k: np.arange(np.prod(s), dtype=np.float32).reshape(s) / 7 for k, s in shapes.items()}
 tree = {k: jax.make_array_from_callback(shapes[k], NamedSharding(trainer, specs[k]),
                                         lambda idx, k=k: want[k][idx]) for k in shapes}
 targets = {k: NamedSharding(local, P()) for k in shapes}
+targets["f"] = NamedSharding(local, P("data"))  # split on the axis it is staged along
 dtypes = {k: jnp.bfloat16 for k in shapes}
 
 local_ids = {d.id for d in by_process[jax.process_index()][:2]}  # this process's trainer
@@ -50,8 +52,8 @@ peaks = []
 real_to_local = transfer.to_local
 
 
-def watched(leaves, dt=None):
-  out = real_to_local(leaves, dt)
+def watched(leaves, dt=None, pieces=None):
+  out = real_to_local(leaves, dt, pieces)
   peaks.append(live_bytes() - base)  # this group's local copy, on the trainer devices
   return out
 
