@@ -97,10 +97,14 @@ def outside():
   shutil.rmtree(directory)
 
 
-@pytest.fixture(scope="module", params=INTERPRETERS,
-                ids=lambda p: "this_python" if p == sys.executable else p)
+@pytest.fixture(scope="module", params=[(p, f) for p in INTERPRETERS for f in (True, False)],
+                ids=lambda p: ("this_python" if p[0] == sys.executable else p[0])
+                + ("-forked" if p[1] else "-fresh"))
 def scored(outside, request):
-  limits = dataclasses.replace(LIMITS, python=request.param)
+  # Both ways of starting a child: forked by the fork server (the default) or a fresh
+  # interpreter per run.
+  python, fork_server = request.param
+  limits = dataclasses.replace(LIMITS, python=python, fork_server=fork_server)
   os.environ["JAXRL_HOSTILE_SECRET"] = SECRET
   programs = _hostile(outside)
   names = list(programs) + ["good_1", "good_2"]
