@@ -147,6 +147,9 @@ class PipelineSource:
     self.dropped_stale = 0  # PipelineRL-k never drops a group; logged as proof
     self.throttle_wait_s = 0.0
     self.tokens = 0
+    self.score_s = 0.0  # thread-seconds of scoring (a profile: is scoring the bottleneck?)
+    self._score_lock = threading.Lock()
+    self._last_score_s = 0.0
     self._start = time.perf_counter()
     self._last = (0.0, 0.0, 0, self._start)
     self._last_slots = (0, 0)
@@ -257,6 +260,7 @@ class PipelineSource:
 
   def _score(self, seq: int, prompt: Any, completions: list[records.Completion],
              version: int) -> None:
+    t0 = time.perf_counter()
     try:
       group = self.scorer.group(seq, prompt, completions, version)
       group.min_version  # pylint: disable=pointless-statement  # cached off the queue lock
@@ -264,6 +268,8 @@ class PipelineSource:
       self.queue.release()
       self._fail(e)
       return
+    with self._score_lock:
+      self.score_s += time.perf_counter() - t0
     self.queue.fill(group)
 
   def _fail(self, error: BaseException) -> None:
@@ -392,13 +398,18 @@ class PipelineSource:
     idle = (self.throttle_wait_s - throttle) + (self.queue.put_wait_s - put_wait)
     with self._cond:
       inflight = [v for _, v in self._inflight.values()]
+    with self._score_lock:
+      score_s = self.score_s
     out = {
         "gen/tokens_per_s": (self.tokens - tokens) / span,
         "gen/idle_frac": min(1.0, idle / span),
         "queue/groups": float(len(self.queue)),
         "queue/scoring": float(self.queue.pending),
+        # Summed over the scoring threads: above the step's wall time only when they overlap.
+        "gen/score_s": score_s - self._last_score_s,
         "pipeline/dropped_stale": float(self.dropped_stale),
     }
+    self._last_score_s = score_s
     stats = getattr(self.sampler, "stats", None)
     if stats is not None:
       # Slots that decoded a valid token / slots dispatched: idle slots (e.g. waiting for

@@ -159,3 +159,27 @@ def test_state_points_at_the_oldest_group_not_trained_on(prompt_source, fakes):
   fresh.load_state(state)
   seq, prompt, _ = fresh.admit(0)
   assert seq == 3 * P
+
+
+def test_score_seconds_count_the_scoring_threads(prompt_source, fakes):
+  # A verifier that takes 20 ms a group: gen/score_s holds at least that per group scored
+  # since the previous row (the profile that tells a slow verifier from a slow sampler).
+  class SlowScorer(fakes.Scorer):
+    def group(self, *args):
+      time.sleep(0.02)
+      return super().group(*args)
+
+  admitter = sources.Admitter(prompt_source, G, seed=0)
+  src = generator.PipelineSource(fakes.Sampler(num_slots=8, length=lambda req: 2), admitter,
+                                 SlowScorer(), num_prompts=P, max_staleness=1, queue_size=2,
+                                 reward_workers=2).start()
+  try:
+    _train(src, 3)
+    first = src.metrics(3)
+    groups = src.next_groups(3)
+    src.after_step(groups, None, 4)
+    second = src.metrics(4)
+  finally:
+    src.close()
+  assert first["gen/score_s"] >= 3 * P * 0.02  # every group trained so far was scored
+  assert first["gen/score_s"] + second["gen/score_s"] >= 4 * P * 0.02
