@@ -355,6 +355,10 @@ class OptimConfig:
   # Rematerialisation of the decoder layers in the backward pass: "full" stores only each
   # layer's input (fits a 16k sequence), "dots" also keeps matmul outputs (faster, more
   # memory), "none" keeps every activation (small models only).
+  # MoE policies: weight of the router's load-balancing loss added to the policy loss in
+  # every train step (RL and SFT). null = the model's own (router_aux_loss_coef of its HF
+  # config or preset: 0.001 for Qwen3-MoE); 0 = off. Dense models ignore it.
+  router_aux_loss_coef: float | None = None
   remat: Literal["none", "full", "dots"] = "full"
 
   def __post_init__(self):
@@ -376,6 +380,8 @@ class OptimConfig:
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
   """Supervised warm start on (prompt, solution) pairs before RL."""
+    _check(self.router_aux_loss_coef is None or self.router_aux_loss_coef >= 0,
+           "optim.router_aux_loss_coef", f"must be >= 0 or null, got {self.router_aux_loss_coef}")
 
   steps: int = 0  # 0 = no warm start
   lr: float = 1e-3  # AdamW learning rate of the warm start

@@ -255,6 +255,12 @@ def _to_master(params, shardings):
   return masters
 
 
+def _has_router(params) -> bool:
+  """Whether the param tree holds an MoE router (some sparse layer)."""
+  return any(getattr(k, "key", None) == "router"
+             for path, _ in jax.tree_util.tree_flatten_with_path(params)[0] for k in path)
+
+
 # --------------------------------------------------------------------------------------
 # The trainer.
 
@@ -286,6 +292,9 @@ class Trainer:
     self.compiler_options = compiler_options
     self.logits_chunk = optim.logits_chunk
     self.remat = optim.remat
+    model_coef = getattr(getattr(model, "cfg", None), "router_aux_loss_coef", 0.0)
+    self.router_aux_coef = float(model_coef if optim.router_aux_loss_coef is None
+                                 else optim.router_aux_loss_coef)
     self.tx, self.schedule = optimizer_lib.make_optimizer(optim)
     self.graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
     self.abstract = _is_abstract((params, self._rest))
@@ -390,8 +399,14 @@ class Trainer:
       logp = logp_R.reshape(tokens.shape)
       top1 = top1_R.reshape(tokens.shape)
       zero = jnp.zeros((), jnp.float32)
-      counts = (zero, zero) if stats is None else (stats.mismatch, stats.compared)
-      return self.objective.micro_loss(logp, top1, micro, totals), (logp, top1, counts)
+      counts = ((zero, zero, zero) if stats is None else
+                (stats.mismatch, stats.compared, stats.load_balancing_loss()))
+      loss = self.objective.micro_loss(logp, top1, micro, totals)
+      if stats is not None and self.router_aux_coef > 0:
+        # The family's load-balancing term (e.g. Qwen3-MoE's 0.001), averaged over the
+        # micro-batches like the policy loss is summed to the batch's.
+        loss = loss + self.router_aux_coef * counts[2] / self.micro_batches
+      return loss, (logp, top1, counts)
 
     (loss, (logp, top1, counts)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
     grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
@@ -415,16 +430,20 @@ class Trainer:
 
     zero = jnp.zeros((), jnp.float32)
     (loss, grads, counts), (logp_M, top1_M) = jax.lax.scan(
-        body, (zero, zeros, (zero, zero)), micro_M)
+        body, (zero, zeros, (zero, zero, zero)), micro_M)
     return loss, grads, self._merge_micro(logp_M), self._merge_micro(top1_M), counts
 
   def _step(self, state: TrainState, rest, batch) -> tuple[TrainState, dict[str, jax.Array]]:
     self.trace_count += 1
     totals = self.objective.totals(batch)
     params = state.params
-    loss, grads, logp, top1, (mismatched, compared) = self._accumulate(params, rest, batch,
-                                                                      totals)
+    loss, grads, logp, top1, (mismatched, compared, balance) = self._accumulate(
+        params, rest, batch, totals)
     metrics = self.objective.metrics(jax.lax.stop_gradient(logp), top1, batch, totals)
+    if self.graphdef is not None and _has_router(params):
+      # The router's load balance (its minimum, experts_per_token, is perfect balance),
+      # logged whether or not it is in the loss: a collapsing router shows here first.
+      metrics["load_balancing_loss"] = jax.lax.stop_gradient(balance) / self.micro_batches
     if getattr(batch, "routing_PGSLK", None) is not None:
       # Of the sampler's recorded (token, sparse layer, slot) expert choices, the fraction
       # the trainer's own top-k would not make (with replay too: how much replay changed).
