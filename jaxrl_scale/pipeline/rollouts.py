@@ -127,12 +127,29 @@ class GroupScorer:
 
     Rewards are NaN where the verifier timed out or raised (no verdict); a completion that
     ran out of tokens is scored as truncated (no reward from a fallback answer).
+
+    Completions with the same text (and truncation) are verified once and share the
+    verdict: a converging policy repeats itself within a group, and each repeat of a code
+    answer would cost a sandboxed process. The counts still count every completion.
     """
-    result = self._scorer(prompt.task).score(
-        [(self.text(c), prompt.answer) for c in completions],
-        truncated=[bool(c.truncated) for c in completions])
-    correct = np.array([v is not None and v.correct for v in result.verdicts], bool)
-    return np.asarray(result.rewards, np.float32), correct, dict(result.counts)
+    keys = [(self.text(c), bool(c.truncated)) for c in completions]
+    unique = list(dict.fromkeys(keys))
+    result = self._scorer(prompt.task).score([(text, prompt.answer) for text, _ in unique],
+                                             truncated=[cut for _, cut in unique])
+    position = {key: i for i, key in enumerate(unique)}
+    index = [position[key] for key in keys]
+    counts = dict.fromkeys(result.counts, 0)
+    for i in index:
+      verdict = result.verdicts[i]
+      counts["total"] += 1
+      if verdict is not None:
+        counts[verdict.reason] += 1
+      else:
+        counts["errors" if result.errors[i] is not None else "timeouts"] += 1
+    rewards_G = np.asarray([result.rewards[i] for i in index], np.float32)
+    correct = np.array([result.verdicts[i] is not None and result.verdicts[i].correct
+                        for i in index], bool)
+    return rewards_G, correct, counts
 
   def group(self, seq: int, prompt: sources.Prompt, completions: Sequence[records.Completion],
             admitted_version: int) -> Group:

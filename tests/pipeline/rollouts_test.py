@@ -132,6 +132,35 @@ def test_verifier_errors_and_timeouts_make_samples_invalid_not_wrong():
   assert group.counts["timeouts"] == 1 and group.counts["errors"] == 1
 
 
+def test_repeated_completions_are_verified_once_and_all_counted():
+  # A converging policy repeats itself: each distinct (text, truncated) of a group costs one
+  # verifier call (for code, a sandboxed process); every completion gets its verdict.
+  calls = []
+  lock = threading.Lock()
+
+  def verifier(response, answer):
+    with lock:
+      calls.append(response)
+    if response == "boom":
+      raise RuntimeError("verifier bug")
+    return response == answer
+
+  scorer = rollouts.GroupScorer(config.RLConfig(), TOK, num_threads=2)
+  scorer._scorers["arithmetic"] = rewards.Scorer(verifier, num_threads=2)
+  texts = ["7", "7", "8", "boom", "7", "boom", "8", "7"]
+  try:
+    group = scorer.group(0, _prompt(0, answer="7"),
+                         [_completion(t, j) for j, t in enumerate(texts)]
+                         + [_completion("7", len(texts), eos=False)], 0)
+  finally:
+    scorer.close()
+  assert sorted(calls) == ["7", "7", "8", "boom"]  # the cut "7" is a distinct call
+  np.testing.assert_array_equal(group.correct_G, [1, 1, 0, 0, 1, 0, 0, 1, 1])
+  np.testing.assert_array_equal(group.valid_G, [1, 1, 1, 0, 1, 0, 1, 1, 1])
+  assert group.counts["total"] == 9 and group.counts["correct"] == 5
+  assert group.counts["wrong"] == 2 and group.counts["errors"] == 2
+
+
 def test_build_batch_leaves_invalid_samples_out_of_the_advantages_and_counts_them():
   rl = config.RLConfig(advantage_norm="none", zero_variance_filter=True)
   shape = rollouts.BatchShape(num_prompts=4, group_size=4, seq_len=12, pad_id=TOK.PAD)
