@@ -348,18 +348,19 @@ class OptimConfig:
   max_grad_norm: float | None = None  # global-norm clipping; None = off
   micro_batch_prompts: int = 0  # 0 = whole batch in one micro-batch
   max_nonfinite_steps: int = 5  # abort after this many NaN/inf updates in a row
+  # MoE policies: weight of the router's load-balancing loss added to the policy loss in
+  # every train step (RL and SFT). null = the model's own (router_aux_loss_coef of its HF
+  # config or preset: 0.001 for Qwen3-MoE); 0 = off. Dense models ignore it.
+  router_aux_loss_coef: float | None = None
   # Train-step LM head over this many positions at a time (rematerialised), so the fp32
   # [rows, seq, vocab] logits never exist at once (at 16k x 152k they are 9.3 GiB per row);
   # 0 = all positions together.
   logits_chunk: int = 512
   # Rematerialisation of the decoder layers in the backward pass: "full" stores only each
   # layer's input (fits a 16k sequence), "dots" also keeps matmul outputs (faster, more
-  # memory), "none" keeps every activation (small models only).
-  # MoE policies: weight of the router's load-balancing loss added to the policy loss in
-  # every train step (RL and SFT). null = the model's own (router_aux_loss_coef of its HF
-  # config or preset: 0.001 for Qwen3-MoE); 0 = off. Dense models ignore it.
-  router_aux_loss_coef: float | None = None
-  remat: Literal["none", "full", "dots"] = "full"
+  # memory), "attention" keeps the attention block's outputs and recomputes the MLP (between
+  # the two), "none" keeps every activation (small models only).
+  remat: Literal["none", "full", "dots", "attention"] = "full"
 
   def __post_init__(self):
     _check(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
@@ -372,6 +373,8 @@ class OptimConfig:
            f"must be in [0, 1], got {self.min_lr_ratio}")
     _check(self.eps >= 0, "optim.eps", "must be >= 0")
     _check(self.micro_batch_prompts >= 0, "optim.micro_batch_prompts", "must be >= 0")
+    _check(self.router_aux_loss_coef is None or self.router_aux_loss_coef >= 0,
+           "optim.router_aux_loss_coef", f"must be >= 0 or null, got {self.router_aux_loss_coef}")
     _check(self.max_grad_norm is None or self.max_grad_norm > 0, "optim.max_grad_norm",
            f"must be > 0 or null, got {self.max_grad_norm}")
     _check(self.logits_chunk >= 0, "optim.logits_chunk", "must be >= 0")
@@ -380,8 +383,6 @@ class OptimConfig:
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
   """Supervised warm start on (prompt, solution) pairs before RL."""
-    _check(self.router_aux_loss_coef is None or self.router_aux_loss_coef >= 0,
-           "optim.router_aux_loss_coef", f"must be >= 0 or null, got {self.router_aux_loss_coef}")
 
   steps: int = 0  # 0 = no warm start
   lr: float = 1e-3  # AdamW learning rate of the warm start

@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 IMPLS = ("auto", "einsum", "splash", "cudnn")
+# checkpoint_name of the splash forward kernel's residuals (its output and log-sum-exp).
+SPLASH_RESIDUALS = "splash_residuals"
 
 # Finite (not -inf) so a query with no visible key gets a uniform softmax instead of NaN.
 MASKED = float(np.finfo(np.float32).min)
@@ -302,8 +304,11 @@ def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
 
   def per_device(q_BTNH, k_BTKH, v_BTKH, kv_segment_BT):
     causal = sm.MultiHeadMask([sm.CausalMask((t_pad, t_pad))] * n_local)
+    # The output and log-sum-exp the backward kernel reads carry a name, so a remat policy
+    # can keep them instead of rerunning the forward kernel (transformer.REMAT_POLICIES).
     kernel = sk.make_splash_mha(causal, block_sizes=blocks, head_shards=1, q_seq_shards=1,
-                                interpret=interpret)
+                                interpret=interpret,
+                                residual_checkpoint_name=SPLASH_RESIDUALS)
 
     def one_row(q_NTH, k_KTH, v_KTH, kv_segment_T):
       segments = sk.SegmentIds(q=jnp.ones_like(kv_segment_T), kv=kv_segment_T)

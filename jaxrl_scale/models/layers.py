@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_scale.models import moe
 from jaxrl_scale.models.config import ModelConfig, RopeScaling
@@ -208,9 +209,10 @@ class Attention(nnx.Module):
         the paged KV-cache write and read (`paged_attention.paged_attention`), so one layer
         serves both paths.
     """
-    q_BTNH = self.q_proj(x_BTD)
-    k_BTKH = self.k_proj(x_BTD)
-    v_BTKH = self.v_proj(x_BTD)
+    # The names let a remat policy keep these (transformer.REMAT_POLICIES "attention").
+    q_BTNH = checkpoint_name(self.q_proj(x_BTD), "query_proj")
+    k_BTKH = checkpoint_name(self.k_proj(x_BTD), "key_proj")
+    v_BTKH = checkpoint_name(self.v_proj(x_BTD), "value_proj")
     if self.q_norm is not None:
       q_BTNH = self.q_norm(q_BTNH)
       k_BTKH = self.k_norm(k_BTKH)
@@ -218,7 +220,7 @@ class Attention(nnx.Module):
     q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq_h)
     k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq_h)
     out_BTNH, aux = attend(q_BTNH, k_BTKH, v_BTKH)
-    return self.o_proj(out_BTNH.astype(q_BTNH.dtype)), aux
+    return checkpoint_name(self.o_proj(out_BTNH.astype(q_BTNH.dtype)), "out_proj"), aux
 
 
 class MLP(nnx.Module):

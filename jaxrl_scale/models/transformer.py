@@ -249,6 +249,9 @@ class Transformer(nnx.Module):
     graphdef, state_L = nnx.split(self.layers)
     pos_B = pos_B.astype(jnp.int32)
     views = cache.views
+    # Only a mesh with an expert axis sends the MoE layers through their expert-parallel
+    # shard_map (None otherwise: the program is as before expert parallelism).
+    moe_sharding = moe.decode_sharding(mesh, x_B1D.shape[0])
     if views is not None and layer_states is None:
       raise ValueError("decode with per-chunk views runs the layers unrolled: pass layer_states")
 
@@ -260,7 +263,7 @@ class Transformer(nnx.Module):
         return out_B1NH, (pool_out, view_out)
 
       x_B1D, aux, _, experts_B1K = nnx.merge(graphdef, layer_state)(
-          x_B1D, pos_B[:, None], attend, i, active_B[:, None])
+          x_B1D, pos_B[:, None], attend, i, active_B[:, None], moe_sharding)
       return x_B1D, aux, experts_B1K
 
     record_routing = record_routing and bool(self.sparse_layers())
@@ -470,10 +473,19 @@ class Transformer(nnx.Module):
 # What a layer keeps for the backward pass: "none" stores every activation, "full" stores only
 # the layer input (everything else is recomputed), "dots" stores matmul outputs that have no
 # batch dims (the projections) and recomputes the cheap elementwise work and attention.
+# "attention" keeps the attention block's results: the q/k/v and output projections
+# (`layers.Attention`'s checkpoint names) and the splash kernel's output and log-sum-exp (what
+# its backward kernel reads), so only the norms and the MLP are recomputed. Per token and
+# layer that is (N + 2K) * H + 2D values beside the layer input, a third of "dots"' on
+# Qwen3-8B; the MLP is where the memory is (3F values). The einsum path (CPU, GPU without
+# cuDNN) has no kernel residuals: there the attention itself is recomputed.
+ATTENTION_NAMES = ("query_proj", "key_proj", "value_proj", "out_proj",
+                   attention.SPLASH_RESIDUALS)
 REMAT_POLICIES: dict[str, Callable | None] = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "attention": jax.checkpoint_policies.save_only_these_names(*ATTENTION_NAMES),
 }
 
 
