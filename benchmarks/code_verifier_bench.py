@@ -1,6 +1,7 @@
 """Code verifier benchmark: verdicts on the labelled set, hostile programs, throughput, wall.
 
   python benchmarks/code_verifier_bench.py [--json] [--threads N] [--python PATH]
+                                           [--fresh-interpreter]
                                            [--set tests/rewards/data/code_labelled.jsonl]
 
 Scores every program of the labelled set (benchmarks/code_labelled_set.py builds it:
@@ -133,15 +134,19 @@ def main() -> None:
   parser.add_argument("--python", default=None,
                       help="interpreter for the programs (default: this one)")
   parser.add_argument("--isolate-network", action="store_true")
+  parser.add_argument("--fresh-interpreter", action="store_true",
+                      help="start a fresh interpreter per run (Limits.fork_server False)")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   args = parser.parse_args()
-  limits = code_sandbox.Limits(python=args.python, isolate_network=args.isolate_network)
+  limits = code_sandbox.Limits(python=args.python, isolate_network=args.isolate_network,
+                               fork_server=not args.fresh_interpreter)
   with open(args.set, encoding="utf-8") as f:
     rows = [json.loads(line) for line in f if line.strip()]
   probe = code_sandbox.run_python("pass", limits, single_stdin="")
   report = {
       "python": limits.python or code_sandbox.default_python(), "as_nobody": probe.as_nobody,
       "network_isolated": probe.network_isolated,
+      "fork_server": limits.fork_server,
       "limits": {"wall_s": limits.wall_s, "total_wall_s": limits.total_wall_s,
                  "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb},
       "labelled": labelled(rows, limits, args.threads),
