@@ -63,6 +63,9 @@ class Program:
       program does not see but that stay allocated while it runs.
     paged_layers: layers in the page pool the decode kernel reads one layer of per call
       (`hlo_cost.analyze`); 1 for programs without it.
+    min_bytes: per chip, by kind, the least HBM one call must read (decode: the weights once
+      per step and every slot's live KV at the context the plan assumes, `decode_min_bytes`);
+      empty where not defined.
   """
 
   name: str
@@ -74,6 +77,7 @@ class Program:
   resident: dict[str, float] = dataclasses.field(default_factory=dict)
   also_resident: float = 0.0
   paged_layers: int = 1
+  min_bytes: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def abstract_params(mcfg: ModelConfig, mesh: Mesh, dtype: str | None = None
@@ -118,6 +122,27 @@ def train_model_flops(mcfg: ModelConfig, rows: int, seq: int) -> float:
   """6N per token plus causal attention (mean context seq/2), times 3 for fwd + bwd."""
   tokens = rows * seq
   return 6.0 * matmul_params(mcfg) * tokens + 3.0 * attention_flops(mcfg, tokens, seq / 2)
+
+
+def decode_min_bytes(mcfg: ModelConfig, lay: layout_lib.Layout, kv_bytes: float, context: float,
+                     steps: int) -> dict[str, float]:
+  """The least HBM bytes one chip must read in a decode chunk of `steps` steps, by kind.
+
+  weights: every weight the chip holds, once per step, except an untied embedding table, of
+    which a step reads only its rows' entries.
+  kv_cache: each of the chip's rows at `context` positions, once per step: its share of the
+    pool (`kv_bytes` per chip, pages + 1 null page of page_size positions per data shard)
+    per position, times rows per data shard times `context`.
+  """
+  paths, leaves = layout_lib.paths_and_leaves(lay.params)
+  weights = layout_lib.bytes_per_device(leaves)
+  rows = lay.num_slots // lay.data  # rows one chip's data shard holds
+  if not mcfg.tie_embeddings:
+    table = [x for p, x in zip(paths, leaves) if p.startswith("['embed_tokens']")]
+    weights -= layout_lib.bytes_per_device(table)
+    weights += rows * mcfg.hidden_size * jnp.dtype(mcfg.param_dtype).itemsize
+  per_position = kv_bytes / ((lay.pages + 1) * lay.page_size)
+  return {"weights": steps * weights, "kv_cache": steps * rows * context * per_position}
 
 
 # ---- the programs ---------------------------------------------------------------------------
@@ -263,5 +288,6 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
       Program("decode", mesh, lambda: chunk.lower(param_leaves, layers, state, consts, table),
               2.0 * n_mat * decode_tokens + attention_flops(mcfg, decode_tokens, context),
               decode_tokens, groups, dict(resident), also_resident=beside_decode,
-              paged_layers=mcfg.num_layers),
+              paged_layers=mcfg.num_layers,
+              min_bytes=decode_min_bytes(mcfg, lay, held["kv_cache"], context, steps)),
   ]

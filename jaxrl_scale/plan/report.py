@@ -12,6 +12,9 @@ Per program and per chip:
   mfu_bound            model FLOPs / (peak x bound_seconds): the best MFU the program allows
   tokens_per_second    tokens one call processes / bound_seconds, job-wide and per chip (for
                        decode: the roofline of reading the weights and the live KV each step)
+  min_bytes_per_chip   (decode) the least a call must read: the weights once per step and
+                       every slot's KV at the plan's mean context; bytes_over_min =
+                       bytes_accessed / that
 Collectives between chips are not in the roofline (ICI bandwidth is not modelled).
 """
 
@@ -95,6 +98,10 @@ def measure(program: programs_lib.Program, chip: chips_lib.Chip) -> dict[str, An
       tokens_per_second_per_chip=(program.tokens / bound / chips
                                   if bound > 0 and program.tokens else None),
       unknown_loops=cost.unknown_loops)
+  if program.min_bytes:
+    least = sum(program.min_bytes.values())
+    row.update(min_bytes_per_chip=least, bytes_over_min=cost.bytes / least,
+               min_bytes_per_chip_by_kind={k: float(v) for k, v in program.min_bytes.items()})
   return row
 
 
@@ -172,6 +179,12 @@ def table(plan: dict[str, Any]) -> str:
     lines.append(f"  decode roofline: {dec['tokens_per_second_per_chip']:,.0f} tok/s per chip "
                  f"(weights + every slot's KV at the pool's average length, read once per "
                  f"step, over HBM bandwidth)")
+  if dec.get("bytes_over_min"):
+    kind = dec["min_bytes_per_chip_by_kind"]
+    lines.append(f"  decode bytes: {dec['bytes_over_min']:.2f}x the minimum per chip "
+                 f"({dec['bytes_accessed_per_chip'] / GIB:.4g} GiB read a call against "
+                 f"{kind['weights'] / GIB:.4g} GiB of weights + {kind['kv_cache'] / GIB:.4g} "
+                 f"GiB of live KV)")
   tight = [n for n, r in plan["programs"].items()
            if r.get("fits") and r.get("headroom", 1.0) < HEADROOM]
   if tight:

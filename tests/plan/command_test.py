@@ -111,6 +111,30 @@ def test_programs_flag_compiles_only_those(capsys):
   assert "unknown program 'decoder'" in capsys.readouterr().err
 
 
+def test_decode_row_counts_the_minimum_bytes(capsys):
+  """The least a decode chunk must read, computed here by hand for the tiny model: every
+  weight but the untied embedding table once per step (plus the rows' embeddings), and every
+  row's KV at its full length (no sampler.kv_cache_tokens: the pool holds every slot's)."""
+  code = cli.main(["plan", "configs/cpu_tiny.yaml", *TINY, "--topology", "v5e:2x2",
+                   "--programs", "decode", "--json"])
+  row = json.loads(capsys.readouterr().out)["programs"]["decode"]
+  assert code == 0
+  # tiny_llama with 4 layers: vocab 264, hidden 64, 4 heads and 2 kv heads of 16, MLP 128,
+  # untied head; float32 weights and cache. 2 generator chips: data 2, 8 of the 16 slots each.
+  v, d, f, n, k, h, layers = 264, 64, 128, 4, 2, 16, 4
+  per_layer = d * (n + 2 * k) * h + n * h * d + 3 * d * f + 2 * d
+  weights = 4 * (layers * per_layer + d + d * v) + 4 * 8 * d  # + 8 rows' embeddings
+  kv = 8 * (8 + 6) * layers * 2 * k * h * 4  # 8 rows x (prompt bucket 8 + 6 new) positions
+  steps = 4  # sampler.decode_chunk
+  assert row["min_bytes_per_chip_by_kind"] == {"weights": steps * weights,
+                                               "kv_cache": steps * kv}
+  assert row["min_bytes_per_chip"] == steps * (weights + kv)
+  assert row["bytes_over_min"] == pytest.approx(
+      row["bytes_accessed_per_chip"] / row["min_bytes_per_chip"])
+  # The compiled program reads at least that much.
+  assert row["bytes_over_min"] >= 1.0
+
+
 def test_advice_tells_a_compiler_refusal_from_a_shortfall():
   from jaxrl_scale.plan import report
   row = {"fits": False, "hbm_bytes_per_chip": None, "hbm_capacity_bytes": 32 * 2**30,
