@@ -154,6 +154,15 @@ def get(python: str, bootstrap: str, env: dict[str, str]) -> ForkServer:
     return _SERVERS[key]
 
 
+def _forget_after_fork() -> None:
+  # A forked copy of this process must not share (or, at its exit, kill) the parent's
+  # servers: it starts its own on first use.
+  _SERVERS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 @atexit.register
 def close_all() -> None:
   """Stops every server of this process."""

@@ -127,3 +127,23 @@ def test_sys_executable_is_the_interpreter_that_serves():
              dataclasses.replace(FORKED, python=sys.executable))
   assert run.status == "ok"
   assert os.path.realpath(run.stdout.decode().strip()) == os.path.realpath(sys.executable)
+
+
+def test_a_forked_copy_of_the_parent_starts_its_own_server():
+  # The copy must neither share the parent's server socket nor kill the server at its exit.
+  assert _run("print(1)\n", FORKED).status == "ok"
+  server = code_forkserver.get(code_sandbox.default_python(), code_sandbox._BOOTSTRAP,  # pylint: disable=protected-access
+                               code_sandbox._ENV)  # pylint: disable=protected-access
+  before = server._proc.pid  # pylint: disable=protected-access
+  pid = os.fork()
+  if pid == 0:
+    try:
+      parent = _run("import os\nprint(os.getppid())\n", FORKED).stdout.strip()
+      ok = parent.isdigit() and int(parent) != before  # a server of its own
+      code_forkserver.close_all()
+    finally:
+      os._exit(0 if ok else 1)
+  _, status = os.waitpid(pid, 0)
+  assert os.waitstatus_to_exitcode(status) == 0
+  assert _run("print(3)\n", FORKED).stdout == b"3\n"
+  assert server._proc.pid == before and server._proc.poll() is None  # pylint: disable=protected-access
