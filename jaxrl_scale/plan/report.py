@@ -120,6 +120,10 @@ def run_plan(cfg: Any, mcfg: Any, sl: chips_lib.Slice,
       "layout": slices.describe(), "model_params": int(mcfg.num_params()),
       "chip_spec": {"peak_flops": sl.chip.peak_flops, "hbm_bytes": sl.chip.hbm_bytes,
                     "hbm_bandwidth": sl.chip.hbm_bandwidth},
+      # What the train step keeps for its backward pass, printed with the plan because it
+      # sets both the step's HBM and its compiled / model FLOPs.
+      "trainer": {"remat": cfg.optim.remat, "logits_chunk": cfg.optim.logits_chunk,
+                  "micro_batch_prompts": cfg.optim.micro_batch_prompts},
       "programs": {},
   }
   for program in programs:
@@ -151,6 +155,10 @@ def table(plan: dict[str, Any]) -> str:
   lines = [f"plan for {plan['name']} ({plan['topology']}: {plan['chips']} chips, "
            f"{plan['hosts']} hosts) | {plan['model_params'] / 1e9:.2f}B params",
            f"  {plan['layout']}"]
+  if plan.get("trainer"):
+    t = plan["trainer"]
+    lines.append(f"  train step: optim.remat {t['remat']}, optim.micro_batch_prompts "
+                 f"{t['micro_batch_prompts']}, optim.logits_chunk {t['logits_chunk']}")
   head = (f"  {'program':<12}{'chips':>6}{'HBM/chip':>12}{'of':>10}{'headroom':>10}"
           f"{'params':>10}{'optim':>10}{'kv':>10}{'temp':>10}{'FLOPs x':>9}{'bound s':>10}"
           f"{'MFU<=':>7}{'tok/s':>11}{'compile':>9}")
@@ -206,9 +214,10 @@ def advice(plan: dict[str, Any]) -> str | None:
     short = (f"needs {_gib(need)} of {_gib(r['hbm_capacity_bytes'])} per chip"
              if need else r.get("error", "does not compile"))
     fix = {
-        "train_step": "lower optim.micro_batch_prompts (fewer rows per micro-batch), keep "
-                      "optim.remat=full, lower optim.logits_chunk, or give the trainer more "
-                      "devices (mesh.trainer_devices)",
+        "train_step": "lower optim.micro_batch_prompts (fewer rows per micro-batch), use "
+                      "optim.remat=full (the least activation memory), lower "
+                      "optim.logits_chunk, or give the trainer more devices "
+                      "(mesh.trainer_devices)",
         "sft_step": "set sft.micro_batch_size, or give the trainer more devices",
         "weight_cast": "give the trainer more devices (mesh.trainer_devices)",
         "prefill": "set sampler.prefill_chunk (prefill in pieces), lower sampler.num_slots "

@@ -29,6 +29,8 @@ def test_tiny_recipe_plans_on_v5e(capsys):
   assert code == 0, plan
   assert plan["topology"] == "v5e:2x2" and plan["chips"] == 4 and plan["fits"] is True
   assert set(plan["programs"]) == {"train_step", "weight_cast", "prefill", "decode"}
+  # The train step's remat choice is printed with the plan (cpu_tiny.yaml: none).
+  assert plan["trainer"] == {"remat": "none", "logits_chunk": 512, "micro_batch_prompts": 4}
   for name, row in plan["programs"].items():
     assert KEYS <= set(row), name
     assert row["chips"] == 2 and row["fits"]
@@ -117,7 +119,8 @@ def test_decode_row_counts_the_minimum_bytes(capsys):
   row's KV at its full length (no sampler.kv_cache_tokens: the pool holds every slot's)."""
   code = cli.main(["plan", "configs/cpu_tiny.yaml", *TINY, "--topology", "v5e:2x2",
                    "--programs", "decode", "--json"])
-  row = json.loads(capsys.readouterr().out)["programs"]["decode"]
+  plan = json.loads(capsys.readouterr().out)
+  row = plan["programs"]["decode"]
   assert code == 0
   # tiny_llama with 4 layers: vocab 264, hidden 64, 4 heads and 2 kv heads of 16, MLP 128,
   # untied head; float32 weights and cache. 2 generator chips: data 2, 8 of the 16 slots each.
@@ -133,6 +136,10 @@ def test_decode_row_counts_the_minimum_bytes(capsys):
       row["bytes_accessed_per_chip"] / row["min_bytes_per_chip"])
   # The compiled program reads at least that much.
   assert row["bytes_over_min"] >= 1.0
+  from jaxrl_scale.plan import report
+  text = report.table(plan)
+  assert f"decode bytes: {row['bytes_over_min']:.2f}x the minimum per chip" in text
+  assert "train step: optim.remat none, optim.micro_batch_prompts 4" in text
 
 
 def test_advice_tells_a_compiler_refusal_from_a_shortfall():
