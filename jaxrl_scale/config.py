@@ -111,6 +111,12 @@ class MeshConfig:
   generator_devices: float = 0.5  # devices of the generator slice: a count or a fraction
   trainer_tp: int = 1  # trainer mesh is ('fsdp', 'tp'); fsdp takes the remaining devices
   generator_tp: int = 1  # generator mesh is ('data', 'tp'); data takes the remaining devices
+  # Expert parallelism: >1 adds an 'expert' axis to the trainer mesh, ('fsdp', 'expert',
+  # 'tp'), taken out of fsdp; each device holds E / trainer_ep of an MoE layer's experts and
+  # the tokens go to them. Outside the MoE layers it splits the batch like fsdp.
+  trainer_ep: int = 1
+  # As trainer_ep, for each generator group: ('data', 'expert', 'tp'), taken out of data.
+  generator_ep: int = 1
   simulated_cpu_devices: int = 8  # CPU only: devices to simulate when no accelerator exists
 
   def __post_init__(self):
@@ -118,7 +124,8 @@ class MeshConfig:
       v = getattr(self, key)
       _check(v > 0, f"mesh.{key}", f"must be a count >= 1 or a fraction in (0, 1), got {v}")
       _check(v < 1 or float(v).is_integer(), f"mesh.{key}", f"a count must be whole, got {v}")
-    for key in ("trainer_tp", "generator_tp", "simulated_cpu_devices"):
+    for key in ("trainer_tp", "generator_tp", "trainer_ep", "generator_ep",
+                "simulated_cpu_devices"):
       v = getattr(self, key)
       _check(v >= 1, f"mesh.{key}", f"must be >= 1, got {v}")
 

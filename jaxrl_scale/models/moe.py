@@ -11,8 +11,8 @@ weights multiply only its own contiguous group). TPU and GPU lower it to XLA's r
 on CPU JAX lowers it to a dense product masked per expert, E times the FLOPs (measured:
 21x one dense matmul at M=4096, D=256, F=512, E=16), which tiny CPU models can afford.
 
-Logical axes: 'expert' E (sharded by a future expert mesh axis; replicated today),
-'embed' D, 'moe_mlp' F.
+Logical axes: 'expert' E (split over the mesh's expert axis when it has one:
+`_local_experts`), 'embed' D, 'moe_mlp' F.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ from jax.sharding import PartitionSpec
 
 from jaxrl_scale.models import layers
 from jaxrl_scale.models.config import ModelConfig
+
+# The mesh axis that splits the experts (`parallel.mesh.EXPERT_AXIS`; models sit below
+# parallel, so the name is repeated here).
+_EXPERT = "expert"
 
 
 @jax.tree_util.register_dataclass
@@ -215,14 +219,25 @@ class MoE(nnx.Module):
 
 
 def _experts(x_ND: jax.Array, weights_NK: jax.Array, experts_NK: jax.Array,
-             gate_EDF: jax.Array, up_EDF: jax.Array, down_EFD: jax.Array) -> jax.Array:
-  """sum_k weights_NK * SwiGLU_{experts_NK}(x_ND) as grouped matmuls: [N, D]."""
+             gate_EDF: jax.Array, up_EDF: jax.Array, down_EFD: jax.Array,
+             first: jax.Array | None = None) -> jax.Array:
+  """sum_k weights_NK * SwiGLU_{experts_NK}(x_ND) as grouped matmuls: [N, D].
+
+  `first` (expert parallelism): the weights are experts first .. first + E - 1 of a larger
+  set; only the (token, slot) pairs routed to them count, the others add zero.
+  """
   n, k = experts_NK.shape
   e = gate_EDF.shape[0]
-  # Sort the N * K (token, expert) pairs by expert; group g of the sorted rows is expert g.
   experts_M = experts_NK.reshape(n * k)
+  mine_M = None
+  if first is not None:
+    experts_M = experts_M - first
+    mine_M = (experts_M >= 0) & (experts_M < e)
+    # Other shards' pairs sort after this shard's E groups, outside every group.
+    experts_M = jnp.where(mine_M, experts_M, e)
+  # Sort the N * K (token, expert) pairs by expert; group g of the sorted rows is expert g.
   order_M = jnp.argsort(experts_M, stable=True)
-  group_sizes_E = jnp.bincount(experts_M, length=e).astype(jnp.int32)
+  group_sizes_E = jnp.bincount(experts_M, length=e).astype(jnp.int32)  # drops the id e
   x_MD = x_ND[order_M // k]
   dot = lambda a, w: jax.lax.ragged_dot(a, w, group_sizes_E,  # noqa: E731
                                         preferred_element_type=x_ND.dtype)
@@ -230,39 +245,89 @@ def _experts(x_ND: jax.Array, weights_NK: jax.Array, experts_NK: jax.Array,
   # Back to (token, slot) order: a gather by the inverse permutation (its gradient is a
   # gather too, where a scatter's would be a scatter-add).
   y_NKD = y_MD[jnp.argsort(order_M)].reshape(n, k, -1)
+  if mine_M is not None:
+    # ragged_dot leaves rows past the groups zero on CPU; a select (not a product: a
+    # kernel may leave those rows unwritten) makes that hold everywhere.
+    y_NKD = jnp.where(mine_M.reshape(n, k, 1), y_NKD, jnp.zeros((), y_NKD.dtype))
   return jnp.sum(y_NKD * weights_NK[:, :, None], axis=1)
+
+
+def _axes(entry) -> tuple[str, ...]:
+  """A PartitionSpec entry as a tuple of mesh axes."""
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def _local_experts(sharding: jax.sharding.NamedSharding | None, rows: int,
                    params: tuple[jax.Array, ...]):
   """`_experts` run by every shard of rows on its own tokens (a shard_map), or None when
-  `sharding` splits no rows (or not evenly).
+  `sharding` splits no rows (or not evenly) and the mesh has no expert axis.
 
   Inside, the expert weights are whole on their model dim (the all-gather FSDP does for
   any weight) and split on F over 'tp' where it divides, the down projection's partial
-  sums then added over 'tp'. The E axis is whole: an expert mesh axis (all-to-all of the
-  sorted tokens) is not built yet.
+  sums then added over 'tp'.
+
+  With an expert axis of size ep (`parallel.mesh.EXPERT_AXIS`, dividing E) each device
+  holds E / ep experts, and the tokens go to them: the devices of one expert group (the ep
+  devices that differ only in their expert coordinate) all-gather their tokens, each runs
+  its own experts over every token of the group, and a reduce-scatter adds the ep partial
+  outputs and hands each device its own rows back. When the rows are not split over the
+  expert axis (the sampler's slots) every device already has the group's tokens: no
+  gather, and a psum instead of the reduce-scatter.
+
+  Why a gather and not an all-to-all of the (token, expert) pairs: dropless routing with
+  static shapes sizes either exchange for the worst case (all of a group's pairs at one
+  shard), so both feed the grouped matmul ep * N * K rows; the gather moves N * D per
+  device each way against the all-to-all's N * K * D, fewer bytes while ep <= K (ScaleRL's
+  models: Qwen3-30B-A3B K = 8, Scout K = 1 with a shared expert), and needs no send/receive
+  counts. The pairs of other shards sort past this shard's groups and stay zero.
   """
-  if sharding is None or not sharding.spec or sharding.spec[0] is None:
+  if sharding is None or not sharding.spec:
     return None
-  mesh, row_axes = sharding.mesh, sharding.spec[0]
-  row_axes = (row_axes,) if isinstance(row_axes, str) else tuple(row_axes)
+  mesh = sharding.mesh
+  e, f = params[0].shape[0], params[0].shape[-1]
+  ep = mesh.shape.get(_EXPERT, 1)
+  expert = _EXPERT if ep > 1 and e % ep == 0 else None
+  row_axes = _axes(sharding.spec[0])
   shards = 1
   for a in row_axes:
     shards *= mesh.shape[a]
-  if shards == 1 or rows % shards:
+  if rows % shards:
+    row_axes, shards = (), 1
+  if expert is None and shards == 1:
     return None
-  f = params[0].shape[-1]
   tp = "tp" if "tp" in mesh.shape and "tp" not in row_axes and f % mesh.shape["tp"] == 0 \
       and mesh.shape["tp"] > 1 else None
-  rows_spec = PartitionSpec(row_axes, None)
+  rows_spec = PartitionSpec(row_axes or None, None)
+  gathered = expert is not None and expert in row_axes
 
   def body(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD):
-    y_ND = _experts(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD)
+    first = None
+    if expert is not None:
+      first = jax.lax.axis_index(expert) * gate_EDF.shape[0]
+    if gathered:
+      x_ND, weights_NK, experts_NK = (jax.lax.all_gather(a, expert, axis=0, tiled=True)
+                                      for a in (x_ND, weights_NK, experts_NK))
+    y_ND = _experts(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD, first)
+    if gathered:
+      y_ND = jax.lax.psum_scatter(y_ND, expert, scatter_dimension=0, tiled=True)
+    elif expert is not None:
+      y_ND = jax.lax.psum(y_ND, expert)
     return y_ND if tp is None else jax.lax.psum(y_ND, tp)
 
   return jax.shard_map(
       body, mesh=mesh,
-      in_specs=(rows_spec, rows_spec, rows_spec, PartitionSpec(None, None, tp),
-                PartitionSpec(None, None, tp), PartitionSpec(None, tp, None)),
+      in_specs=(rows_spec, rows_spec, rows_spec, PartitionSpec(expert, None, tp),
+                PartitionSpec(expert, None, tp), PartitionSpec(expert, tp, None)),
       out_specs=rows_spec, check_vma=False)
+
+
+def decode_sharding(mesh: jax.sharding.Mesh | None, rows: int
+                    ) -> jax.sharding.NamedSharding | None:
+  """The activation sharding that a decode step's [B, 1, D] rows give the MoE layers: rows
+  over 'data' as the sampler lays its slots out, but only on a mesh with an expert axis
+  (elsewhere None, the compiler's choice, as before expert parallelism)."""
+  if mesh is None or mesh.shape.get(_EXPERT, 1) == 1:
+    return None
+  data = mesh.shape.get("data", 1)
+  axis = "data" if data > 1 and rows % data == 0 else None
+  return jax.sharding.NamedSharding(mesh, PartitionSpec(axis, None, None))

@@ -6,6 +6,11 @@ the "parallel" dim of every matrix (vocab, heads, mlp) goes over 'tp' and the mo
 mesh) or a dim that the axis size does not divide falls back to replication for that dim, so
 one rule set serves every mesh.
 
+A rule may name several axes, e.g. ('fsdp', 'expert'): the dim splits over all of them that
+the mesh has, the array's other dims have not taken and whose sizes divide it, but only when
+the mesh has the first (the generator's mesh has no 'fsdp', so its copy of a weight stays
+whole on the model dim even where it has an expert axis).
+
 Meshes are expected to use `AxisType.Auto`: shardings are fixed at the jit boundary and the
 compiler propagates them through the model.
 """
@@ -22,21 +27,23 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxrl_scale.models import transformer
 from jaxrl_scale.models.config import ModelConfig
 
-Rules = Mapping[str, str | None]
+Rules = Mapping[str, str | tuple[str, ...] | None]
 
 DEFAULT_RULES: Rules = {
     # The stacked layer axis: the layer scan slices it, so it stays whole on every chip.
     "layers": None,
     "vocab": "tp",
-    "embed": "fsdp",
+    # FSDP over every axis that splits the trainer's batch: with an expert axis the dense
+    # weights shard over it too (an expert weight's E dim has taken it first).
+    "embed": ("fsdp", "expert"),
     "q_heads": "tp",
     "kv_heads": "tp",
     "head_dim": None,
     "mlp": "tp",
     "norm": None,
-    # Mixture-of-experts weights [E, D, F]: F over 'tp' like a dense MLP's. No mesh has an
-    # expert axis yet, so the experts are whole on every (fsdp, tp) shard; naming the axis
-    # here is where expert parallelism plugs in.
+    # Mixture-of-experts weights [E, D, F]: E over the expert axis (mesh.trainer_ep /
+    # generator_ep; without one the experts are whole on every (fsdp, tp) shard), D as any
+    # model dim, F over 'tp' like a dense MLP's.
     "expert": "expert",
     "moe_mlp": "tp",
 }
@@ -45,15 +52,20 @@ DEFAULT_RULES: Rules = {
 def logical_to_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh,
                     rules: Rules = DEFAULT_RULES) -> PartitionSpec:
   """PartitionSpec for an array with logical `axes`; see the module docstring for fallbacks."""
-  spec: list[str | None] = []
+  spec: list[str | tuple[str, ...] | None] = []
   used: set[str] = set()
   for name, dim in zip(axes, shape):
-    axis = rules.get(name) if name is not None else None
-    if axis is None or axis not in mesh.shape or axis in used or dim % mesh.shape[axis]:
-      spec.append(None)
-    else:
-      spec.append(axis)
-      used.add(axis)
+    rule = rules.get(name) if name is not None else None
+    wanted = () if rule is None else (rule,) if isinstance(rule, str) else tuple(rule)
+    chosen: list[str] = []
+    if wanted and wanted[0] in mesh.shape:
+      size = 1
+      for axis in wanted:
+        if axis in mesh.shape and axis not in used and dim % (size * mesh.shape[axis]) == 0:
+          chosen.append(axis)
+          size *= mesh.shape[axis]
+    used.update(chosen)
+    spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else tuple(chosen))
   return PartitionSpec(*spec)
 
 

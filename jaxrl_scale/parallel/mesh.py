@@ -53,6 +53,12 @@ from jaxrl_scale.errors import UserError
 
 TRAINER_AXES = ("fsdp", "tp")
 GENERATOR_AXES = ("data", "tp")
+# With mesh.trainer_ep / generator_ep > 1 a third axis sits between the two: ('fsdp', 'expert',
+# 'tp') / ('data', 'expert', 'tp'). The MoE layers split their experts over it
+# (`models.moe`); every other computation treats it as more data parallelism. tp stays the
+# fastest-varying axis (nearest chips), expert the next: its exchange of tokens per MoE layer
+# is the next most frequent collective.
+EXPERT_AXIS = "expert"
 
 # Chips whose compiler accepts a program spanning several hosts only on a whole sub-slice
 # (measured with libtpu 0.0.42 on simulated v5e:8x8 / v6e:8x8: trainer meshes of 1 or 2 chips
@@ -179,7 +185,7 @@ def _resolve_count(value: float, total: int, key: str) -> int:
   return n
 
 
-def build_mesh(devices: Sequence, shape: tuple[int, int], axes: tuple[str, str]) -> Mesh:
+def build_mesh(devices: Sequence, shape: tuple[int, ...], axes: tuple[str, ...]) -> Mesh:
   """A mesh over `devices` (physically ordered) that builds for any subset of a TPU slice.
 
   The topology-aware `mesh_utils.create_device_mesh` picks the order when it accepts the
@@ -194,12 +200,28 @@ def build_mesh(devices: Sequence, shape: tuple[int, int], axes: tuple[str, str])
   return Mesh(grid, axes, axis_types=(AxisType.Auto,) * len(axes))
 
 
-def _mesh(devices: list, tp: int, axes: tuple[str, str], key: str, hint: str = "") -> Mesh:
+def _mesh(devices: list, tp: int, axes: tuple[str, str], key: str, hint: str = "",
+          ep: int = 1) -> Mesh:
+  """(n / tp, tp) over `axes`, or with ep > 1 (n / (ep * tp), ep, tp) with the expert axis
+  in the middle (ep = 1 builds exactly the two-axis mesh, so dense runs are unchanged)."""
   n = len(devices)
   if n % tp:
     raise UserError(f"config key 'mesh.{key}': tp={tp} does not divide the slice's {n} "
                     f"devices{hint}")
-  return build_mesh(devices, (n // tp, tp), axes)
+  if ep == 1:
+    return build_mesh(devices, (n // tp, tp), axes)
+  ep_key = key.replace("_tp", "_ep")
+  if (n // tp) % ep:
+    raise UserError(f"config key 'mesh.{ep_key}': ep={ep} does not divide the slice's {n} "
+                    f"devices / tp={tp}{hint}")
+  return build_mesh(devices, (n // (tp * ep), ep, tp), (axes[0], EXPERT_AXIS, axes[1]))
+
+
+def data_axes(mesh: Mesh) -> tuple[str, ...]:
+  """The axes a batch splits over: the mesh's first (fsdp or data) and, when present, the
+  expert axis (`EXPERT_AXIS`) after it."""
+  first = mesh.axis_names[0]
+  return (first, EXPERT_AXIS) if EXPERT_AXIS in mesh.shape else (first,)
 
 
 def split_devices(cfg: MeshConfig, devices: list | None = None) -> tuple[list, list]:
@@ -327,8 +349,9 @@ def make_slices(cfg: MeshConfig, devices: Sequence | None = None, *,
     if not cfg.colocated:
       hint = _generator_tp_hint(devices, len(train_devs), len(gen_devs))
     num_processes = 1
-  trainer = _mesh(train_devs, cfg.trainer_tp, TRAINER_AXES, "trainer_tp")
-  generator = _mesh(gen_devs, cfg.generator_tp, GENERATOR_AXES, "generator_tp", hint)
+  trainer = _mesh(train_devs, cfg.trainer_tp, TRAINER_AXES, "trainer_tp", ep=cfg.trainer_ep)
+  generator = _mesh(gen_devs, cfg.generator_tp, GENERATOR_AXES, "generator_tp", hint,
+                    ep=cfg.generator_ep)
   return Slices(trainer=trainer, generator=generator, colocated=cfg.colocated,
                 num_processes=num_processes, process_index=index, note=note)
 
