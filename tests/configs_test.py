@@ -52,6 +52,17 @@ def test_leave_one_out_changes_one_choice(name, changed):
   assert _diff(name) == changed
 
 
+@pytest.mark.parametrize("name, preset, ep", [("scalerl_qwen3_30b_a3b", "qwen3_30b_a3b", 2),
+                                              ("scalerl_scout_shaped", "llama4_scout_shaped", 4)])
+def test_moe_recipes_change_only_the_model_mesh_and_train_step_memory(name, preset, ep):
+  diff = _diff(name)
+  assert diff.pop("model.preset") == preset and diff.pop("mesh.trainer_ep") == ep
+  assert diff.pop("model.routing") == "replay"
+  assert {k.split(".")[0] for k in diff} <= {"model", "mesh", "optim"}
+  assert set(k for k in diff if k.startswith("optim.")) <= {"optim.remat",
+                                                           "optim.micro_batch_prompts"}
+
+
 def test_scalerl_is_the_paper_recipe():
   cfg = config.load(CONFIGS / "scalerl_qwen3_8b.yaml")
   assert (cfg.rl.loss, cfg.rl.eps_max, cfg.rl.aggregation, cfg.rl.advantage_norm) == (
