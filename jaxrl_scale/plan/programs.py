@@ -173,7 +173,12 @@ def build(cfg: Config, mcfg: ModelConfig, devices: list) -> tuple[mesh_lib.Slice
 
   p, g = cfg.rl.prompts_per_step, cfg.rl.generations_per_prompt
   seq = cfg.data.max_prompt_tokens + cfg.sampler.max_new_tokens
-  batch = batch_lib.rl_batch_spec(p, g, seq)
+  # An MoE run with routing records (model.routing record / replay) sends the sampler's
+  # expert choices along with every batch: [P, G, S, L_sparse, K] more bytes per step.
+  sparse = sum(mcfg.moe_layers())
+  routing = ((sparse, mcfg.experts_per_token, decode.routing_dtype(mcfg.num_experts))
+             if cfg.model.routing != "own" and sparse else None)
+  batch = batch_lib.rl_batch_spec(p, g, seq, routing)
   objective = wiring.rl_objective(cfg)
   programs.append(_trainer_program(
       "train_step", cfg, mcfg, slices.trainer, objective, cfg.optim,
@@ -267,11 +272,13 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
   # Held beside each program, not among its arguments (the compiler does not see them).
   beside_prefill = held["pending_params"] + held["layer_copies"]
   beside_decode = held["pending_params"] + (0.0 if layers is not None else held["layer_copies"])
-  admit = decode.admit_program(graphdef, treedef, shardings, start)
+  # The Sampler records routing exactly when the run sends it to the trainer (wiring).
+  record = cfg.model.routing != "own" and any(mcfg.moe_layers())
+  admit = decode.admit_program(graphdef, treedef, shardings, start, record_routing=record)
   truncate = scfg.top_p < 1.0 or scfg.top_k > 0
   steps = scfg.decode_chunk
   chunk = decode.decode_program(graphdef, treedef, shardings, steps, truncate,
-                                scfg.temperature == 0, width)
+                                scfg.temperature == 0, width, record_routing=record)
   n_mat = matmul_params(mcfg)
   prefill_tokens = n * piece
   decode_tokens = slots * steps

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -105,15 +106,19 @@ def recorded_mask(input_mask_BS: jax.Array) -> jax.Array:
   return (input_mask_BS > 0) & nxt
 
 
-def rl_batch_spec(num_prompts: int, group_size: int, seq_len: int) -> TrainBatch:
+def rl_batch_spec(num_prompts: int, group_size: int, seq_len: int,
+                  routing: tuple[int, int, Any] | None = None) -> TrainBatch:
   """The shapes and dtypes of a `pack_rl` batch, as `jax.ShapeDtypeStruct`s (no memory);
-  for compiling the train step ahead of time (`jaxrl-scale plan`)."""
+  for compiling the train step ahead of time (`jaxrl-scale plan`). `routing`: (sparse
+  layers L, top-K, dtype) of the routing records an MoE sampler sends along, or None."""
   pgs, pg = (num_prompts, group_size, seq_len), (num_prompts, group_size)
   s = jax.ShapeDtypeStruct
+  records = None if routing is None else s(pgs + tuple(routing[:2]), routing[2])
   return TrainBatch(tokens_PGS=s(pgs, np.int32), positions_PGS=s(pgs, np.int32),
                     input_mask_PGS=s(pgs, np.int32), loss_mask_PGS=s(pgs, np.float32),
                     gen_logp_PGS=s(pgs, np.float32), advantages_PG=s(pg, np.float32),
-                    weight_PG=s(pg, np.float32), prompt_id_PG=s(pg, np.int32))
+                    weight_PG=s(pg, np.float32), prompt_id_PG=s(pg, np.int32),
+                    routing_PGSLK=records)
 
 
 def sft_batch_spec(batch_size: int, seq_len: int) -> SFTBatch:
