@@ -67,6 +67,27 @@ def _round_through_bwd(dtype, _, g):
 _round_through.defvjp(_round_through_fwd, _round_through_bwd)
 
 
+def residual(x_BTD: jax.Array, y_BTD: jax.Array) -> jax.Array:
+  """x + y, rounded to their dtype in every program that computes it.
+
+  A bf16 residual sum feeds float32 work (the next RMSNorm, the next add), and XLA may keep
+  it in float32 instead of rounding it ("excess precision", on by default), or not,
+  depending on the program around it: the sampler's decode, whose layers run unrolled, kept
+  each layer's output in float32 where the trainer's layer loop (a scan carry) rounded it,
+  so the two sides were different policies (on-policy mean |dlogp| 5e-4, max 3e-3 on a
+  2-layer bf16 model with the FP32 head; issue 33). `lax.reduce_precision`, which XLA
+  keeps, rounds it here in every program: the bf16 residual stream as written (and as
+  Hugging Face computes it). Float32 sums are plain adds.
+  """
+  dtype = jnp.result_type(x_BTD, y_BTD)
+  if not jnp.issubdtype(dtype, jnp.floating) or jnp.finfo(dtype).bits >= 32:
+    return x_BTD + y_BTD
+  info = jnp.finfo(dtype)
+  sum_BTD = x_BTD.astype(jnp.float32) + y_BTD.astype(jnp.float32)
+  return jax.lax.reduce_precision(sum_BTD, exponent_bits=info.nexp,
+                                  mantissa_bits=info.nmant).astype(dtype)
+
+
 class RMSNorm(nnx.Module):
   """RMSNorm over the last axis, computed in float32 as Hugging Face does."""
 
@@ -113,7 +134,15 @@ class Einsum(nnx.Module):
       # copy of the layer weights: +1.0 GiB of temporaries on qwen3_1p7b / v5p-8).
       kernel = held(kernel, self.param_dtype)
     kernel = kernel.astype(self.dtype)
-    y = jax.lax.dot_general(x.astype(self.dtype), kernel, dims)
+    # Returned in float32 and rounded to the compute dtype once, after the whole sum. Asked
+    # for bf16 output, XLA:CPU's dot gave a row different bf16 values depending on how many
+    # rows it multiplied (the sampler's decode rows vs the trainer's B x T), and a
+    # contraction split over devices (tp, or fsdp where the partitioner splits it) added
+    # bf16 partial sums: the sampler and the trainer were different policies (issue 33;
+    # docs/sampler.md, Numerics). TPUs accumulate in float32 anyway; the qwen3_0p6b train
+    # step compiled for v5p: bytes accessed +1.9%, FLOPs and temporaries unchanged.
+    y = jax.lax.dot_general(x.astype(self.dtype), kernel, dims,
+                            preferred_element_type=jnp.float32).astype(self.dtype)
     if perm is not None:
       y = jnp.transpose(y, perm)
     if self.bias is not None:
@@ -275,10 +304,10 @@ class DecoderLayer(nnx.Module):
         dense layer.
     """
     attn_BTD, aux = self.self_attn(self.input_layernorm(x_BTD), positions_BT, attend)
-    x_BTD = x_BTD + attn_BTD
+    x_BTD = residual(x_BTD, attn_BTD)
     h_BTD = self.post_attention_layernorm(x_BTD)
     if self.moe is None:
-      return x_BTD + self.mlp(h_BTD), aux, None, None
+      return residual(x_BTD, self.mlp(h_BTD)), aux, None, None
     sparse = lambda h: self.moe.apply(h, mask_BT, sharding, recorded_BTK,  # noqa: E731
                                       recorded_BT, replay)
     if self.mlp is None:
@@ -289,4 +318,4 @@ class DecoderLayer(nnx.Module):
                          jnp.zeros((b, t, self.moe.top_k), jnp.int32))
       y_BTD, stats, experts_BTK = jax.lax.cond(jnp.asarray(self.sparse)[layer], sparse, dense,
                                                h_BTD)
-    return x_BTD + y_BTD, aux, stats, experts_BTK
+    return residual(x_BTD, y_BTD), aux, stats, experts_BTK

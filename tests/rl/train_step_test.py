@@ -342,10 +342,11 @@ def test_trainer_logprobs_equal_the_samplers_at_its_temperature():
   assert abs(metrics["ratio_min"] - 1) < 1e-4 and abs(metrics["ratio_max"] - 1) < 1e-4
 
 
-def _bf16_policy_with_float32_values(mesh, dtype: str):
+def _bf16_policy_with_float32_values(mesh, dtype: str, num_layers: int = 1):
   """A model of param_dtype bfloat16 holding float32 values (what the Trainer's masters are),
   with an LM head large enough that rounding it to bf16 moves the log-probs visibly."""
-  cfg = dataclasses.replace(tiny_cfg("bfloat16"), dtype=dtype, lm_head_fp32=True)
+  cfg = dataclasses.replace(tiny_cfg("bfloat16"), dtype=dtype, lm_head_fp32=True,
+                            num_layers=num_layers)
   graphdef, abstract = sharding.abstract_model(cfg)
   rng = np.random.default_rng(5)
 
@@ -391,12 +392,42 @@ def test_one_policy_on_both_sides_with_bf16_params_and_the_fp32_head():
   assert abs(metrics["ratio_min"] - 1) <= 1e-5 and abs(metrics["ratio_max"] - 1) <= 1e-5
 
 
+def test_one_policy_on_both_sides_with_the_papers_dtypes():
+  """bf16 params and bf16 compute, FP32 head: the sampler's prefill and paged-decode
+  programs and the trainer's sharded forward are one function. Issue 33: XLA kept the
+  decode program's layer outputs in float32 where the trainer's layer loop rounded them to
+  bf16, and the trainer's split matmuls (fsdp x tp) added bf16 partial sums; before
+  `layers.residual` and the float32-output `layers.Einsum`: mean |dlogp| 7e-4, max 4e-3."""
+  from jaxrl_scale.generation import engine  # pylint: disable=g-import-not-at-top
+  single = mesh_lib.single_device_mesh()
+  sampler = engine.Sampler(
+      _bf16_policy_with_float32_values(single, "bfloat16", num_layers=2),
+      config.SamplerConfig(num_slots=8, max_new_tokens=S - PROMPT_LEN, decode_chunk=4,
+                           prompt_buckets=(16,)),
+      eos_ids=(), seed=4, max_prompt_len=PROMPT_LEN)
+  batch, mask = _on_policy_batch(sampler, 13)
+
+  trainer = train_step.Trainer(
+      _bf16_policy_with_float32_values(mesh_8(), "bfloat16", num_layers=2), mesh_8(),
+      config.OptimConfig(lr=1e-3, warmup_steps=0, logits_chunk=6),
+      train_step.RLObjective(config.RLConfig(), temperature=1.0),
+      compiler_options=FAST_COMPILE)
+  assert _float_dtypes(trainer.params) == {"float32"}
+  rows = lambda x: x.reshape(P * G, S)
+  logp = nnx.jit(logprobs.token_logprobs)(
+      trainer.model(), rows(batch.tokens_PGS), rows(batch.positions_PGS),
+      rows(batch.input_mask_PGS))[0]
+  err = np.abs(np.asarray(logp).reshape(P, G, S) - batch.gen_logp_PGS)[mask]
+  assert err.max() <= 1e-5, (err.mean(), err.max())
+  metrics = host(trainer.step(batch))
+  assert abs(metrics["ratio_min"] - 1) <= 1e-5 and abs(metrics["ratio_max"] - 1) <= 1e-5
+
+
 def test_bf16_compute_trainer_masters_are_the_generators_function():
   """With the paper's dtypes (bf16 compute and params, FP32 head) the trainer's float32
   masters and the generator's bf16 copy give identical log-probs through one program.
-  (The sampler's decode program itself rounds bf16 activations in another order than the
-  trainer's forward: measured ~1.5e-3 mean |dlogp| on this size of model on CPU; that gap
-  is the kernels', not the weights'.)"""
+  (The sampler's own programs against the trainer's:
+  `test_one_policy_on_both_sides_with_the_papers_dtypes`.)"""
   from jaxrl_scale.generation import engine  # pylint: disable=g-import-not-at-top
   single = mesh_lib.single_device_mesh()
   master = _bf16_policy_with_float32_values(single, "bfloat16")
