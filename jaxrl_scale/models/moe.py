@@ -276,10 +276,12 @@ def _local_experts(sharding: jax.sharding.NamedSharding | None, rows: int,
 
   Why a gather and not an all-to-all of the (token, expert) pairs: dropless routing with
   static shapes sizes either exchange for the worst case (all of a group's pairs at one
-  shard), so both feed the grouped matmul ep * N * K rows; the gather moves N * D per
-  device each way against the all-to-all's N * K * D, fewer bytes while ep <= K (ScaleRL's
-  models: Qwen3-30B-A3B K = 8, Scout K = 1 with a shared expert), and needs no send/receive
-  counts. The pairs of other shards sort past this shard's groups and stay zero.
+  shard), so both feed the grouped matmul ep * N * K rows. Per device the gather receives
+  (ep - 1) * N * D values (and the scatter as many), the all-to-all about
+  (ep - 1) / ep * N * K * D: the gather moves fewer bytes while ep < K (Qwen3-30B-A3B, K = 8,
+  ep 2: N * D against 4 * N * D) and needs no send/receive counts; with K = 1 (the Scout
+  preset, ep 4) an all-to-all would move 4x fewer bytes (not built). The pairs of other
+  shards sort past this shard's groups and stay zero.
   """
   if sharding is None or not sharding.spec:
     return None
