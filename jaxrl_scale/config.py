@@ -366,8 +366,9 @@ class OptimConfig:
   # Rematerialisation of the decoder layers in the backward pass: "full" stores only each
   # layer's input (fits a 16k sequence), "dots" also keeps matmul outputs (faster, more
   # memory), "attention" keeps the attention block's outputs and recomputes the MLP (between
-  # the two), "none" keeps every activation (small models only).
-  remat: Literal["none", "full", "dots", "attention"] = "full"
+  # the two), "matmuls" keeps what "dots" does plus the attention kernel's output (recomputes
+  # only elementwise work), "none" keeps every activation (small models only).
+  remat: Literal["none", "full", "dots", "attention", "matmuls"] = "full"
 
   def __post_init__(self):
     _check(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")

@@ -19,8 +19,7 @@ def _seqs(cfg, n, length, seed=0):
   return np.random.default_rng(seed).integers(0, cfg.vocab_size, size=(n, length))
 
 
-@pytest.mark.parametrize("policy", ["attention"])
-def test_policy_gives_the_loss_and_gradients_of_no_remat(tiny_model, policy):
+def test_policies_give_the_loss_and_gradients_of_no_remat(tiny_model):
   # tiny_qwen3: the q/k norms sit between the saved projections and the attention.
   cfg = config.tiny_qwen3()
   model = tiny_model("tiny_qwen3")
@@ -32,12 +31,13 @@ def test_policy_gives_the_loss_and_gradients_of_no_remat(tiny_model, policy):
     def loss(m, remat):
       h = m.hidden_states(tokens, pos, mask, remat=remat)
       return m.token_log_probs(h, tokens, chunk_size=4).sum()
-    return nnx.value_and_grad(loss)(m, "none"), nnx.value_and_grad(loss)(m, policy)
+    return [nnx.value_and_grad(loss)(m, p) for p in ("none", "attention", "matmuls")]
 
-  (loss_ref, grads_ref), (loss_new, grads_new) = both(model)
-  np.testing.assert_allclose(float(loss_new), float(loss_ref), rtol=1e-6)
-  for a, b in zip(jax.tree.leaves(grads_new), jax.tree.leaves(grads_ref)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+  (loss_ref, grads_ref), *others = both(model)
+  for loss_new, grads_new in others:
+    np.testing.assert_allclose(float(loss_new), float(loss_ref), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(grads_new), jax.tree.leaves(grads_ref)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
 
 
 def _saved(remat: str) -> list[str]:
@@ -74,8 +74,10 @@ def test_attention_policy_keeps_the_attention_projections_and_recomputes_the_mlp
   assert len(computed(saved)) == 4, saved
   # "full" keeps no computed value at all; "dots" keeps the MLP's matmul outputs as well.
   assert not computed(_saved("full"))
-  # q k v o gate up (the backward pass reads no down projection output)
+  # q k v o gate up (the backward pass reads no down projection output); "matmuls" keeps
+  # the same on the einsum path (its extra is the splash kernel's, below).
   assert sum("dot_general" in line for line in _saved("dots")) == 6
+  assert sum("dot_general" in line for line in _saved("matmuls")) == 6
 
 
 def test_attention_policy_keeps_the_splash_kernels_residuals():
@@ -101,6 +103,8 @@ def test_attention_policy_keeps_the_splash_kernels_residuals():
   assert kept("full") == []
   # The kernel's output [B, N, T, H] and log-sum-exp [B, N, T], nothing else.
   assert sorted(kept("attention")) == ["f32[2,2,128,128]", "f32[2,2,128]"]
+  assert sorted(kept("matmuls")) == ["f32[2,2,128,128]", "f32[2,2,128]"]
+  assert kept("dots") == []  # the kernel is no dot: "dots" reruns it
   f = jax.checkpoint(loss, policy=transformer.REMAT_POLICIES["attention"])
   got = jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, kk, v)
   want = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, kk, v)
