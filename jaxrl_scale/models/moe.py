@@ -7,9 +7,11 @@ Every token goes to its K experts, however unbalanced the routing (dropless: no 
 factor, so no token is silently skipped, and the trainer and sampler compute the same
 function whatever the batch). The N * K (token, expert) pairs are sorted by expert and the
 experts run as grouped matmuls over the sorted rows (`jax.lax.ragged_dot`: each expert's
-weights multiply only its own contiguous group). TPU and GPU lower it to XLA's ragged dot;
-on CPU JAX lowers it to a dense product masked per expert, E times the FLOPs (measured:
-21x one dense matmul at M=4096, D=256, F=512, E=16), which tiny CPU models can afford.
+weights multiply only its own contiguous group). GPU lowers it to XLA's ragged dot; on
+CPU JAX lowers it to a dense product masked per expert, E times the FLOPs (measured: 21x
+one dense matmul at M=4096, D=256, F=512, E=16), which tiny CPU models can afford. On TPU
+the shard_map path runs the Pallas megablox kernel instead (`grouped_matmul`: XLA's TPU
+ragged dot computes the weight gradient dense over the experts).
 
 Logical axes: 'expert' E (split over the mesh's expert axis when it has one:
 `_local_experts`), 'embed' D, 'moe_mlp' F.
@@ -24,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from jaxrl_scale.models import layers
+from jaxrl_scale.models import attention, grouped_matmul, layers
 from jaxrl_scale.models.config import ModelConfig
 
 # The mesh axis that splits the experts (`parallel.mesh.EXPERT_AXIS`; models sit below
@@ -220,11 +222,12 @@ class MoE(nnx.Module):
 
 def _experts(x_ND: jax.Array, weights_NK: jax.Array, experts_NK: jax.Array,
              gate_EDF: jax.Array, up_EDF: jax.Array, down_EFD: jax.Array,
-             first: jax.Array | None = None) -> jax.Array:
+             first: jax.Array | None = None, impl: str = "ragged") -> jax.Array:
   """sum_k weights_NK * SwiGLU_{experts_NK}(x_ND) as grouped matmuls: [N, D].
 
   `first` (expert parallelism): the weights are experts first .. first + E - 1 of a larger
   set; only the (token, slot) pairs routed to them count, the others add zero.
+  `impl`: the grouped matmul's kernel (`grouped_matmul.IMPLS`).
   """
   n, k = experts_NK.shape
   e = gate_EDF.shape[0]
@@ -239,8 +242,8 @@ def _experts(x_ND: jax.Array, weights_NK: jax.Array, experts_NK: jax.Array,
   order_M = jnp.argsort(experts_M, stable=True)
   group_sizes_E = jnp.bincount(experts_M, length=e).astype(jnp.int32)  # drops the id e
   x_MD = x_ND[order_M // k]
-  dot = lambda a, w: jax.lax.ragged_dot(a, w, group_sizes_E,  # noqa: E731
-                                        preferred_element_type=x_ND.dtype)
+  dot = lambda a, w: grouped_matmul.grouped_matmul(a, w, group_sizes_E,  # noqa: E731
+                                                   impl=impl)
   y_MD = dot(jax.nn.silu(dot(x_MD, gate_EDF)) * dot(x_MD, up_EDF), down_EFD)
   # Back to (token, slot) order: a gather by the inverse permutation (its gradient is a
   # gather too, where a scatter's would be a scatter-add).
@@ -258,7 +261,7 @@ def _axes(entry) -> tuple[str, ...]:
 
 
 def _local_experts(sharding: jax.sharding.NamedSharding | None, rows: int,
-                   params: tuple[jax.Array, ...]):
+                   params: tuple[jax.Array, ...], impl: str | None = None):
   """`_experts` run by every shard of rows on its own tokens (a shard_map), or None when
   `sharding` splits no rows (or not evenly) and the mesh has no expert axis.
 
@@ -282,6 +285,9 @@ def _local_experts(sharding: jax.sharding.NamedSharding | None, rows: int,
   ep 2: N * D against 4 * N * D) and needs no send/receive counts; with K = 1 (the Scout
   preset, ep 4) an all-to-all would move 4x fewer bytes (not built). The pairs of other
   shards sort past this shard's groups and stay zero.
+
+  `impl` (None: by platform, `grouped_matmul.auto_impl`): the grouped matmul's kernel;
+  megablox on TPU, where it runs per device as Pallas kernels must.
   """
   if sharding is None or not sharding.spec:
     return None
@@ -300,6 +306,9 @@ def _local_experts(sharding: jax.sharding.NamedSharding | None, rows: int,
   tp = "tp" if "tp" in mesh.shape and "tp" not in row_axes and f % mesh.shape["tp"] == 0 \
       and mesh.shape["tp"] > 1 else None
   rows_spec = PartitionSpec(row_axes or None, None)
+  if impl is None:
+    f_local = f // mesh.shape["tp"] if tp else f
+    impl = grouped_matmul.auto_impl(attention.on_tpu(mesh), params[0].shape[1], f_local)
   gathered = expert is not None and expert in row_axes
 
   def body(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD):
@@ -309,7 +318,7 @@ def _local_experts(sharding: jax.sharding.NamedSharding | None, rows: int,
     if gathered:
       x_ND, weights_NK, experts_NK = (jax.lax.all_gather(a, expert, axis=0, tiled=True)
                                       for a in (x_ND, weights_NK, experts_NK))
-    y_ND = _experts(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD, first)
+    y_ND = _experts(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD, first, impl)
     if gathered:
       y_ND = jax.lax.psum_scatter(y_ND, expert, scatter_dimension=0, tiled=True)
     elif expert is not None:
