@@ -381,11 +381,25 @@ def _supervise(child, ready_line: bytes, limits: Limits, mark: bytes, n: int,
         if seen > marks:
           marks, case_deadline = seen, time.monotonic() + limits.wall_s
           if stop is not None and stop(_split_cases(bytes(out), mark)[0]):
+            # The failing case wrote its traceback before its mark: take what stderr holds
+            # now (its event may come after stdout's in this round), without waiting.
+            _drain(child.stderr, err, _STDERR_KEEP)
             return "stopped", out, err, ready
       if exited and not sel.get_map():
         return None, out, err, ready
   finally:
     sel.close()
+
+
+def _drain(fd: int, buf: bytearray, limit: int) -> None:
+  """Appends what `fd` holds now (up to `limit` bytes in `buf`), never blocking."""
+  with selectors.DefaultSelector() as sel:
+    sel.register(fd, selectors.EVENT_READ)
+    while len(buf) < limit and sel.select(0):
+      chunk = os.read(fd, limit - len(buf))
+      if not chunk:
+        return
+      buf.extend(chunk)
 
 
 def _kill_group(pid: int) -> None:

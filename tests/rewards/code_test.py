@@ -201,3 +201,25 @@ def test_bad_limits_are_one_line_errors():
     code_sandbox.Limits(wall_s=0)
   with pytest.raises(UserError, match="cpu_s must be whole seconds"):
     code_sandbox.Limits(cpu_s=1.5)
+
+
+def test_a_stopped_run_keeps_the_failing_cases_traceback():
+  # The child writes a case's traceback to stderr, then its mark to stdout. When one poll
+  # round reports stdout first, the stop must still read the stderr already written (the
+  # verdict's detail names the error), not kill the child with it unread.
+  import os  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+  out_r, out_w = os.pipe()
+  err_r, err_w = os.pipe()
+  pidfd = os.pidfd_open(os.getpid())  # never readable: "the child" does not exit
+  try:
+    os.write(out_w, b"N0NCE R\n\nN0NCE 0 error \n")  # ready line, then case 0's mark
+    os.write(err_w, b"Traceback (most recent call last):\nValueError: boom\n")
+    child = types.SimpleNamespace(stdout=out_r, stderr=err_r, pidfd=pidfd)
+    status, _, err, ready = code_sandbox._supervise(  # pylint: disable=protected-access
+        child, b"N0NCE ", LIMITS, b"\nN0NCE ", 1, stop=lambda cases: True)
+  finally:
+    for fd in (out_r, out_w, err_r, err_w, pidfd):
+      os.close(fd)
+  assert (status, ready) == ("stopped", b"R")
+  assert b"ValueError: boom" in err
