@@ -72,7 +72,8 @@ def grouped_matmul(lhs_MK: jax.Array, rhs_GKN: jax.Array, group_sizes_G: jax.Arr
     if impl == "megablox":
       raise ValueError(why)
     tiles = (_ROW_TILE, 128, 128)  # interpret mode has no block-shape rule
-  tm = min(tiles[0], -(-m // 8) * 8)  # no tile taller than the (8-row rounded) rows
+  # No tile taller than the rows, rounded up to 16 (a bf16 vreg holds 16 rows).
+  tm = min(tiles[0], -(-m // 16) * 16)
   pad = -m % tm
   sizes_G = group_sizes_G.astype(jnp.int32)
   # One more group holds the rows past the groups (and the padding): with more groups than
