@@ -426,6 +426,7 @@ def cache(tmp_path_factory):
   return str(tmp_path_factory.mktemp("jax_cache"))
 
 
+@pytest.mark.slow  # 42 s of the default run; the other multihost tests stay in it
 @pytest.mark.multihost
 def test_two_processes_pipeline_run_checkpoint_and_resume(task_file, cache, tmp_path):
   run_dir = tmp_path / "run"

@@ -128,7 +128,10 @@ def test_each_mode_runs_end_to_end(task_file, tmp_path, mode, monkeypatch):
     assert ckpt.all_steps() == [0, 2, 4]
 
 
-@pytest.mark.parametrize("mode", ["pipeline", "sync", "ppo_offpolicy"])
+# pipeline is slow-only (18 s): tests/pipeline/overlap_test.py covers colocated donation
+# with the pipeline's overlap in the default run.
+@pytest.mark.parametrize("mode", [pytest.param("pipeline", marks=pytest.mark.slow), "sync",
+                                  "ppo_offpolicy"])
 def test_colocated_roles_never_decode_with_donated_buffers(task_file, tmp_path, mode):
   # One device set for both roles: the sampler's weights must be its own copy, not the
   # buffers the next train step donates (that was a segfault in pipeline mode).
