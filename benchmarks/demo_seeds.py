@@ -97,13 +97,14 @@ def parse_args(argv=None) -> argparse.Namespace:
   return args
 
 
-def run_seed(seed: int, args, run_dir: pathlib.Path) -> dict:
-  """One `jaxrl-scale train` subprocess; its summary, eval curve and wall time."""
+def train_subprocess(seed: int, args, run_dir: pathlib.Path, *extra: str) -> dict:
+  """One `jaxrl-scale train` subprocess for `seed` (`args.config`, `args.overrides`, then
+  `extra`) into `run_dir`; its seed, run dir, wall time, exit status, log and on failure
+  `error`."""
   cmd = [sys.executable, "-m", "jaxrl_scale.cli", "train"]
   if args.config:
     cmd.append(args.config)
-  mode = [f"pipeline.mode={args.mode}"] if args.mode else []
-  cmd += [f"run.seed={seed}", *mode, *args.overrides,
+  cmd += [f"run.seed={seed}", *args.overrides, *extra,
           "--output-dir", str(run_dir), "--overwrite"]
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   env.setdefault("JAX_PLATFORMS", "cpu")
@@ -112,12 +113,21 @@ def run_seed(seed: int, args, run_dir: pathlib.Path) -> dict:
   with open(log_path, "w", encoding="utf-8") as log:
     rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                         check=False).returncode
-  wall = time.perf_counter() - t0
-  row = {"seed": seed, "wall_s": wall, "returncode": rc, "log": str(log_path)}
-  summary_path = run_dir / "summary.json"
-  if rc != 0 or not summary_path.exists():
+  row = {"seed": seed, "run_dir": str(run_dir), "wall_s": time.perf_counter() - t0,
+         "returncode": rc, "log": str(log_path)}
+  if rc != 0:
     tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
-    return {**row, "error": f"exit {rc}: " + " | ".join(tail)}
+    row["error"] = f"exit {rc}: " + " | ".join(tail)
+  return row
+
+
+def run_seed(seed: int, args, run_dir: pathlib.Path) -> dict:
+  """One `jaxrl-scale train` subprocess; its summary, eval curve and wall time."""
+  mode = [f"pipeline.mode={args.mode}"] if args.mode else []
+  row = train_subprocess(seed, args, run_dir, *mode)
+  summary_path = run_dir / "summary.json"
+  if "error" in row or not summary_path.exists():
+    return {**row, "error": row.get("error", "no summary.json")}
   s = json.loads(summary_path.read_text(encoding="utf-8"))
   evals = [json.loads(line) for line in open(run_dir / "metrics.jsonl", encoding="utf-8")]
   evals = [(r["step"], r["val/pass_rate"]) for r in evals if "val/pass_rate" in r]

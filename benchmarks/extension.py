@@ -26,18 +26,15 @@ import argparse
 import concurrent.futures
 import json
 import math
-import os
 import pathlib
 import statistics
-import subprocess
 import sys
-import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 # One seed-list syntax for both benches.
-from benchmarks.demo_seeds import parse_seeds  # pylint: disable=wrong-import-position
+from benchmarks.demo_seeds import parse_seeds, train_subprocess  # pylint: disable=wrong-import-position
 
 # Issue 37's targets.
 HOLD_FRAC = 0.8  # the interval holds the plateau on >= 4 of 5 seeds
@@ -99,23 +96,7 @@ def base_steps(args) -> int:
 
 def train_seed(seed: int, steps: int, args, run_dir: pathlib.Path) -> dict:
   """One `jaxrl-scale train` subprocess to `steps`; its exit status, log and wall time."""
-  cmd = [sys.executable, "-m", "jaxrl_scale.cli", "train"]
-  if args.config:
-    cmd.append(args.config)
-  cmd += [f"run.seed={seed}", *args.overrides, f"run.steps={steps}",
-          "--output-dir", str(run_dir), "--overwrite"]
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
-  env.setdefault("JAX_PLATFORMS", "cpu")
-  log_path = run_dir.parent / f"{run_dir.name}.log"
-  t0 = time.perf_counter()
-  with open(log_path, "w", encoding="utf-8") as log:
-    rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                        check=False).returncode
-  row = {"seed": seed, "run_dir": str(run_dir), "wall_s": time.perf_counter() - t0}
-  if rc != 0:
-    tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
-    row["error"] = f"exit {rc}: " + " | ".join(tail)
-  return row
+  return train_subprocess(seed, args, run_dir, f"run.steps={steps}")
 
 
 def plateau(curve) -> tuple[float, float, int]:
