@@ -12,6 +12,8 @@ import types
 import numpy as np
 import pytest
 
+from tests.hf_random import random_hf_model
+
 VOCAB = 272  # 256 byte tokens + specials, rounded up
 _COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
@@ -28,23 +30,7 @@ SPECIALS = ["<s>", "</s>", "<pad>", "<think>", "</think>"]
 
 def make_hf_model(spec: dict, seed: int):
   """A float32 eval-mode transformers model whose weights are all random and O(0.3)."""
-  import torch
-  import transformers
-
-  spec = dict(spec)
-  config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-                "qwen3": transformers.Qwen3Config}[spec.pop("model_type")]
-  hf_cfg = config_cls(**_COMMON, **spec)
-  hf_cfg._attn_implementation = "eager"
-  torch.manual_seed(seed)
-  model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = torch.randn(p.shape, generator=gen)
-      # Large enough that greedy outputs vary from token to token.
-      p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.3 * noise)
-  return model.eval()
+  return random_hf_model(spec, _COMMON, seed, scale=0.3)
 
 
 def write_byte_tokenizer(directory: str) -> None:

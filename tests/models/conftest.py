@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from tests.hf_random import random_hf_model
+
 # family -> transformers config kwargs. Shapes stay tiny (hidden 64, 2 layers) for speed.
 _COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -33,26 +35,7 @@ FAMILY_OF = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_tied":
 
 def make_hf_model(spec: dict, seed: int = 0):
   """A float32 eval-mode transformers model with every weight (biases, norms too) random."""
-  import torch
-  import transformers
-
-  torch.set_default_dtype(torch.float32)
-  spec = dict(spec)
-  model_type = spec.pop("model_type")
-  config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-                "qwen3": transformers.Qwen3Config,
-                "qwen3_moe": transformers.Qwen3MoeConfig}[model_type]
-  hf_cfg = config_cls(**{**_COMMON, **spec})
-  hf_cfg._attn_implementation = "eager"
-  torch.manual_seed(seed)
-  model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = torch.randn(p.shape, generator=gen)
-      # Norm scales near 1, everything else O(0.1) so that every tensor matters.
-      p.copy_(1.0 + 0.1 * noise if name.endswith("norm.weight") else 0.15 * noise)
-  return model.eval()
+  return random_hf_model(spec, _COMMON, seed, scale=0.15)
 
 
 def hf_logits(model, tokens: np.ndarray, positions: np.ndarray, mask: np.ndarray) -> np.ndarray:
