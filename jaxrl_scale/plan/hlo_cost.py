@@ -289,10 +289,25 @@ def _splash_flops(inst: _Inst, shapes: dict[str, str]) -> float:
                                               block_kv)
 
 
-def _custom_flops(inst: _Inst, shapes: dict[str, str], paged_layers: int) -> float:
+# The megablox grouped matmul's kernels (models.grouped_matmul): gmm, tgmm and their
+# jvp / transpose wrappers, e.g. "transpose_jvp_jit_tgmm___.2".
+_MEGABLOX = re.compile(r"(^|_)t?gmm(_|\.|$)")
+
+
+def _custom_flops(inst: _Inst, shapes: dict[str, str], paged_layers: int,
+                  expert_shards: int = 1) -> float:
+  """FLOPs of a custom call: its own cost estimate where it has one, else ours.
+
+  Megablox's estimate is 2 m k n over every row it is handed. Under expert parallelism a
+  device is handed its expert group's gathered rows, of which its own experts get 1 / ep
+  when the router balances (`moe._local_experts`; the rest fall in the weightless extra
+  group, whose tiles the kernel zeroes without a matmul): the estimate is divided by
+  `expert_shards` = ep, so a compiled / model FLOPs ratio is not ep times too high.
+  """
   m = re.search(r'"flops"\s*:\s*"?([0-9.eE+]+)', inst.attrs)
   if m:
-    return float(m.group(1))
+    flops = float(m.group(1))
+    return flops / expert_shards if _MEGABLOX.search(inst.name) else flops
   ragged = _ragged_paged(inst, shapes, paged_layers)
   return ragged[0] if ragged else _splash_flops(inst, shapes)
 
@@ -444,10 +459,11 @@ def _dus_root_bytes(comp: list[_Inst], shapes: dict[str, str]) -> float | None:
 
 class _Analyzer:
 
-  def __init__(self, text: str, loops: bool, paged_layers: int = 1):
+  def __init__(self, text: str, loops: bool, paged_layers: int = 1, expert_shards: int = 1):
     self.comps, self.entry = parse(text)
     self.loops = loops
     self.paged_layers = paged_layers
+    self.expert_shards = expert_shards
     self.memo: dict[str, Cost] = {}
     self.shapes = {c: {i.name: i.shape for i in insts} for c, insts in self.comps.items()}
 
@@ -465,7 +481,7 @@ class _Analyzer:
         total.flops += f
         total.weighted_flops += f * _passes(inst, shapes)
       elif op == "custom-call":
-        f = _custom_flops(inst, shapes, self.paged_layers)
+        f = _custom_flops(inst, shapes, self.paged_layers, self.expert_shards)
         total.flops += f
         total.weighted_flops += f
       if op == "while":
@@ -543,9 +559,12 @@ def _trip_count_of(inst: _Inst, comps: dict[str, list[_Inst]],
   return max(0, -((start - bound) // step))  # ceil((bound - start) / step)
 
 
-def analyze(hlo_text: str, loops: bool = True, paged_layers: int = 1) -> Cost:
+def analyze(hlo_text: str, loops: bool = True, paged_layers: int = 1,
+            expert_shards: int = 1) -> Cost:
   """FLOPs and bytes of one device's program; `loops=False` counts every body once (as
   XLA's own cost analysis does, for comparison). `paged_layers`: how many layers' pages the
-  ragged paged attention kernel's pool operand holds (see `_ragged_paged`)."""
-  a = _Analyzer(hlo_text, loops, paged_layers)
+  ragged paged attention kernel's pool operand holds (see `_ragged_paged`).
+  `expert_shards`: the mesh's expert-parallel width, by which megablox's estimates are
+  divided (see `_custom_flops`)."""
+  a = _Analyzer(hlo_text, loops, paged_layers, expert_shards)
   return a.cost(a.entry)

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import jax
 
+from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.plan import chips as chips_lib
 from jaxrl_scale.plan import hlo_cost
 from jaxrl_scale.plan import programs as programs_lib
@@ -77,7 +78,8 @@ def measure(program: programs_lib.Program, chip: chips_lib.Chip) -> dict[str, An
   row["compile_seconds"] = time.perf_counter() - t0
   stats = compiled.memory_analysis()
   hbm = _hbm(stats) + program.also_resident
-  cost = hlo_cost.analyze(compiled.as_text(), paged_layers=program.paged_layers)
+  cost = hlo_cost.analyze(compiled.as_text(), paged_layers=program.paged_layers,
+                          expert_shards=int(program.mesh.shape.get(mesh_lib.EXPERT_AXIS, 1)))
   t_flops = cost.weighted_flops / chip.peak_flops
   t_bytes = cost.bytes / chip.hbm_bandwidth
   bound = max(t_flops, t_bytes)
