@@ -31,7 +31,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_scale.generation import sampling
-from jaxrl_scale.models import sharding, transformer
+from jaxrl_scale.models import paged_attention, sharding, transformer
 from jaxrl_scale.models.config import ModelConfig
 
 NEVER = 2**30  # force_at value of a sequence that is never interrupted
@@ -323,7 +323,9 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
 
   Off TPU, attention reads each slot's first `view_pages` pages: the caller guarantees they
   cover every live row's positions for the whole chunk (the engine grows the page table
-  first). On a TPU `mesh` the ragged kernel reads each row's own length instead.
+  first). On a TPU `mesh` the ragged kernel reads each row's own length instead; on a GPU
+  the Triton kernel reads each row's own length within those pages
+  (`paged_attention.paged_impl` picks which).
   `truncate` and `all_greedy` are static sampling modes (see `sampling.sample`).
   `layer_leaves`: `layers_program`'s output for these params (the sampler passes it where
   `splits_layers`), the layers' weights already cut out of the stacked arrays. Without it
@@ -336,14 +338,15 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   # steps run the layers unrolled over those instead; without them, CPU cuts them once per
   # chunk. On CPU the rows' pages are also copied once per chunk: the steps read and append
   # to dense per-layer copies of them (the pool is written too, so nothing is copied back).
-  # GPU gathers the pages and the TPU kernel pages through the pool every step, holding no
-  # copy of every layer's pages at once.
+  # The GPU and TPU kernels page through the pool every step, holding no copy of every
+  # layer's pages at once (as does a GPU told to gather: it gathers every step).
   layer_states = None
   if layer_leaves is not None or _on_cpu(mesh):
     layer_states = model.split_layers()  # only traced for its structure when given
     if layer_leaves is not None:
       layer_states = jax.tree.unflatten(jax.tree.structure(layer_states), layer_leaves)
-  if _on_cpu(mesh):
+  impl = paged_attention.paged_impl(mesh, model.cfg.head_dim, state.cache.page_size)
+  if _on_cpu(mesh) and impl == "gather":
     state = dataclasses.replace(
         state, cache=model.with_views(state.cache, table_SM, view_pages, mesh=mesh))
 
@@ -382,14 +385,23 @@ def admit_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSta
   return jax.jit(run, donate_argnums=(1,))
 
 
-@functools.lru_cache(maxsize=None)
 def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState,
                    num_steps: int, truncate: bool, all_greedy: bool,
                    view_pages: int, record_routing: bool = False) -> Callable:
   """jit(decode_chunk) taking (param_leaves, layer_leaves, state, consts, page table); the
   state is donated. layer_leaves: `layers_program`'s output where `splits_layers`, else
   None. `view_pages` bounds the attention read (see `decode_chunk`); the engine compiles a
-  few values of it, so short sequences do not pay for reading the longest."""
+  few values of it, so short sequences do not pay for reading the longest. Programs are
+  shared per `paged_attention.AUTO_IMPL` as well (it picks the attention traced in)."""
+  return _decode_program(graphdef, param_treedef, shardings, num_steps, truncate, all_greedy,
+                         view_pages, record_routing, paged_attention.AUTO_IMPL)
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState,
+                    num_steps: int, truncate: bool, all_greedy: bool, view_pages: int,
+                    record_routing: bool, paged_override: str | None) -> Callable:
+  del paged_override  # a cache key only: read again at trace time
 
   def run(param_leaves, layer_leaves, state, consts, table_SM):
     params = jax.tree.unflatten(param_treedef, param_leaves)
@@ -400,6 +412,9 @@ def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSt
     return jax.lax.with_sharding_constraint(state, shardings), out
 
   return jax.jit(run, donate_argnums=(2,))
+
+
+decode_program.cache_clear = _decode_program.cache_clear  # forgets the compiled programs
 
 
 @functools.lru_cache(maxsize=None)

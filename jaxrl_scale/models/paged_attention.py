@@ -5,7 +5,11 @@ up to its own.
 - "gather": XLA; every row's first `view_pages` pages gathered into a dense view.
 - "ragged": JAX's Pallas TPU ragged paged attention kernel, per device under
   `jax.shard_map`, reading each row's actual length.
-- "auto": "ragged" when the mesh is on TPUs, else "gather".
+- "triton": JAX's Pallas GPU (Triton) paged attention kernel (`triton_decode_attention`),
+  reading each row's actual length straight from the pool (no gather); on a CPU it runs in
+  Pallas interpret mode, which is how the tests compare it with "gather".
+- "auto": `paged_impl`: "ragged" on TPUs, "triton" on NVIDIA GPUs, else "gather";
+  `AUTO_IMPL` overrides it.
 
 The full-sequence attention (prefill, training) is `models.attention`.
 """
@@ -15,9 +19,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrl_scale.models.attention import LANES, MASKED, on_tpu
+from jaxrl_scale.models import paged_triton
+from jaxrl_scale.models.attention import LANES, MASKED
 
-PAGED_IMPLS = ("auto", "gather", "ragged")
+PAGED_IMPLS = ("auto", "gather", "ragged", "triton")
+
+# What "auto" runs instead of the platform's choice, when set (None: by platform). The tests
+# set "triton" to run the GPU kernel on CPU (interpret mode) against the gather reference;
+# benchmarks/sampler_bench.py sets "gather" on a GPU to measure the kernel against it. It is
+# read when a decode program is traced, so set it before building a Sampler
+# (`decode.decode_program` keys its compiled programs on it).
+AUTO_IMPL: str | None = None
 
 
 def interleave_kv(k_BTKH: jax.Array, v_BTKH: jax.Array) -> jax.Array:
@@ -50,10 +62,12 @@ def paged_attention(q_B1NH: jax.Array, k_B1KH: jax.Array, v_B1KH: jax.Array,
     write_B: bool, whether the row writes (inactive rows write nothing: their pages may
       already belong to another sequence). Writes to the null page are dropped too.
     view_pages: static; for "gather", the pages read per row (covering every live row's
-      positions). "ragged" reads each row's own pos_B + 1 positions.
+      positions). "ragged" reads each row's own pos_B + 1 positions; "triton" too, within
+      the first `view_pages` pages (inactive rows read nothing and get zeros).
     impl: "gather" (XLA: the rows' pages gathered into a dense view; CPU and GPU),
       "ragged" (the Pallas TPU ragged paged attention kernel per device under
-      `jax.shard_map`; needs `mesh`), or "auto" (`paged_impl`).
+      `jax.shard_map`; needs `mesh`), "triton" (the Pallas GPU paged attention kernel over
+      the pool; interpret mode off GPUs), or "auto" (`paged_impl`).
     mesh: the generator mesh: slots and pool shards over 'data', heads over 'tp'.
     view: for "gather" only, this layer's `paged_view` (k_BKHS, v_BKSH): each row's pages
       already gathered, by the caller, once for several steps. The new key and value are
@@ -65,21 +79,59 @@ def paged_attention(q_B1NH: jax.Array, k_B1KH: jax.Array, v_B1KH: jax.Array,
   """
   if impl not in PAGED_IMPLS:
     raise ValueError(f"paged attention impl {impl!r} is not one of {', '.join(PAGED_IMPLS)}")
+  page_size = kv_LDPCXH.shape[3]
   if impl == "auto":
-    impl = paged_impl(mesh, q_B1NH.shape[-1])
+    impl = paged_impl(mesh, q_B1NH.shape[-1], page_size)
   if impl == "ragged" and mesh is None:
     raise ValueError("paged attention impl 'ragged' needs the generator mesh")
-  if impl == "ragged" and view is not None:
-    raise ValueError("paged attention impl 'ragged' reads the pool itself; it takes no view")
+  if impl in ("ragged", "triton") and view is not None:
+    raise ValueError(f"paged attention impl {impl!r} reads the pool itself; it takes no view")
+  if impl == "triton" and not _interpret(mesh):
+    why = triton_unsupported(q_B1NH.shape[-1], page_size)
+    if why:
+      raise ValueError(f"paged attention impl 'triton': {why}")
   return _paged(q_B1NH, interleave_kv(k_B1KH[:, 0], v_B1KH[:, 0]), kv_LDPCXH, layer, table_BM,
                 pos_B, write_B, mesh, impl, view_pages, view)
 
 
-def paged_impl(mesh: jax.sharding.Mesh | None, head_dim: int) -> str:
-  """What `paged_attention(impl="auto")` runs on `mesh`: the kernel on TPUs when head_dim is
-  a multiple of the 128 lanes it works in (as in every model it is meant for), else XLA."""
-  tpu = mesh is not None and on_tpu(mesh)
-  return "ragged" if tpu and head_dim % LANES == 0 else "gather"
+def paged_impl(mesh: jax.sharding.Mesh | None, head_dim: int,
+               page_size: int | None = None) -> str:
+  """What `paged_attention(impl="auto")` runs on `mesh` (`AUTO_IMPL` when set): the ragged
+  kernel on TPUs when head_dim is a multiple of the 128 lanes it works in (as in every model
+  it is meant for); the Triton kernel on NVIDIA GPUs when head_dim and page_size suit it
+  (`triton_unsupported`; page_size None: not checked); else XLA's gather."""
+  if AUTO_IMPL is not None:
+    return AUTO_IMPL
+  platform = _platform(mesh)
+  if platform == "tpu" and head_dim % LANES == 0:
+    return "ragged"
+  if platform == "gpu" and not triton_unsupported(head_dim, page_size):
+    return "triton"
+  return "gather"
+
+
+def _platform(mesh: jax.sharding.Mesh | None) -> str | None:
+  """The platform of `mesh`'s devices (None without a mesh or an abstract device)."""
+  if mesh is None:
+    return None
+  if isinstance(mesh, jax.sharding.AbstractMesh):
+    return None if mesh.abstract_device is None else mesh.abstract_device.platform
+  return mesh.devices.flat[0].platform
+
+
+def _interpret(mesh: jax.sharding.Mesh | None) -> bool:
+  """Whether the Triton kernel runs in Pallas interpret mode: anywhere but on a GPU."""
+  return (_platform(mesh) or jax.default_backend()) != "gpu"
+
+
+def triton_unsupported(head_dim: int, page_size: int | None) -> str:
+  """Why the Triton kernel cannot compile for these shapes ('' when it can): Triton tiles are
+  powers of two, and its dots need at least 16 along the head dim."""
+  if head_dim < 16 or head_dim & (head_dim - 1):
+    return f"head_dim {head_dim} is not a power of two >= 16"
+  if page_size is not None and page_size & (page_size - 1):
+    return f"sampler.page_size {page_size} is not a power of two"
+  return ""
 
 
 def gather_decode_attention(q_BNH: jax.Array, pages_BVCXH: jax.Array,
@@ -162,9 +214,9 @@ def _paged(q_B1NH: jax.Array, new_BXH: jax.Array, kv_LDPCXH: jax.Array, layer: j
            mesh: jax.sharding.Mesh | None, impl: str, view_pages: int,
            view: tuple[jax.Array, jax.Array] | None,
            ) -> tuple[jax.Array, jax.Array, tuple[jax.Array, jax.Array] | None]:
-  """Per device: the write, then the read ("ragged": JAX's TPU kernel; "gather":
-  `gather_decode_attention` over the rows' first `view_pages` pages, or
-  `dense_decode_attention` over a given `paged_view`).
+  """Per device: the write, then the read ("ragged": JAX's TPU kernel; "triton": JAX's GPU
+  kernel, `paged_triton`; "gather": `gather_decode_attention` over the rows' first
+  `view_pages` pages, or `dense_decode_attention` over a given `paged_view`).
 
   Under `jax.shard_map` (when there is a mesh) each device holds its data shard's rows and
   pool, heads split over 'tp' when it divides the kv heads (the pool's 2K axis then splits
@@ -176,6 +228,7 @@ def _paged(q_B1NH: jax.Array, new_BXH: jax.Array, kv_LDPCXH: jax.Array, layer: j
   b, _, _, h = q_B1NH.shape
   l, d, p, c, x, _ = kv_LDPCXH.shape
   width = table_BM.shape[1]
+  interpret = _interpret(mesh)
   data = mesh.shape.get("data", 1) if mesh is not None else 1
   if (mesh is not None and d != data) or b % d:
     raise ValueError(f"paged attention: pool shards {d}, rows {b} and the mesh's data axis "
@@ -213,6 +266,18 @@ def _paged(q_B1NH: jax.Array, new_BXH: jax.Array, kv_LDPCXH: jax.Array, layer: j
         view = (k_BKHS, v_BKSH)
         out_BNH = dense_decode_attention(q_B1NH[:, 0], k_BKHS, v_BKSH, lens_B)
       return out_BNH[:, None].astype(q_B1NH.dtype), kv_LDPCXH, view
+    if impl == "triton":
+      # The same write as "gather"; then the kernel reads the pool [L, D, P, ...] viewed as
+      # L * D * P pages (a bitcast), row b's pages of this layer offset by
+      # (layer * D + shard) * P, so neither a layer slice nor the rows' pages are copied.
+      kv_LDPCXH = kv_LDPCXH.at[layer, shard_B, jnp.where(keep_B, page_B, p), pos_B % c].set(
+          new_BXH, mode="drop")
+      base_B = (layer * dl + shard_B) * p
+      out_BNH = paged_triton.triton_decode_attention(
+          q_B1NH[:, 0], kv_LDPCXH.reshape(l * dl * p, c, xl, h),
+          base_B[:, None] + table_BM[:, :view_pages], jnp.where(write_B, lens_B, 0),
+          interpret=interpret)
+      return out_BNH[:, None].astype(q_B1NH.dtype), kv_LDPCXH, None
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
 
     kv_QCXH = kv_LDPCXH.reshape(l * p, c, xl, h)  # one pool shard per device: dl == 1

@@ -1,0 +1,163 @@
+"""The GPU decode attention (JAX's Pallas Triton paged attention kernel over our interleaved
+page pool, `models/paged_triton.py`) on CPU in Pallas interpret mode: against a float64
+NumPy attention over the same pages, against the gather path it replaces, through a whole
+greedy decode of the real Sampler, and lowered for CUDA (no GPU needed to lower)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+
+from jaxrl_scale.config import SamplerConfig
+from jaxrl_scale.generation import engine, records
+from jaxrl_scale.models import config as model_config
+from jaxrl_scale.models import paged_attention, paged_triton, transformer
+
+
+def _numpy_attention(q_BNH, kv_QCXH, table_BM, lens_B):
+  """Float64: row b's query heads over its first lens_B[b] positions, keys of kv head k at
+  pool head 2k and values at 2k + 1, scale head_dim ** -0.5; zeros for length 0."""
+  b, n, h = q_BNH.shape
+  k = kv_QCXH.shape[2] // 2
+  out = np.zeros((b, n, h))
+  for r in range(b):
+    seq = kv_QCXH[table_BM[r]].reshape(-1, 2 * k, h)[:lens_B[r]].astype(np.float64)
+    if not lens_B[r]:
+      continue
+    for head in range(n):
+      kv = head // (n // k)
+      s = seq[:, 2 * kv] @ q_BNH[r, head].astype(np.float64) * h ** -0.5
+      p = np.exp(s - s.max())
+      out[r, head] = (p / p.sum()) @ seq[:, 2 * kv + 1]
+  return out
+
+
+@pytest.mark.parametrize("kv,groups,page,tokens_per_block,splits", [
+    (2, 2, 4, 8, 2),    # GQA; 2 pages a block, several blocks per split, 2 splits
+    (1, 4, 4, 4, 16),   # MQA; one page a block, a split per block
+    (4, 1, 8, 128, 16),  # MHA; the module's block size: one block, one split
+])
+def test_kernel_matches_float64_numpy(kv, groups, page, tokens_per_block, splits):
+  rng = np.random.default_rng(0)
+  rows, h, width, pages = 6, 16, 7, 50
+  pool = rng.normal(size=(pages, page, 2 * kv, h)).astype(np.float32)
+  table = rng.permutation(pages)[:rows * width].reshape(rows, width).astype(np.int32)
+  # Empty, one position, a page boundary on either side, mid-page, every position.
+  lens = np.array([0, 1, page, page + 1, 3 * page + 2, width * page], np.int32)
+  q = rng.normal(size=(rows, kv * groups, h)).astype(np.float32)
+  fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, interpret=True,
+                                 kv_tokens_per_block=tokens_per_block, max_splits=splits))
+  got = np.asarray(fn(q, pool, table, lens))
+  np.testing.assert_allclose(got, _numpy_attention(q, pool, table, lens), atol=1e-5, rtol=0)
+  assert not got[0].any()  # length 0: nothing read, zeros out
+
+
+def _paged_case(shards, rows=8, h=16, kv=2, groups=2, num_layers=2, page=4, width=5):
+  """As attention_test's: a random pool [L, D, P, C, 2K, H], shuffled tables of distinct
+  local pages per shard, positions on and off page boundaries, one inactive row."""
+  rng = np.random.default_rng(1)
+  per_shard = rows // shards
+  pages = per_shard * width + 3
+  pool = rng.normal(size=(num_layers, shards, pages + 1, page, 2 * kv, h)).astype(np.float32)
+  table = np.concatenate([rng.permutation(pages)[:per_shard * width].reshape(per_shard, width)
+                          for _ in range(shards)]).astype(np.int32)
+  pos = np.array([0, 3, 4, 9, 17, 19, 7, 12])[:rows].astype(np.int32)
+  q = rng.normal(size=(rows, 1, kv * groups, h)).astype(np.float32)
+  k_new = rng.normal(size=(rows, 1, kv, h)).astype(np.float32)
+  v_new = rng.normal(size=(rows, 1, kv, h)).astype(np.float32)
+  write = np.ones((rows,), bool)
+  write[1] = False
+  return pool, table, pos, q, k_new, v_new, write
+
+
+@pytest.mark.parametrize("data,tp", [(0, 0), (-2, 0), (2, 2)])
+def test_paged_attention_triton_matches_gather_and_numpy(data, tp):
+  """impl="triton" (the write, then the kernel over the whole pool with each row's layer and
+  shard offset into its page ids) against impl="gather" and NumPy, layer 1 of 2. Meshes:
+  (0, 0) and (-2, 0) no mesh with one or two pool shards; (2, 2) rows over 'data' and kv
+  heads over 'tp' under shard_map."""
+  shards = max(1, abs(data))
+  pool, table, pos, q, k_new, v_new, write = _paged_case(shards)
+  mesh = None
+  if data > 0:
+    mesh = jax.make_mesh((data, tp), ("data", "tp"), axis_types=(AxisType.Auto,) * 2,
+                         devices=jax.devices()[:data * tp])
+  layer, width = 1, table.shape[1]
+  outs = {}
+  for impl in ("gather", "triton"):
+    fn = jax.jit(functools.partial(paged_attention.paged_attention, view_pages=width,
+                                   impl=impl, mesh=mesh))
+    out, new_pool, _ = fn(q, k_new, v_new, pool, jnp.int32(layer), table, pos, write)
+    outs[impl] = (np.asarray(out), np.asarray(new_pool))
+  np.testing.assert_array_equal(outs["triton"][1], outs["gather"][1])  # the same write
+  live = write
+  np.testing.assert_allclose(outs["triton"][0][live], outs["gather"][0][live], atol=1e-5,
+                             rtol=0)
+  assert not outs["triton"][0][~live].any()  # an inactive row reads nothing
+  per_shard = q.shape[0] // shards
+  new_pool = outs["gather"][1]
+  for s in range(shards):
+    sl = slice(s * per_shard, (s + 1) * per_shard)
+    ref = _numpy_attention(q[sl, 0], new_pool[layer, s], table[sl], pos[sl] + 1)
+    np.testing.assert_allclose(outs["triton"][0][sl, 0][live[sl]], ref[live[sl]], atol=1e-5,
+                               rtol=0)
+
+
+def test_greedy_decode_through_the_sampler_matches_the_gather(monkeypatch):
+  """A whole greedy generation of the real Sampler (float32 tiny Qwen3: GQA 4 over 2,
+  qk-norm, tied head) with "auto" sent to the Triton kernel equals the default CPU path
+  (per-chunk views of the gathered pages): same tokens, log-probs within 1e-5. Prompts of
+  different lengths cross page boundaries and finish at different steps."""
+  cfg = model_config.preset("tiny_qwen3")
+  model = transformer.create_model(cfg, seed=0)
+  sampler_cfg = SamplerConfig(num_slots=4, max_new_tokens=12, temperature=0.0, decode_chunk=4,
+                              prompt_buckets=(16,), page_size=4)
+  rng = np.random.default_rng(0)
+  reqs = [records.Request(rng.integers(3, cfg.vocab_size, n).tolist(), prompt_id=i,
+                          max_new_tokens=m)
+          for i, (n, m) in enumerate([(3, 12), (9, 5), (6, 12), (1, 8), (14, 12)])]
+  traced = []
+  real = paged_triton.triton_decode_attention
+  monkeypatch.setattr(paged_triton, "triton_decode_attention",
+                      lambda *a, **k: traced.append(k["interpret"]) or real(*a, **k))
+
+  def run():
+    return engine.Sampler(model, sampler_cfg, eos_ids=()).generate(reqs)
+
+  want = run()
+  assert not traced  # the default CPU path does not touch the kernel
+  monkeypatch.setattr(paged_attention, "AUTO_IMPL", "triton")
+  got = run()
+  assert traced and all(traced)  # the kernel, in interpret mode, in every layer traced
+  assert [len(w.tokens) for w in want] == [12, 5, 12, 8, 12]
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(g.tokens, w.tokens)
+    np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5, rtol=0)
+
+
+def test_lowers_for_cuda_to_one_triton_call_on_the_pool_itself():
+  """Qwen3-0.6B's decode attention shapes (16 query heads of 128 over 8 kv heads, pages of
+  16, bfloat16) lower for CUDA without a GPU: Triton accepts the block specs, and the one
+  kernel call takes the whole pool as both its key and its value operand (no copy)."""
+  rows, width, pages = 4, 40, 200
+  args = (jax.ShapeDtypeStruct((rows, 16, 128), jnp.bfloat16),
+          jax.ShapeDtypeStruct((pages, 16, 16, 128), jnp.bfloat16),
+          jax.ShapeDtypeStruct((rows, width), jnp.int32),
+          jax.ShapeDtypeStruct((rows,), jnp.int32))
+  fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, interpret=False))
+  text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  calls = [x for x in text.splitlines() if "custom_call @__gpu$xla.gpu.triton" in x]
+  assert len(calls) == 1
+  operands = calls[0].split("triton(")[1].split(")")[0].split(", ")
+  assert operands[1] == operands[2] and operands[1].startswith("%arg1")
+  assert calls[0].count(f"tensor<{pages}x16x16x128xbf16>") == 2
+
+
+def test_auto_picks_the_kernel_on_gpu_only_where_triton_fits():
+  assert paged_attention.paged_impl(None, 128, 16) == "gather"
+  assert paged_attention.triton_unsupported(128, 16) == ""
+  assert "power of two" in paged_attention.triton_unsupported(96, 16)
+  assert "sampler.page_size 12" in paged_attention.triton_unsupported(128, 12)
