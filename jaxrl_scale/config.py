@@ -262,6 +262,12 @@ class SamplerConfig:
   # memory, for faster decoding (XLA otherwise copies them out every step on GPU, every
   # decode chunk on CPU; README, Sampler). TPUs always keep one copy.
   layer_weight_copies: bool = True
+  # Copies of the weights a generator holds across an update: 2 keeps the posted weights
+  # beside the live ones and swaps at the first chunk boundary after they are computed
+  # (decoding never waits); 1 stops at the next chunk boundary, frees the live weights and
+  # only then places the new ones (one copy of generator memory less, for models whose
+  # weights fit a generator group once but not twice; docs/sampler.md).
+  weight_buffers: int = 2
   # Forced length interruption (paper sec. 4): at a thinking budget drawn uniformly from
   # [interrupt_min, interrupt_max] tokens, force the phrase, then answer within answer_budget.
   interrupt: bool = False
@@ -282,6 +288,8 @@ class SamplerConfig:
     _check(self.prefill_chunk >= 0, "sampler.prefill_chunk",
            f"must be >= 0 (0 = whole prompts), got {self.prefill_chunk}")
     _check(self.kv_cache_tokens >= 0, "sampler.kv_cache_tokens", "must be >= 0")
+    _check(self.weight_buffers in (1, 2), "sampler.weight_buffers",
+           f"must be 1 or 2, got {self.weight_buffers}")
     _check(self.interrupt_min <= self.interrupt_max, "sampler.interrupt_min",
            "must be <= sampler.interrupt_max")
     _check(self.answer_budget >= 0, "sampler.answer_budget", "must be >= 0")

@@ -16,7 +16,9 @@ Host loop, one iteration per decode chunk:
      chunks, so every chunk runs with one policy version; slots keep their KV cache across
      the swap). Until then the live slots decode on with the weights they have (double
      buffer: the trainer's next step and the generator overlap); with nothing live the
-     loop waits for them;
+     loop waits for them. With `sampler.weight_buffers` 1 the loop stops here instead
+     while the poster deletes the live weights and places the new ones (one copy of the
+     weights, never two; generation/weights.py);
   2. admit requests into free slots while their data shard has free pages for the prompt
      and the first chunk (a request waits, never fails, when the pool is full; preempted
      requests go first). One prefill job per prompt-length bucket; each distinct prompt is
@@ -65,9 +67,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -78,7 +78,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_scale.config import SamplerConfig
 from jaxrl_scale.errors import UserError
-from jaxrl_scale.generation import decode, prefill, records
+from jaxrl_scale.generation import decode, prefill, records, weights
 from jaxrl_scale.generation import layout as layout_lib
 from jaxrl_scale.generation import pages as pages_lib
 from jaxrl_scale.models import paged_attention, transformer
@@ -93,7 +93,7 @@ Stats = records.Stats
 _END = object()  # sentinel: the request iterator is exhausted
 
 
-class Sampler:
+class Sampler(weights.WeightSwap):
   """Generates completions with a KV cache, continuous batching and in-flight weight swaps.
 
   Args:
@@ -164,9 +164,7 @@ class Sampler:
     self._param_paths = layout_lib.paths_and_leaves(self._params)[0]
     self._param_dtypes = jax.tree.map(lambda x: x.dtype, self._params)
     self.version = version
-    self._pending: tuple[Any, int] | None = None
-    self._posted: tuple[list, int] | None = None  # (weak refs to the source leaves, version)
-    self._lock = threading.Lock()
+    self._init_swap(cfg.weight_buffers)
 
     self._state_shardings = lay.state_shardings
     self._consts = jax.device_put(
@@ -194,82 +192,6 @@ class Sampler:
     self._state = self._init_fn()
     self._running = False
     self.stats = Stats()
-
-  # --------------------------------------------------------------------------------------
-  # Weights.
-
-  @property
-  def latest_version(self) -> int:
-    """Version of the newest params posted, applied or still pending. Thread-safe."""
-    with self._lock:
-      return self._pending[1] if self._pending is not None else self.version
-
-  @property
-  def params(self) -> nnx.State:
-    """The params the next chunk will use (after any pending swap)."""
-    with self._lock:
-      return self._pending[0] if self._pending is not None else self._params
-
-  def update_params(self, params: Any, version: int) -> None:
-    """Posts new weights; the swap happens at the next chunk boundary. Thread-safe.
-
-    Args:
-      params: an nnx.State with the model's structure, its pure-dict form, or the model
-        itself, on any devices. It is resharded onto the generator mesh and cast to the
-        sampler's dtypes here, in the caller's thread, so the decode loop only swaps a
-        reference.
-      version: policy version recorded on every token produced with these weights.
-    """
-    if isinstance(params, nnx.Module):
-      params = nnx.split(params)[1]
-    paths, leaves = layout_lib.paths_and_leaves(params)
-    if paths != self._param_paths:
-      raise ValueError("update_params: param tree structure differs from the sampler's model "
-                       f"({len(paths)} arrays vs {len(self._param_paths)})")
-    with self._lock:
-      posted = self._posted
-    if posted is not None and posted[1] == int(version) and all(
-        ref() is x for ref, x in zip(posted[0], leaves)):
-      # The very arrays already posted (an eval right after the step posted them): a
-      # second transfer would only hold a third copy of the weights for a while.
-      return
-    params = jax.tree.unflatten(self._param_treedef, leaves)
-    # Dispatched, not waited for: `placed` may still be computing (the trainer's step that
-    # produces `params` included). copy=True: colocated, the trainer donates `params` to
-    # its next step, so the sampler must hold buffers of its own.
-    placed = transfer.reshard(params, self._param_shardings, self._param_dtypes, copy=True)
-    try:  # weak: holding the trainer's arrays would keep donated or old weights alive
-      refs = [weakref.ref(x) for x in leaves]
-    except TypeError:  # a leaf that takes no weak reference (a Python scalar)
-      refs = None
-    with self._lock:
-      self._pending = (placed, int(version))
-      self._posted = None if refs is None else (refs, int(version))
-
-  @property
-  def update_pending(self) -> bool:
-    """Whether posted weights wait to be swapped in. Thread-safe."""
-    with self._lock:
-      return self._pending is not None
-
-  def _apply_pending(self, wait: bool) -> None:
-    """Swaps posted weights in once they are computed, or at once when `wait` is set.
-
-    The double buffer: until the posted copy exists (the trainer's step and the transfer
-    still run), decoding continues on the current weights instead of queueing behind them.
-    """
-    with self._lock:
-      pending = self._pending
-    if pending is None:
-      return
-    if not wait and not all(x.is_ready() for x in jax.tree.leaves(pending[0])):
-      return
-    with self._lock:
-      if self._pending is pending:
-        self._params, self.version = pending
-        self._param_leaves = jax.tree.leaves(self._params)
-        self._layer_leaves = self._layers_of(self._param_leaves)
-        self._pending = None
 
   # --------------------------------------------------------------------------------------
   # Generation.
@@ -382,9 +304,6 @@ class Sampler:
       self.stats.prefill_tokens += u * job.piece
       self.stats.unshared_prefill_tokens += n * job.piece
 
-  def _layers_of(self, param_leaves: list[jax.Array]) -> tuple[jax.Array, ...] | None:
-    return None if self._split_layers is None else self._split_layers(tuple(param_leaves))
-
   def _decode_fn(self, truncate: bool, all_greedy: bool, view_pages: int) -> Callable:
     key = (truncate, all_greedy, view_pages)
     if key not in self._decode_fns:
@@ -435,6 +354,7 @@ class Sampler:
     if self._running:
       raise RuntimeError("Sampler.generate/stream is already running: the slots are in use")
     self._running = True
+    self._loop_running(True)
     pool = self._pool
     for slot in range(self.num_slots):  # whatever an interrupted run left behind
       pool.release(slot)
@@ -494,6 +414,7 @@ class Sampler:
           chunk_index += 1
     finally:
       self._running = False
+      self._loop_running(False)
       self.stats.seconds += time.perf_counter() - start
 
   def _place(self, requests: Iterator[records.Request],

@@ -45,6 +45,8 @@ class Layout:
     params: the weights as held (param_dtype, sharded): one copy.
     layer_copies: whether every layer's weights are also held as arrays of their own (CPU,
       GPU: `decode.layers_program`).
+    weight_buffers: copies of the weights held across an update (`sampler.weight_buffers`):
+      2 = the posted update beside the live weights, 1 = the live ones freed first.
     state_shardings, state: the slot state and page pool.
     table: the page table.
   """
@@ -58,6 +60,7 @@ class Layout:
   param_shardings: Any
   params: Any
   layer_copies: bool
+  weight_buffers: int
   state_shardings: decode.SlotState
   state: decode.SlotState
   table: jax.ShapeDtypeStruct
@@ -70,10 +73,11 @@ class Layout:
   def held_bytes_per_device(self) -> dict[str, float]:
     """Bytes one generator device holds at the Sampler's peak, by kind.
 
-    The double buffer: a posted update (`update_params`) is a second copy of the weights
-    beside the live one until the swap; with layer copies, the live weights' per-layer
-    copies stay beside both. (Re-posting the weights already posted is a no-op, so an eval
-    adds no third copy.)
+    With weight_buffers 2 (the double buffer) a posted update (`update_params`) is a
+    second copy of the weights beside the live one until the swap; with layer copies, the
+    live weights' per-layer copies stay beside both. (Re-posting the weights already posted
+    is a no-op, so an eval adds no third copy.) With weight_buffers 1 the live weights and
+    their layer copies are freed before the update is placed: no pending copy.
     """
     params = bytes_per_device(self.params)
     layers = 0.0
@@ -82,7 +86,8 @@ class Layout:
       layers = bytes_per_device([x for p, x in zip(paths, leaves)
                                   if p.startswith("['layers']")])
     cache = bytes_per_device(self.state.cache)
-    return {"params": params, "pending_params": params, "layer_copies": layers,
+    pending = params if self.weight_buffers == 2 else 0.0
+    return {"params": params, "pending_params": pending, "layer_copies": layers,
             "kv_cache": cache,
             "slot_state": bytes_per_device(self.state) - cache + bytes_per_device(self.table)}
 
@@ -139,4 +144,5 @@ def layout(model_cfg: Any, params: Any, cfg: SamplerConfig, mesh: Mesh, *,
                 page_size=page_size, pages=pages, param_shardings=param_shardings,
                 params=structs,
                 layer_copies=bool(cfg.layer_weight_copies and decode.splits_layers(mesh)),
+                weight_buffers=cfg.weight_buffers,
                 state_shardings=state_shardings, state=state, table=table)

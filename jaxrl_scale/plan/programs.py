@@ -200,9 +200,16 @@ def build(cfg: Config, mcfg: ModelConfig, devices: list) -> tuple[mesh_lib.Slice
     # trainer steps.
     trainer_state = programs[0].resident["params"] + programs[0].resident["optimizer"]
     sampler_state = sum(sampler[0].resident.values())
+    # With one weight buffer the sampler deletes its weights (and their layer copies)
+    # before the update is cast and placed (`generation.weights`): the cast runs beside
+    # the sampler's KV cache and slot state only.
+    swapped = (0.0 if cfg.sampler.weight_buffers == 2 else
+               sampler[0].resident["params"] + sampler[0].resident.get("layer_copies", 0.0))
     for prog in programs:
-      if prog.name in ("train_step", "sft_step", "weight_cast"):
+      if prog.name in ("train_step", "sft_step"):
         prog.also_resident += sampler_state
+      elif prog.name == "weight_cast":
+        prog.also_resident += sampler_state - swapped
       else:
         prog.also_resident += trainer_state
   return slices, programs
@@ -264,7 +271,8 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
                          limit_n=i32(n), force_at_n=i32(n), answer_budget_n=i32(n))
   held = lay.held_bytes_per_device()
   # Everything the Sampler holds, by kind: the live weights, the posted update waiting for
-  # the swap (the double buffer), per-layer copies (CPU/GPU), the page pool, slot state.
+  # the swap (the double buffer; 0 with sampler.weight_buffers 1), per-layer copies
+  # (CPU/GPU), the page pool, slot state.
   resident = {"params": held["params"], "pending_params": held["pending_params"],
               "kv_cache": held["kv_cache"], "batch": held["slot_state"]}
   if held["layer_copies"]:

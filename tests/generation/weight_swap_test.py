@@ -1,0 +1,182 @@
+"""sampler.weight_buffers 1: the single-buffered weight swap (generation/weights.py).
+
+Which version a token is from: an update posted after chunk c has been read back (the
+`on_chunk(c)` callback) is swapped in before the next chunk is dispatched, so with
+pipeline_depth 1 chunks 0..c+1 run on the old weights and chunk c+2 on the new; a token
+records the version of the chunk that sampled it, and its log-prob is that version's. Its
+sequence's keys and values written before the swap stay (the old weights'), so the new
+weights continue from a cache the old ones built. The double buffer does the same once the
+posted copy is computed (waited for below), so both must give the same tokens.
+"""
+
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_scale.config import SamplerConfig
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.generation import engine
+from jaxrl_scale.generation import weights
+from tests.generation import engine_test as et
+
+_WAIT_S = 60.0  # generous: only guards against a hang
+
+
+def _sampler(model, buffers, **overrides):
+  cfg = SamplerConfig(**{**et.SAMPLER.__dict__, "weight_buffers": buffers, **overrides})
+  return engine.Sampler(model, cfg, eos_ids=())
+
+
+def _live_bytes() -> int:
+  return sum(x.nbytes for x in jax.live_arrays() if not x.is_deleted())
+
+
+@pytest.mark.parametrize("bad", [0, 3, -1])
+def test_weight_buffers_other_than_1_or_2_is_a_one_line_error(bad):
+  with pytest.raises(UserError, match=r"^config key 'sampler.weight_buffers': must be 1 or 2, "
+                     rf"got {bad}$"):
+    SamplerConfig(weight_buffers=bad)
+
+
+def _post_after_chunk_0(params, version, wait_computed):
+  def swap(s, chunk_index):
+    if chunk_index == 0:
+      s.update_params(params, version=version)
+      if wait_computed:  # the double buffer swaps only once the posted copy exists
+        jax.block_until_ready(s.params)
+  return swap
+
+
+def _check_against_reference(model_a, model_b, prompts, outs, n):
+  """Versions [0]*k + [7]*(n-k) with k mid-sequence; tokens after k are model_b's greedy
+  continuation of the cache model_a built (an independent decode, not the sampler's)."""
+  switch = set()
+  for prompt, out in zip(prompts, outs):
+    k = int(np.argmax(out.versions == 7))
+    assert 0 < k < n
+    np.testing.assert_array_equal(out.versions, [0] * k + [7] * (n - k))
+    assert out.tokens[k:].tolist() == et._continue_greedy(
+        model_a, model_b, prompt, out.tokens.tolist(), k, n)
+    switch.add(k)
+  return switch
+
+
+def test_single_buffer_swap_matches_the_double_buffer(loaded, prompts):
+  """An update posted mid-generation: the same tokens, log-probs and versions as the double
+  buffer, the tokens after the swap from the new weights on the old cache; posted while
+  idle, the next run is all new weights."""
+  model_a, _ = loaded["qwen2"]
+  model_b = et._perturbed(model_a, seed=1)
+  params_b = nnx.split(model_b)[1]
+  n = et.SAMPLER.max_new_tokens
+  single = _sampler(model_a, 1)
+  got = single.generate(prompts[:4], on_chunk=_post_after_chunk_0(params_b, 7, False))
+  want = _sampler(model_a, 2).generate(prompts[:4],
+                                       on_chunk=_post_after_chunk_0(params_b, 7, True))
+  for g, w in zip(got, want):
+    assert g.tokens.tolist() == w.tokens.tolist()
+    np.testing.assert_array_equal(g.versions, w.versions)
+    np.testing.assert_allclose(g.logprobs, w.logprobs, rtol=0, atol=1e-6)
+  # The first chunk after the one read back before the post: chunk 2 (of 4 tokens each).
+  assert _check_against_reference(model_a, model_b, prompts, got, n) == {
+      2 * et.SAMPLER.decode_chunk}
+  assert single.version == 7 and not single.update_pending
+  # Posted with no generation running: swapped at once, every later token is version 9.
+  single.update_params(nnx.split(model_a)[1], version=9)
+  assert single.version == 9 and single.latest_version == 9
+  fresh = _sampler(model_a, 2).generate(prompts[:4])
+  for g, f in zip(single.generate(prompts[:4]), fresh):
+    assert (g.versions == 9).all()
+    assert g.tokens.tolist() == f.tokens.tolist()
+    np.testing.assert_allclose(g.logprobs, f.logprobs, rtol=0, atol=1e-6)
+
+
+def test_update_from_another_thread_waits_for_the_chunk_boundary(loaded, prompts):
+  """The trainer's case: update_params from another thread while the loop runs returns only
+  once the loop has stopped at a chunk boundary and the new weights are in; the tokens are
+  those of the same swap made from the loop's own thread."""
+  model_a, _ = loaded["qwen2"]
+  model_b = et._perturbed(model_a, seed=1)
+  params_b = nnx.split(model_b)[1]
+  n = et.SAMPLER.max_new_tokens
+  sampler = _sampler(model_a, 1)
+  seen: dict = {}
+  poster = None
+
+  def post():
+    sampler.update_params(params_b, version=7)
+    seen["version_on_return"] = sampler.version
+
+  def on_chunk(s, chunk_index):
+    nonlocal poster
+    if chunk_index == 0:
+      poster = threading.Thread(target=post)
+      poster.start()
+      # Hold this boundary until the poster asks the loop to stop (so the swap lands at
+      # the next one, as when posting from this thread); the poster is waiting then.
+      deadline = time.monotonic() + _WAIT_S
+      while time.monotonic() < deadline:
+        with s._cond:
+          if s._park:
+            break
+        time.sleep(0.01)
+      seen["parked_request"] = s._park
+      seen["version_while_waiting"] = s.version
+
+  outs = sampler.generate(prompts[:4], on_chunk=on_chunk)
+  poster.join(_WAIT_S)
+  assert not poster.is_alive()
+  assert seen == {"parked_request": True, "version_while_waiting": 0, "version_on_return": 7}
+  assert _check_against_reference(model_a, model_b, prompts, outs, n) == {
+      2 * et.SAMPLER.decode_chunk}
+  same_thread = _sampler(model_a, 1).generate(
+      prompts[:4], on_chunk=_post_after_chunk_0(params_b, 7, False))
+  for o, t in zip(outs, same_thread):
+    assert o.tokens.tolist() == t.tokens.tolist()
+    np.testing.assert_array_equal(o.versions, t.versions)
+
+
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_the_old_weights_are_freed_before_the_new_are_placed(loaded, prompts, monkeypatch,
+                                                             buffers):
+  """With one buffer the live weights (and their per-layer copies) are deleted before the
+  update is placed, so the device holds at most one copy; the double buffer, measured the
+  same way, holds two (which shows the measurement can tell)."""
+  model_a, _ = loaded["qwen2"]
+  params_b = nnx.split(et._perturbed(model_a, seed=1))[1]
+  sampler = _sampler(model_a, buffers)
+  assert sampler._layer_leaves is not None  # CPU: the per-layer copies are freed too
+  params_bytes = sum(x.nbytes for x in sampler._param_leaves)
+  placements: list[dict] = []
+  real = weights.transfer.reshard
+
+  def reshard(tree, *args, **kwargs):
+    if not placements:  # not the update
+      return real(tree, *args, **kwargs)
+    old = list(sampler._param_leaves) + list(sampler._layer_leaves)
+    deleted = [x.is_deleted() for x in old]
+    out = jax.block_until_ready(real(tree, *args, **kwargs))
+    placements.append({"old_deleted": deleted, "after": _live_bytes()})
+    return out
+
+  def on_chunk(s, chunk_index):
+    if chunk_index == 0:
+      placements.append({"before": _live_bytes()})
+      s.update_params(params_b, version=7)
+
+  monkeypatch.setattr(weights.transfer, "reshard", reshard)
+  outs = sampler.generate(prompts[:4], on_chunk=on_chunk)
+  assert any((o.versions == 7).any() for o in outs)
+  before, placed = placements
+  grown = placed["after"] - before["before"]
+  if buffers == 1:
+    assert all(placed["old_deleted"])
+    # The new copy took the place of the old weights and their layer copies.
+    assert grown <= 0.05 * params_bytes, (grown, params_bytes)
+  else:
+    assert not any(placed["old_deleted"])
+    assert grown >= 0.95 * params_bytes, (grown, params_bytes)

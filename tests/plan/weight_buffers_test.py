@@ -1,0 +1,46 @@
+"""plan counts sampler.weight_buffers: with 1 there is no pending copy of the weights."""
+
+import pathlib
+
+import jax
+import pytest
+
+from jaxrl_scale import config
+from jaxrl_scale.pipeline import wiring
+from jaxrl_scale.plan import programs
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _programs(*overrides):
+  cfg = config.load(ROOT / "configs" / "cpu_tiny.yaml", ["sft.steps=0", *overrides])
+  mcfg = wiring.model_config_for(cfg, None)
+  _, progs = programs.build(cfg, mcfg, jax.devices())
+  return {p.name: p for p in progs}
+
+
+@pytest.mark.parametrize("colocated", [False, True])
+def test_one_weight_buffer_holds_no_pending_copy(colocated):
+  mesh = [f"mesh.colocated={str(colocated).lower()}"]
+  two = _programs(*mesh, "sampler.weight_buffers=2")
+  one = _programs(*mesh, "sampler.weight_buffers=1")
+  params = two["decode"].resident["params"]
+  assert params > 0 and one["decode"].resident["params"] == params
+  assert two["decode"].resident["pending_params"] == params
+  assert one["decode"].resident["pending_params"] == 0
+  for name in ("prefill", "decode"):  # the pending copy sits beside both
+    assert two[name].also_resident - one[name].also_resident == params, name
+  trainer = ("train_step", "weight_cast")
+  if not colocated:  # the trainer's chips never see the sampler's memory
+    for name in trainer:
+      assert one[name].also_resident == two[name].also_resident, name
+    return
+  layers = one["decode"].resident.get("layer_copies", 0.0)
+  sampler_one = sum(one["decode"].resident.values())
+  assert sampler_one == sum(two["decode"].resident.values()) - params
+  # The train step runs beside the sampler's one copy, KV cache and slot state.
+  assert two["train_step"].also_resident - one["train_step"].also_resident == params
+  # The cast of an update runs after the sampler has deleted its weights and layer copies.
+  optimizer = one["weight_cast"].resident["optimizer"]
+  assert one["weight_cast"].also_resident == optimizer + sampler_one - params - layers
+  assert two["weight_cast"].also_resident == optimizer + sampler_one + params
