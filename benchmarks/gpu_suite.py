@@ -1,31 +1,39 @@
-"""The GPU measurements of issue 34 in one run: einsum vs cuDNN attention, same machine.
+"""The GPU measurements of issue 34 in one run, each variant in its own process.
 
     GIT_COMMIT=$(git rev-parse HEAD) python3 benchmarks/gpu_suite.py      # on the GPU
     python benchmarks/gpu_suite.py --dry-run                              # the plan, anywhere
+    python benchmarks/gpu_suite.py --cpu-smoke                            # every variant, tiny
 
-Runs each in its own process (one holds the GPU at a time), each with `--attention einsum`
-and then `--attention cudnn`; the 1.7B train step and decode at batch 256 go first:
+The variants, most important first (a budget cut drops the tail; `RUNS` has each one's
+issue item):
 
-1. train_step_bench: qwen3_1p7b, 16 x 4096 tokens, remat full; qwen3_0p6b, 32 x 2048
-   (compile, one warm-up step, 3 timed steps), bfloat16 activations over the presets'
-   float32 masters (cuDNN takes bf16 only; the presets alone compute in float32, as the
-   issue's H200 numbers did).
-2. sampler_bench: a random Qwen3-0.6B-shaped checkpoint (hidden 1024, 28 layers, 16 heads
-   of 128, 8 kv heads, MLP 3072, vocab 151936, tied; written once with transformers, in
-   bfloat16), bf16, 128 prompt + 512 new tokens, batch 64 and 256, --skip-hf (the baseline
-   runs transformers on CPU) and --skip-mixed.
+- decode (sampler_bench): a random Qwen3-0.6B-shaped checkpoint (hidden 1024, 28 layers,
+  16 heads of 128, 8 kv heads, MLP 3072, vocab 151936, tied; written once with
+  transformers, in bfloat16), bf16, 128 prompt + 512 new tokens, at batch 256 and 64, with
+  the Pallas Triton paged-attention kernel (`--decode-attention triton`) and with the gather
+  it replaces; tok/s and the fraction of the HBM roofline. The first run also profiles one
+  generation (the GPU-busy fraction of a decode step); one more runs without XLA's command
+  buffers (what they do for the host gaps); the last adds transformers on the same GPU.
+- train step (train_step_bench, compile + 1 warm-up + 3 timed steps, bfloat16 activations
+  over the presets' float32 masters): qwen3_1p7b 16 x 4096 and qwen3_0p6b 32 x 2048 with
+  cuDNN attention, remat full; on the 0.6B shape, remat dots and attention (minimal with
+  the attention's context kept), logits chunk 2048 against 512, and XLA's latency-hiding
+  scheduler; the einsum attention last (the issue's baseline). MFU against the chip's bf16
+  spec peak with full and with causal (halved) attention FLOPs, and against a bf16
+  8192^3 matmul measured in the same process.
 
-Writes to --out (default $OUT, else benchmarks/results/gpu): train_step_bench.json and
-sampler_bench.json, each {device, gpu_memory_mib, jax, jaxlib, commit, runs: [...]} with
-every run's command, exit code, seconds, parsed numbers and output tail; and gpu_suite.log,
-all output. The train step's MFU is against the chip's bf16 dense spec peak (`SPEC_BF16`),
-with the model FLOPs counted as train_step_bench does (full S x S attention) and with
-causal attention (half of it, as MaxText counts), both given.
+Writes to --out (default $OUT, else benchmarks/results/gpu), rewritten after every run so a
+kill keeps what finished: gpu_suite.json ({device, gpu_memory_mib, jax, jaxlib, commit,
+date, runs, summary}), train_step_bench.json and sampler_bench.json (the same header, their
+runs), and gpu_suite.log, all output. A run keeps its command, extra environment, exit
+code, seconds, the bench's JSON report and its output tail.
 
 The device machine's working tree has no .git: pass the commit as GIT_COMMIT. On a GPU of
-less than 100 GiB the 1.7B run takes 2 micro-batches (55.7 GiB of einsum temporaries were
-measured at one on an H200), both attention paths alike. The whole suite is sized for under
-8 minutes; a run that would start after --budget-s is skipped and says so.
+less than 100 GiB the 1.7B runs take 2 micro-batches (55.7 GiB of einsum temporaries were
+measured at one on an H200). The suite is sized for the issue's 8 minutes: no run starts
+after --budget-s and a run still going at --deadline-s is killed; each has its own limit.
+`--cpu-smoke` runs every variant at tiny shapes on this machine's CPU (the Triton kernel in
+interpret mode, einsum attention for cuDNN), to show none of them crashes.
 """
 
 from __future__ import annotations
@@ -45,19 +53,48 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-# bf16 dense tensor-core peak (TFLOP/s) by device name, from NVIDIA's datasheets (SXM).
-SPEC_BF16 = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0}
-
 QWEN3_0P6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                   num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                   head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True,
                   rope_theta=1000000.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
-# (name, preset, prompts, generations, seq_len): rows = prompts x generations.
-TRAIN_SHAPES = [("qwen3_1p7b_16x4096", "qwen3_1p7b", 4, 4, 4096),
-                ("qwen3_0p6b_32x2048", "qwen3_0p6b", 4, 8, 2048)]
-SAMPLER_BATCHES = [64, 256]
-IMPLS = ("einsum", "cudnn")
+LHS = "--xla_gpu_enable_latency_hiding_scheduler=true"
+NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="
+
+# (name, issue item, bench, options). Train options: preset, prompts x generations, seq_len,
+# attention, remat, logits_chunk, xla_flags; decode: batch, decode attention, profile, hf,
+# xla_flags. Most important first.
+RUNS = [
+    ("decode_b256_triton", 2, "sampler", dict(batch=256, decode="triton", profile=True)),
+    ("decode_b256_gather", 2, "sampler", dict(batch=256, decode="gather")),
+    ("train_1p7b_16x4096_cudnn_full", 7, "train",
+     dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn")),
+    ("train_0p6b_32x2048_cudnn_full", 7, "train",
+     dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn")),
+    ("train_0p6b_32x2048_cudnn_dots", 3, "train",
+     dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
+          remat="dots")),
+    ("train_0p6b_32x2048_cudnn_full_lhs", 5, "train",
+     dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
+          xla_flags=LHS)),
+    ("decode_b64_triton", 2, "sampler", dict(batch=64, decode="triton")),
+    ("decode_b64_gather", 2, "sampler", dict(batch=64, decode="gather")),
+    ("train_0p6b_32x2048_cudnn_attention", 3, "train",
+     dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
+          remat="attention")),
+    ("train_0p6b_32x2048_cudnn_full_chunk2048", 3, "train",
+     dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
+          logits_chunk=2048)),
+    ("decode_b256_triton_no_command_buffers", 4, "sampler",
+     dict(batch=256, decode="triton", xla_flags=NO_COMMAND_BUFFERS)),
+    ("train_0p6b_32x2048_einsum_full", 1, "train",
+     dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="einsum")),
+    ("decode_b256_triton_vs_transformers", 7, "sampler", dict(batch=256, decode="triton",
+                                                                hf=True)),
+    ("train_1p7b_16x4096_einsum_full", 1, "train",
+     dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="einsum")),
+]
+TIMEOUT_S = {"train_1p7b": 200.0, "train": 130.0, "sampler": 120.0}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -65,19 +102,23 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results", "gpu"))
   p.add_argument("--commit", default=os.environ.get("GIT_COMMIT"),
                  help="the commit measured (default $GIT_COMMIT, else git rev-parse HEAD)")
-  p.add_argument("--impls", default=",".join(IMPLS), help="attention impls, comma-separated")
-  p.add_argument("--only", choices=("train", "sampler"), default=None)
-  p.add_argument("--budget-s", type=float, default=450.0,
+  p.add_argument("--only", default=None,
+                 help="'train', 'sampler', or comma-separated run names (prefixes match)")
+  p.add_argument("--budget-s", type=float, default=400.0,
                  help="no run starts after this many seconds (the suite's own limit)")
-  p.add_argument("--run-timeout-s", type=float, default=240.0, help="limit of one run")
-  p.add_argument("--deadline-s", type=float, default=540.0,
+  p.add_argument("--deadline-s", type=float, default=470.0,
                  help="a run still going this long after the suite started is killed")
   p.add_argument("--dry-run", action="store_true", help="print the runs and exit")
+  p.add_argument("--cpu-smoke", action="store_true",
+                 help="every run at tiny shapes on CPU (no budget), to check none crashes")
   args = p.parse_args(argv)
-  args.impls = [x for x in args.impls.split(",") if x]
-  bad = [x for x in args.impls if x not in ("auto", "einsum", "cudnn")]
-  if bad:
-    p.error(f"--impls: {', '.join(bad)} not among auto, einsum, cudnn")
+  if args.only:
+    names = [x for x in args.only.split(",") if x]
+    known = [r[0] for r in RUNS] + ["train", "sampler"]
+    bad = [x for x in names if not any(k.startswith(x) for k in known)]
+    if bad:
+      p.error(f"--only: {', '.join(bad)} matches no run (runs: {', '.join(known)})")
+    args.only = names
   return args
 
 
@@ -111,33 +152,59 @@ def version(name: str) -> str:
     return "not installed"
 
 
-def train_runs(impls, gpu_mib) -> list[dict]:
+def train_argv(o: dict, micro: int, smoke: bool) -> list[str]:
+  if smoke:  # tiny shapes; cuDNN does not run on CPU
+    shape = ["--preset", "tiny_qwen3", "--seq-len", "64", "--prompts", "2", "--generations",
+             "2", "--steps", "1", "--matmul-size", "256",
+             "--logits-chunk", str(min(o.get("logits_chunk", 512), 64)), "--dtype", "float32",
+             "--attention", "auto" if o["attention"] == "cudnn" else o["attention"]]
+  else:
+    shape = ["--preset", o["preset"], "--seq-len", str(o["seq_len"]), "--prompts",
+             str(o["prompts"]), "--generations", str(o["gens"]), "--steps", "3",
+             "--matmul-size", "8192", "--logits-chunk", str(o.get("logits_chunk", 512)),
+             "--micro-batches", str(micro), "--dtype", "bfloat16", "--attention", o["attention"]]
+  return ["train_step_bench.py", *shape, "--remat", o.get("remat", "full"),
+          "--matmul-dtype", "bfloat16", "--json"]
+
+
+def sampler_argv(o: dict, checkpoint: str, smoke: bool) -> list[str]:
+  if smoke:  # sampler_bench writes its own tiny random Qwen3
+    shape = ["--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
+             "--intermediate", "128", "--vocab", "512", "--batch", "4", "--prompt-len", "8",
+             "--new-tokens", "8", "--chunk", "4", "--dtype", "float32"]
+  else:
+    shape = ["--model", checkpoint, "--dtype", "bfloat16", "--batch", str(o["batch"]),
+             "--prompt-len", "128", "--new-tokens", "512"]
+  return ["sampler_bench.py", *shape, "--repeats", "1", "--skip-mixed", "--skip-floor",
+          "--decode-attention", o["decode"], *(["--profile"] if o.get("profile") else []),
+          *([] if o.get("hf") else ["--skip-hf"]), "--json"]
+
+
+def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
+         only: list[str] | None = None) -> list[dict]:
+  """The runs, in order: {name, item, bench, argv, env, timeout_s, and the options}."""
   runs = []
-  for name, preset, prompts, gens, seq in TRAIN_SHAPES:
-    micro = 2 if preset == "qwen3_1p7b" and gpu_mib is not None and gpu_mib < 100 * 1024 else 1
-    for impl in impls:
-      runs.append(dict(bench="train_step_bench", name=f"{name}_{impl}", attention=impl,
-                       preset=preset, rows=prompts * gens, seq_len=seq, micro_batches=micro,
-                       argv=["train_step_bench.py", "--preset", preset, "--seq-len", str(seq),
-                             "--prompts", str(prompts), "--generations", str(gens),
-                             "--remat", "full", "--steps", "3", "--matmul-size", "8192",
-                             "--micro-batches", str(micro), "--dtype", "bfloat16",
-                             "--attention", impl]))
+  for name, item, bench, o in RUNS:
+    if only and not any(name.startswith(x) or bench == x for x in only):
+      continue
+    run = dict(name=name, item=item, bench=f"{bench}_step_bench" if bench == "train"
+               else "sampler_bench", **o)
+    if bench == "train":
+      big = o["preset"] == "qwen3_1p7b"
+      run["rows"] = o["prompts"] * o["gens"]
+      run["micro_batches"] = 2 if big and gpu_mib is not None and gpu_mib < 100 * 1024 else 1
+      run["argv"] = train_argv(o, run["micro_batches"], smoke)
+      run["timeout_s"] = TIMEOUT_S["train_1p7b" if big else "train"]
+    else:
+      run["argv"] = sampler_argv(o, checkpoint, smoke)
+      run["timeout_s"] = TIMEOUT_S["sampler"] + (60.0 if o.get("hf") else 0.0)
+    run["env"] = {"XLA_FLAGS": o["xla_flags"]} if o.get("xla_flags") else {}
+    runs.append(run)
   return runs
 
 
-def sampler_runs(impls, checkpoint: str) -> list[dict]:
-  return [dict(bench="sampler_bench", name=f"qwen3_0p6b_b{batch}_{impl}", attention=impl,
-               batch=batch,
-               argv=["sampler_bench.py", "--model", checkpoint, "--dtype", "bfloat16",
-                     "--batch", str(batch), "--prompt-len", "128", "--new-tokens", "512",
-                     "--repeats", "2", "--skip-hf", "--skip-mixed", "--json",
-                     "--attention", impl])
-          for batch in SAMPLER_BATCHES for impl in impls]
-
-
 def parse_train(text: str) -> dict:
-  """Numbers of train_step_bench's report (it prints text, no JSON)."""
+  """Numbers of train_step_bench's text report (when its JSON line is missing)."""
   out = {}
   patterns = {"params_m": r"model: \S+, ([\d.]+)M params",
               "compile_s": r"compile ([\d.]+) s",
@@ -145,7 +212,7 @@ def parse_train(text: str) -> dict:
               "model_tflop_per_step": r"model FLOPs per step: ([\d.]+) TFLOP",
               "median_step_s": r"median step ([\d.]+) s",
               "gflop_s": r"train step: ([\d.]+) GFLOP/s",
-              "fp32_matmul_peak_gflop_s": r"matmul peak \(\d+\^2\): ([\d.]+) GFLOP/s"}
+              "matmul_peak_gflop_s": r"matmul peak \(\d+\^2\): ([\d.]+) GFLOP/s"}
   for key, pattern in patterns.items():
     m = re.search(pattern, text)
     if m:
@@ -153,24 +220,36 @@ def parse_train(text: str) -> dict:
   return out
 
 
-def mfu(run: dict, parsed: dict, device: str) -> dict:
-  """MFU against the bf16 spec peak, with full and with causal (halved) attention FLOPs."""
-  if "median_step_s" not in parsed or "model_tflop_per_step" not in parsed:
-    return {}
-  sys.path.insert(0, ROOT)
-  from jaxrl_scale.models import config as model_config  # no JAX computation: a dataclass
+def last_json(text: str) -> dict | None:
+  line = next((x for x in reversed(text.splitlines()) if x.startswith("{")), None)
+  try:
+    return json.loads(line) if line else None
+  except json.JSONDecodeError:
+    return None
 
-  cfg = model_config.preset(run["preset"])
-  tokens = run["rows"] * run["seq_len"]
-  attention = 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * run["seq_len"] * tokens
-  full = parsed["model_tflop_per_step"] * 1e12
-  causal = full - attention / 2
-  peak = next((v for k, v in SPEC_BF16.items() if k in device), None)
-  out = {"tflop_s_full_attention": full / parsed["median_step_s"] / 1e12,
-         "tflop_s_causal_attention": causal / parsed["median_step_s"] / 1e12}
-  if peak:
-    out.update(spec_bf16_tflop_s=peak, mfu_full_attention=out["tflop_s_full_attention"] / peak,
-               mfu_causal_attention=out["tflop_s_causal_attention"] / peak)
+
+def summary(runs: list[dict]) -> dict:
+  """The comparisons the issue asks for, from whatever ran: decode kernel vs gather per
+  batch, each train variant's MFU and step time against its shape's cuDNN remat-full run."""
+  by = {r["name"]: r.get("report") or {} for r in runs if r.get("rc") == 0}
+  out = {}
+  for batch in (64, 256):
+    kernel, gather = by.get(f"decode_b{batch}_triton"), by.get(f"decode_b{batch}_gather")
+    if kernel and gather and gather.get("ours_tok_s"):
+      out[f"decode_b{batch}"] = dict(
+          triton_tok_s=kernel.get("ours_tok_s"), gather_tok_s=gather.get("ours_tok_s"),
+          triton_over_gather=round(kernel["ours_tok_s"] / gather["ours_tok_s"], 3),
+          triton_fraction_of_roofline=kernel.get("fraction_of_roofline"),
+          gather_fraction_of_roofline=gather.get("fraction_of_roofline"))
+  for name, rep in by.items():
+    if not name.startswith("train_") or "median_step_s" not in rep:
+      continue
+    base = by.get("_".join(name.split("_")[:3]) + "_cudnn_full", {})
+    out[name] = {k: rep.get(k) for k in ("median_step_s", "temp_gib", "mfu_causal_attention",
+                                         "mfu_full_attention", "fraction_of_matmul_peak",
+                                         "matmul_peak_tflop_s")}
+    if base.get("median_step_s"):
+      out[name]["step_over_cudnn_full"] = round(rep["median_step_s"] / base["median_step_s"], 3)
   return out
 
 
@@ -184,13 +263,17 @@ def write_checkpoint(path: str) -> None:
   model.save_pretrained(path)
 
 
-def run_one(run: dict, args, log, timeout: float) -> dict:
+def run_one(run: dict, log, timeout: float) -> dict:
   cmd = [sys.executable, *run["argv"]]
-  log(f"\n=== {run['name']}: {shlex.join(cmd)}")
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  for key, value in run["env"].items():  # appended: the caller's XLA_FLAGS stay
+    env[key] = f"{env.get(key, '')} {value}".strip()
+  log(f"\n=== {run['name']}: {' '.join(f'{k}={v}' for k, v in run['env'].items())} "
+      f"{shlex.join(cmd)}")
   t = time.perf_counter()
   try:
-    proc = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True, timeout=timeout,
+                          env=env)
     rc, text = proc.returncode, proc.stdout + proc.stderr
   except subprocess.TimeoutExpired as e:
     rc = 124
@@ -199,29 +282,26 @@ def run_one(run: dict, args, log, timeout: float) -> dict:
   log(text)
   result = {k: v for k, v in run.items() if k != "argv"}
   result.update(command=shlex.join(cmd), rc=rc, seconds=round(seconds, 1),
-                output_tail=text[-3000:])
-  if run["bench"] == "train_step_bench":
-    result.update(parse_train(text))
-  else:
-    line = next((x for x in reversed(text.splitlines()) if x.startswith("{")), None)
-    result["report"] = json.loads(line) if line else None
+                output_tail=text[-3000:], report=last_json(text))
+  if run["bench"] == "train_step_bench" and result["report"] is None:
+    result["report"] = parse_train(text) or None
   return result
 
 
 def main(argv=None) -> int:
   args = parse_args(argv)
-  device, gpu_mib = gpu_info() if not args.dry_run else ("(dry run)", None)
+  smoke = args.cpu_smoke
+  device, gpu_mib = ("(dry run)", None) if args.dry_run else (
+      ("cpu smoke", None) if smoke else gpu_info())
   checkpoint = os.path.join(tempfile.gettempdir(), "gpu_suite_qwen3_0p6b")
-  train = train_runs(args.impls, gpu_mib) if args.only in (None, "train") else []
-  sampler = sampler_runs(args.impls, checkpoint) if args.only in (None, "sampler") else []
-  # The issue's headline shapes first (the 1.7B train step, decode at batch 256), so that a
-  # budget cut drops the secondary ones.
-  n = len(args.impls)
-  runs = train[:n] + sampler[n:] + train[n:] + sampler[:n]
+  runs = plan(gpu_mib, checkpoint, smoke=smoke, only=args.only)
   if args.dry_run:
     for run in runs:
-      print(f"{run['name']}: {shlex.join(['python3', *run['argv']])}")
+      env = "".join(f"{k}={v} " for k, v in run["env"].items())
+      print(f"{run['name']} (item {run['item']}): {env}{shlex.join(['python3', *run['argv']])}")
     return 0
+  if smoke:
+    args.budget_s = args.deadline_s = float("inf")
 
   os.makedirs(args.out, exist_ok=True)
   log_file = open(os.path.join(args.out, "gpu_suite.log"), "w")
@@ -236,28 +316,33 @@ def main(argv=None) -> int:
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
   log(json.dumps(header))
   start = time.perf_counter()
-  results: dict[str, list] = {"train_step_bench": [], "sampler_bench": []}
+  results: list[dict] = []
   for run in runs:
     if time.perf_counter() - start > args.budget_s:
       log(f"=== {run['name']}: skipped, past the {args.budget_s:.0f} s budget")
       result = {**{k: v for k, v in run.items() if k != "argv"}, "skipped": "budget"}
     else:
-      if run["bench"] == "sampler_bench" and not os.path.isdir(checkpoint):
+      if run["bench"] == "sampler_bench" and not smoke and not os.path.isdir(checkpoint):
         t = time.perf_counter()
         write_checkpoint(checkpoint)
         log(f"=== wrote the Qwen3-0.6B-shaped checkpoint in {time.perf_counter() - t:.1f} s")
       left = args.deadline_s - (time.perf_counter() - start)
-      result = run_one(run, args, log, max(1.0, min(args.run_timeout_s, left)))
-      if run["bench"] == "train_step_bench":
-        result.update(mfu(run, result, device))
-    results[run["bench"]].append(result)
-    for bench, rows in results.items():  # rewritten after every run: a kill keeps the rest
-      if rows:
-        with open(os.path.join(args.out, f"{bench}.json"), "w") as f:
-          json.dump({**header, "runs": rows}, f, indent=1)
+      result = run_one(run, log, max(1.0, min(run["timeout_s"], left)) if not smoke else 900.0)
+    results.append(result)
+    _write(args.out, header, results)
   log(f"suite: {time.perf_counter() - start:.0f} s")
   log_file.close()
-  return 0 if all(r.get("rc", 0) == 0 for rows in results.values() for r in rows) else 1
+  return 0 if all(r.get("rc", 0) == 0 for r in results) else 1
+
+
+def _write(out: str, header: dict, results: list[dict]) -> None:
+  """gpu_suite.json and one file per bench, rewritten after every run."""
+  files = {"gpu_suite.json": {**header, "runs": results, "summary": summary(results)}}
+  for bench in ("train_step_bench", "sampler_bench"):
+    files[f"{bench}.json"] = {**header, "runs": [r for r in results if r["bench"] == bench]}
+  for name, body in files.items():
+    with open(os.path.join(out, name), "w") as f:
+      json.dump(body, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,14 @@ Measured in this run on this machine:
    Goal >= 1.5x.
 5. On a GPU/TPU: the decode step's achieved fraction of the HBM-bandwidth roofline (bytes
    of weights and live KV cache read per step / step time / peak bandwidth).
+6. With --profile: one more fixed-batch run under JAX's profiler, and the fraction of its
+   wall time that the GPU's streams were busy (the union of their kernels' intervals), with
+   the busy and wall milliseconds per decode step: the rest is the GPU idling on the host.
+
+`--decode-attention` picks decode's paged attention (`paged_attention.AUTO_IMPL`): on a GPU
+"auto" runs the Pallas Triton kernel over the page pool, "gather" XLA's gather of the rows'
+pages (the path before it); on CPU "triton" runs the kernel in interpret mode (slow, for
+smoke runs only).
 
 Goals (issue 13, 2-core CPU, float32): >= 2.0x transformers greedy, >= 2.5x at temperature
 1, >= 35% of the compute limit, greedy tokens identical.
@@ -95,6 +103,13 @@ def _parse() -> argparse.Namespace:
   p.add_argument("--hf-threads", type=int, default=None,
                  help="torch threads (default: the best of 1 and torch's default)")
   p.add_argument("--skip-mixed", action="store_true", help="skip the mixed-length workload")
+  p.add_argument("--skip-floor", action="store_true",
+                 help="skip the compute limit and the weight-matmul floor (parts 2 and 3)")
+  p.add_argument("--decode-attention", default="auto", choices=("auto", "gather", "triton"),
+                 help="decode's paged attention (auto: the Triton kernel on GPU, the gather "
+                      "on CPU)")
+  p.add_argument("--profile", action="store_true",
+                 help="one more run under the profiler: the GPU-busy fraction of decode")
   p.add_argument("--hbm-gbps", type=float, default=None, help="peak HBM bandwidth, GB/s")
   p.add_argument("--json", action="store_true",
                  help="print one JSON line on stdout (the report goes to stderr)")
@@ -326,8 +341,10 @@ def main() -> int:
   import jax
 
   from jaxrl_scale.generation import records
-  from jaxrl_scale.models import hf_io
+  from jaxrl_scale.models import hf_io, paged_attention
 
+  if args.decode_attention != "auto":  # read when the decode programs are traced
+    paged_attention.AUTO_IMPL = args.decode_attention
   report: dict = {}
   log_file = sys.stderr if args.json else sys.stdout
 
@@ -371,6 +388,10 @@ def main() -> int:
   # 1. Fixed-batch decode throughput. Ours and transformers alternate, best of each kept, so
   # both sides see the same background load on a shared machine.
   sampler = _sampler(model, args, args.batch, args.new_tokens)
+  decode_impl = paged_attention.paged_impl(sampler.mesh, model_cfg.head_dim,
+                                           sampler.cfg.page_size)
+  report["decode_attention"] = decode_impl
+  log(f"decode attention: {decode_impl} (--decode-attention {args.decode_attention})")
   reqs = [records.Request(p.tolist(), prompt_id=i) for i, p in enumerate(prompts)]
   _timed(sampler, reqs)  # compile
   hf = None if args.skip_hf else _HF(path, args.dtype)
@@ -411,9 +432,30 @@ def main() -> int:
       match = float(np.mean(ours_tokens == hf_tokens))
       report["greedy_match"] = round(match, 5)
       log(f"[decode] greedy tokens equal to transformers': {match:.2%} (goal 100%)")
+  if not args.skip_floor:
+    report.update(_limits(args, model_cfg, matmul_params, ours_tps,
+                          None if hf is None else hf_tps, log))
+  steps = sampler.stats.chunks * args.chunk
+  line, fields = _roofline(sampler, model_cfg, args, ours_s / max(steps, 1),
+                           args.prompt_len + args.new_tokens / 2)
+  report.update(fields)
+  log(line)
+  if args.profile:
+    report.update(_profiled(sampler, reqs, args, log))
+
+  if not args.skip_mixed:
+    report.update(_mixed(args, model, prompts, rng, log))
+  if args.json:
+    print(json.dumps(report), flush=True)
+  return 0
+
+
+def _limits(args, model_cfg, matmul_params: int, ours_tps: float, hf_tps: float | None,
+            log) -> dict:
+  """Parts 2 and 3: the compute limit and the weight-matmul floor, as report fields."""
   flops = matmul_peak(2048, dtype=args.dtype)
   limit = flops / (2 * matmul_params)
-  report.update(matmul_gflop_s=round(flops / 1e9, 1), compute_limit_tok_s=round(limit, 1),
+  report = dict(matmul_gflop_s=round(flops / 1e9, 1), compute_limit_tok_s=round(limit, 1),
                 fraction_of_limit=round(ours_tps / limit, 4))
   log(f"[decode] compute limit: {flops / 1e9:.0f} GFLOP/s (best {args.dtype} 2048^3 matmul) / "
       f"(2 x {matmul_params / 1e6:.1f}M matmul params) = {limit:.0f} tokens/s; "
@@ -423,21 +465,65 @@ def main() -> int:
   line = (f"[decode] weight matmuls alone (no attention or sampling, batch {args.batch}): "
           f"{floor:.0f} tokens/s = {floor / limit:.1%} of the compute limit; "
           f"ours = {ours_tps / floor:.1%} of it")
-  if hf is not None:
+  if hf_tps is not None:
     report["floor_over_hf"] = round(floor / hf_tps, 3)
     line += f"; it is {floor / hf_tps:.2f}x transformers (no decode on these kernels beats that)"
   log(line)
-  steps = sampler.stats.chunks * args.chunk
-  line, fields = _roofline(sampler, model_cfg, args, ours_s / max(steps, 1),
-                           args.prompt_len + args.new_tokens / 2)
-  report.update(fields)
-  log(line)
+  return report
 
-  if not args.skip_mixed:
-    report.update(_mixed(args, model, prompts, rng, log))
-  if args.json:
-    print(json.dumps(report), flush=True)
-  return 0
+
+def busy_ns(intervals: list[tuple[float, float]]) -> float:
+  """Length of the union of [start, end) intervals (kernels on several streams overlap)."""
+  total, reach = 0.0, float("-inf")
+  for start, end in sorted(intervals):
+    if end > reach:
+      total += end - max(start, reach)
+      reach = end
+  return total
+
+
+def device_intervals(xplane_path: str) -> list[tuple[float, float]]:
+  """(start, end) ns of every kernel on a GPU stream in a profile (`jax.profiler.trace`'s
+  .xplane.pb). Only the "Stream" lines: the profiler's other lines on a GPU plane repeat
+  the same time as XLA ops and modules."""
+  from jax.profiler import ProfileData
+
+  out = []
+  for plane in ProfileData.from_file(xplane_path).planes:
+    if not plane.name.startswith("/device:GPU"):
+      continue
+    for line in plane.lines:
+      if line.name.startswith("Stream"):
+        out.extend((e.start_ns, e.end_ns) for e in line.events)
+  return out
+
+
+def _profiled(sampler, reqs, args, log) -> dict:
+  """Part 6: one fixed-batch run under the profiler; the GPU's busy share of its wall time."""
+  import glob
+
+  import jax
+
+  trace_dir = tempfile.mkdtemp(prefix="sampler_bench_profile_")
+  sampler.reset_stats()
+  with jax.profiler.trace(trace_dir):
+    start = time.perf_counter()
+    sampler.generate(reqs)
+    wall_s = time.perf_counter() - start
+  steps = max(sampler.stats.chunks * args.chunk, 1)
+  paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+  intervals = device_intervals(paths[0]) if paths else []
+  if not intervals:
+    log(f"[profile] no GPU kernels in the profile ({trace_dir}); wall {wall_s:.2f} s")
+    return {"profile_wall_s": round(wall_s, 3)}
+  busy_s = busy_ns(intervals) / 1e9
+  log(f"[profile] GPU busy {busy_s:.3f} s of the run's {wall_s:.3f} s wall = "
+      f"{busy_s / wall_s:.1%} ({busy_s / steps * 1e3:.3f} of {wall_s / steps * 1e3:.3f} ms per "
+      f"decode step, prefill included; {len(intervals)} kernels; trace in {trace_dir})")
+  return dict(profile_wall_s=round(wall_s, 3), gpu_busy_s=round(busy_s, 3),
+              gpu_busy_fraction=round(busy_s / wall_s, 4),
+              gpu_busy_ms_per_step=round(busy_s / steps * 1e3, 4),
+              wall_ms_per_step=round(wall_s / steps * 1e3, 4))
 
 
 def _mixed(args, model, prompts, rng, log) -> dict:

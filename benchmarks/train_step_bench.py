@@ -25,6 +25,11 @@ precision like the model's matmuls) measured in the same process between the tim
 each step is compared with the higher of the peaks just before and after it, so a ratio
 compares numbers taken under the same machine load, and the reported fraction is the
 median of the per-step ratios.
+On a GPU (or TPU) whose name is in `SPEC_BF16` it also prints MFU against the chip's bf16
+dense spec peak, with the FLOPs above (full S x S attention) and with causal attention
+(half of the attention FLOPs, as MaxText counts); `--matmul-dtype bfloat16` measures the
+peak with bf16 matmuls (the GPU's tensor-core rate). `--json` prints one JSON line last.
+
 The step runs the RL objective (CISPO, prompt average) through `rl.train_step.Trainer`,
 exactly as training does: micro-batch scan, AdamW update, non-finite check, diagnostics.
 """
@@ -33,8 +38,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 import time
+
+# bf16 dense tensor-core peak (TFLOP/s) by device name, from the vendors' datasheets (NVIDIA
+# SXM parts; TPU per chip).
+SPEC_BF16 = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "TPU v5p": 459.0,
+             "TPU v5 lite": 197.0, "TPU v6": 918.0, "TPU v4": 275.0}
 
 
 def parse_args() -> argparse.Namespace:
@@ -61,6 +72,9 @@ def parse_args() -> argparse.Namespace:
   p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
                  help="model.dtype, the activations (default: the preset's; masters stay "
                       "param_dtype). cuDNN attention needs bfloat16")
+  p.add_argument("--matmul-dtype", default="float32", choices=("float32", "bfloat16"),
+                 help="dtype of the measured matmul peak (bfloat16: the tensor-core rate)")
+  p.add_argument("--json", action="store_true", help="print one JSON line of the numbers last")
   p.add_argument("--quick", action="store_true",
                  help="tiny shapes for a smoke run (preset tiny_llama unless --preset, S=128, "
                       "n=1024)")
@@ -101,8 +115,7 @@ def flop_params(cfg, num_params: int) -> int:
 def model_flops(cfg, num_params: int, rows: int, seq_len: int) -> float:
   tokens = rows * seq_len
   matmul_params = num_params - (0 if cfg.tie_embeddings else cfg.vocab_size * cfg.hidden_size)
-  attention = 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len * tokens
-  return 6 * matmul_params * tokens + attention
+  return 6 * matmul_params * tokens + attention_flops(cfg, rows, seq_len)
 
 
 def random_batch(rng, vocab: int, prompts: int, generations: int, seq_len: int):
@@ -152,18 +165,18 @@ def main() -> None:
   compile_s = time.perf_counter() - t
   batch = trainer.shard_batch(batch)
   trainer.step(batch)["loss"].block_until_ready()  # warm-up
-  matmul_peak(args.matmul_size, reps=1)  # compiles the matmul
+  matmul_peak(args.matmul_size, reps=1, dtype=args.matmul_dtype)  # compiles the matmul
   # The peak is re-measured between steps: on a shared machine the load drifts, and a
   # ratio is only meaningful between numbers taken under the same load. Each step is
   # compared with the higher of the peaks measured just before and just after it (the
   # conservative choice).
-  times, between = [], [matmul_peak(args.matmul_size)]
+  times, between = [], [matmul_peak(args.matmul_size, dtype=args.matmul_dtype)]
   for _ in range(args.steps):
     t = time.perf_counter()
     metrics = trainer.step(batch)
     metrics["loss"].block_until_ready()
     times.append(time.perf_counter() - t)
-    between.append(matmul_peak(args.matmul_size))
+    between.append(matmul_peak(args.matmul_size, dtype=args.matmul_dtype))
   peaks = [max(a, b) for a, b in zip(between[:-1], between[1:])]
   fractions = [flops / t / p for t, p in zip(times, peaks)]
 
@@ -187,9 +200,41 @@ def main() -> None:
       f"{t:.2f} s, {flops / t / 1e9:.1f} GFLOP/s vs peak {p / 1e9:.1f} = {f:.1%}"
       for t, p, f in zip(times, peaks, fractions)))
   print(f"train step: {flops / step_s / 1e9:.1f} GFLOP/s (median step {step_s:.3f} s)")
-  print(f"float32 matmul peak ({args.matmul_size}^2): {peak / 1e9:.1f} GFLOP/s (median; "
-        f"all: {', '.join(f'{p / 1e9:.1f}' for p in between)})")
+  print(f"{args.matmul_dtype} matmul peak ({args.matmul_size}^2): {peak / 1e9:.1f} GFLOP/s "
+        f"(median; all: {', '.join(f'{p / 1e9:.1f}' for p in between)})")
   print(f"fraction of peak: {statistics.median(fractions):.1%} (median of per-step ratios)")
+  report = dict(device=devices[0].device_kind, preset=args.preset, rows=rows,
+                seq_len=args.seq_len, micro_batches=args.micro_batches, remat=args.remat,
+                logits_chunk=args.logits_chunk, attention=args.attention, dtype=cfg.dtype,
+                params_m=round(num_params / 1e6, 2), compile_s=round(compile_s, 2),
+                model_tflop_per_step=flops / 1e12, median_step_s=step_s,
+                matmul_dtype=args.matmul_dtype, matmul_peak_tflop_s=peak / 1e12,
+                fraction_of_matmul_peak=statistics.median(fractions))
+  if trainer.memory_analysis is not None:
+    report["temp_gib"] = trainer.memory_analysis.temp_size_in_bytes / 2**30
+  causal = flops - attention_flops(cfg, rows, args.seq_len) / 2
+  spec = spec_peak(devices[0].device_kind)
+  if spec is not None:
+    full_mfu, causal_mfu = flops / step_s / 1e12 / spec, causal / step_s / 1e12 / spec
+    print(f"MFU vs the {spec:.0f} TFLOP/s bf16 spec peak of {devices[0].device_kind}: "
+          f"{full_mfu:.1%} (full attention FLOPs), {causal_mfu:.1%} (causal: half the "
+          f"attention FLOPs, as MaxText counts)")
+    report.update(spec_bf16_tflop_s=spec, mfu_full_attention=full_mfu,
+                  mfu_causal_attention=causal_mfu)
+  report["fraction_of_matmul_peak_causal"] = statistics.median(
+      [causal / t / p for t, p in zip(times, peaks)])
+  if args.json:
+    print(json.dumps(report), flush=True)
+
+
+def spec_peak(device_kind: str) -> float | None:
+  """The bf16 dense spec peak (TFLOP/s) of a device named `device_kind`, if known."""
+  return next((v for k, v in SPEC_BF16.items() if k.lower() in device_kind.lower()), None)
+
+
+def attention_flops(cfg, rows: int, seq_len: int) -> float:
+  """The attention part of `model_flops`: full S x S scores (QK^T and AV, x3 for training)."""
+  return 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len * rows * seq_len
 
 
 def nnx_params(model):

@@ -1,5 +1,5 @@
-"""benchmarks/gpu_suite.py on CPU: its plan, argument checks and the parsing of the benches'
-reports (the measurements themselves need a GPU)."""
+"""benchmarks/gpu_suite.py on CPU: its plan, argument checks, the parsing and summary of the
+benches' reports, and (slow) every variant at tiny shapes (the measurements need a GPU)."""
 
 import os
 import subprocess
@@ -25,53 +25,92 @@ fraction of peak: 19.9% (median of per-step ratios)
 """
 
 
-def test_dry_run_lists_every_bench_with_both_attention_paths():
+def test_dry_run_covers_every_device_item_of_issue_34():
+  """The plan: decode kernel vs gather at batch 256 and 64 on the Qwen3-0.6B shape (128 +
+  512, bf16), a profile, command buffers off, transformers; the train step's headline
+  shapes with cuDNN, remat and logits-chunk variants, the latency-hiding scheduler, einsum
+  baselines; every train run measures a bf16 matmul peak."""
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
                         "--dry-run"], capture_output=True, text=True, timeout=60, check=True)
   lines = out.stdout.strip().splitlines()
-  assert len(lines) == 8
-  for impl in ("einsum", "cudnn"):
-    mine = [x for x in lines if x.endswith(f"--attention {impl}")]
-    assert len(mine) == 4
-    assert sum("--preset qwen3_1p7b --seq-len 4096 --prompts 4 --generations 4" in x
-               and "--remat full" in x and "--dtype bfloat16" in x for x in mine) == 1
-    assert sum("--preset qwen3_0p6b --seq-len 2048 --prompts 4 --generations 8" in x
-               for x in mine) == 1
-    for batch in (64, 256):
-      assert sum(f"--batch {batch} --prompt-len 128 --new-tokens 512" in x
-                 and "--dtype bfloat16" in x and "--skip-hf" in x for x in mine) == 1
+  assert len(lines) == len(gpu_suite.RUNS) == 14
+  assert lines[0].startswith("decode_b256_triton (item 2)") and "--profile" in lines[0]
+  decode = [x for x in lines if x.startswith("decode_")]
+  for batch in (64, 256):
+    for impl in ("triton", "gather"):
+      assert sum(x.startswith(f"decode_b{batch}_{impl} ") and f"--batch {batch} " in x
+                 and "--prompt-len 128 --new-tokens 512" in x and "--dtype bfloat16" in x
+                 and f"--decode-attention {impl}" in x for x in decode) == 1
+  assert sum("XLA_FLAGS=--xla_gpu_enable_command_buffer= " in x for x in decode) == 1
+  assert sum("--skip-hf" not in x for x in decode) == 1  # transformers once, last of decode
+  train = [x for x in lines if x.startswith("train_")]
+  assert all("--matmul-dtype bfloat16" in x and "--steps 3" in x for x in train)
+  assert sum("--preset qwen3_1p7b --seq-len 4096 --prompts 4 --generations 4" in x
+             for x in train) == 2
+  for remat in ("full", "dots", "attention"):
+    assert any(f"--preset qwen3_0p6b" in x and f"--remat {remat} " in x for x in train)
+  assert sum("--logits-chunk 2048" in x for x in train) == 1
+  assert sum(x.split(": ", 1)[1].startswith(
+      "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true ") for x in train) == 1
+  assert sum("--attention einsum" in x for x in train) == 2
+  assert {item for _, item, _, _ in gpu_suite.RUNS} == {1, 2, 3, 4, 5, 7}
 
 
-def test_small_gpu_splits_the_1p7b_batch_for_both_paths():
-  runs = gpu_suite.train_runs(["einsum", "cudnn"], gpu_mib=81559)  # an H100
-  assert [r["micro_batches"] for r in runs] == [2, 2, 1, 1]
-  runs = gpu_suite.train_runs(["einsum", "cudnn"], gpu_mib=143771)  # an H200
-  assert [r["micro_batches"] for r in runs] == [1, 1, 1, 1]
+def test_small_gpu_splits_the_1p7b_batch():
+  checkpoint = "/tmp/ck"
+  h100 = gpu_suite.plan(81559, checkpoint)
+  assert {r["micro_batches"] for r in h100 if r.get("preset") == "qwen3_1p7b"} == {2}
+  assert {r["micro_batches"] for r in h100 if r.get("preset") == "qwen3_0p6b"} == {1}
+  h200 = gpu_suite.plan(143771, checkpoint)
+  assert {r["micro_batches"] for r in h200 if r["bench"] == "train_step_bench"} == {1}
 
 
-def test_bad_impl_is_refused():
+def test_unknown_only_is_refused():
   with pytest.raises(SystemExit):
-    gpu_suite.parse_args(["--impls", "einsum,flash"])
+    gpu_suite.parse_args(["--only", "decode_b128"])
+  assert [r["name"] for r in gpu_suite.plan(None, "/tmp/ck", only=["decode_b64"])] == [
+      "decode_b64_triton", "decode_b64_gather"]
+
+
+def test_summary_compares_kernel_with_gather_and_variants_with_their_base():
+  runs = [dict(name="decode_b256_triton", rc=0, report=dict(ours_tok_s=30000.0,
+                                                              fraction_of_roofline=0.3)),
+          dict(name="decode_b256_gather", rc=0, report=dict(ours_tok_s=20000.0,
+                                                              fraction_of_roofline=0.2)),
+          dict(name="decode_b64_triton", rc=1, report=None),
+          dict(name="train_0p6b_32x2048_cudnn_full", rc=0, report=dict(median_step_s=2.0)),
+          dict(name="train_0p6b_32x2048_cudnn_dots", rc=0, report=dict(median_step_s=1.5))]
+  got = gpu_suite.summary(runs)
+  assert got["decode_b256"]["triton_over_gather"] == 1.5
+  assert "decode_b64" not in got  # its kernel run failed
+  assert got["train_0p6b_32x2048_cudnn_dots"]["step_over_cudnn_full"] == 0.75
+
+
+def test_busy_time_is_the_union_of_stream_intervals():
+  import sampler_bench
+
+  # Two streams overlapping on [5, 8), a gap [12, 20), one kernel inside another.
+  assert sampler_bench.busy_ns([(0, 8), (5, 12), (20, 30), (22, 25)]) == 22
+  assert sampler_bench.busy_ns([]) == 0
 
 
 def test_parse_train_reads_the_report():
   assert gpu_suite.parse_train(TRAIN_REPORT) == {
       "params_m": 0.1, "compile_s": 11.6, "temp_gib": 0.01, "model_tflop_per_step": 0.001,
-      "median_step_s": 0.066, "gflop_s": 11.5, "fp32_matmul_peak_gflop_s": 57.8}
+      "median_step_s": 0.066, "gflop_s": 11.5, "matmul_peak_gflop_s": 57.8}
 
 
 def test_mfu_counts_causal_attention_as_half():
+  import train_step_bench
+  from jaxrl_scale.models import config as model_config
+
   # qwen3_0p6b: 28 layers, 16 heads of 128; 32 x 2048 tokens.
-  run = dict(preset="qwen3_0p6b", rows=32, seq_len=2048)
-  attention = 12 * 28 * 16 * 128 * 2048 * (32 * 2048)
-  full = 100e12
-  got = gpu_suite.mfu(run, {"median_step_s": 0.5, "model_tflop_per_step": full / 1e12},
-                      "NVIDIA H100 80GB HBM3")
-  assert got["tflop_s_full_attention"] == pytest.approx(200.0)
-  assert got["tflop_s_causal_attention"] == pytest.approx((full - attention / 2) / 0.5 / 1e12)
-  assert got["mfu_full_attention"] == pytest.approx(200.0 / 989.0)
-  assert "mfu_full_attention" not in gpu_suite.mfu(
-      run, {"median_step_s": 0.5, "model_tflop_per_step": 100.0}, "unknown (no nvidia-smi)")
+  cfg = model_config.preset("qwen3_0p6b")
+  assert train_step_bench.attention_flops(cfg, 32, 2048) == 12 * 28 * 16 * 128 * 2048 * (
+      32 * 2048)
+  assert train_step_bench.spec_peak("NVIDIA H100 80GB HBM3") == 989.0
+  assert train_step_bench.spec_peak("NVIDIA H200") == 989.0
+  assert train_step_bench.spec_peak("cpu") is None
 
 
 def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch):
@@ -83,12 +122,29 @@ def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch)
   assert rc == 0
   train = json.loads((tmp_path / "train_step_bench.json").read_text())
   sampler = json.loads((tmp_path / "sampler_bench.json").read_text())
+  suite = json.loads((tmp_path / "gpu_suite.json").read_text())
   assert train["device"] == "NVIDIA H100 80GB HBM3" and train["commit"] == "abc123"
   import jax
   assert train["jax"] == jax.__version__
-  assert [r["name"] for r in train["runs"]] == [
-      "qwen3_1p7b_16x4096_einsum", "qwen3_1p7b_16x4096_cudnn",
-      "qwen3_0p6b_32x2048_einsum", "qwen3_0p6b_32x2048_cudnn"]
-  assert [r["batch"] for r in sampler["runs"]] == [256, 256, 64, 64]
-  assert all(r["skipped"] == "budget" for r in train["runs"] + sampler["runs"])
+  assert [r["name"] for r in suite["runs"]] == [name for name, *_ in gpu_suite.RUNS]
+  assert [r["batch"] for r in sampler["runs"]] == [256, 256, 64, 64, 256, 256]
+  assert len(train["runs"]) == 8
+  assert all(r["skipped"] == "budget" for r in suite["runs"])
+  assert suite["summary"] == {}
   assert "skipped" in (tmp_path / "gpu_suite.log").read_text()
+
+
+@pytest.mark.slow
+def test_cpu_smoke_runs_every_variant(tmp_path):
+  """Every variant at tiny shapes on CPU (the Triton kernel in interpret mode, the profile,
+  the XLA flags): none crashes, each writes its JSON report (about 5 minutes on 2 cores)."""
+  import json
+
+  subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
+                  "--cpu-smoke", "--out", str(tmp_path)], capture_output=True, text=True,
+                 timeout=1500, check=True)
+  suite = json.loads((tmp_path / "gpu_suite.json").read_text())
+  assert len(suite["runs"]) == len(gpu_suite.RUNS)
+  assert all(r["rc"] == 0 and r["report"] for r in suite["runs"])
+  assert {r["report"]["decode_attention"] for r in suite["runs"]
+          if r["bench"] == "sampler_bench"} == {"triton", "gather"}
