@@ -7,11 +7,15 @@
 The variants, most important first (a budget cut drops the tail; `RUNS` has each one's
 issue item):
 
+- the decode kernel's numbers on the device first (paged_decode_check: the Triton kernel
+  against the gather and a float32 attention, bf16 and float32, at Qwen3-0.6B's attention
+  shape; the tests can only run it in interpret mode on CPU).
 - decode (sampler_bench): a random Qwen3-0.6B-shaped checkpoint (hidden 1024, 28 layers,
   16 heads of 128, 8 kv heads, MLP 3072, vocab 151936, tied; written once with
   transformers, in bfloat16), bf16, 128 prompt + 512 new tokens, at batch 256 and 64, with
   the Pallas Triton paged-attention kernel (`--decode-attention triton`) and with the gather
-  it replaces; tok/s and the fraction of the HBM roofline. The first run also profiles one
+  it replaces; tok/s, the fraction of the HBM roofline, and the share of equal greedy
+  tokens between the two (saved as tokens_NAME.npy). The first run also profiles one
   generation (the GPU-busy fraction of a decode step); one more runs without XLA's command
   buffers (what they do for the host gaps); the last adds transformers on the same GPU.
 - train step (train_step_bench, compile + 1 warm-up + 3 timed steps, bfloat16 activations
@@ -24,9 +28,10 @@ issue item):
 
 Writes to --out (default $OUT, else benchmarks/results/gpu), rewritten after every run so a
 kill keeps what finished: gpu_suite.json ({device, gpu_memory_mib, jax, jaxlib, commit,
-date, runs, summary}), train_step_bench.json and sampler_bench.json (the same header, their
-runs), and gpu_suite.log, all output. A run keeps its command, extra environment, exit
-code, seconds, the bench's JSON report and its output tail.
+date, runs, summary}), train_step_bench.json, sampler_bench.json and paged_decode_check.json
+(the same header, their runs), gpu_suite.log (all output) and the decode runs' tokens. A
+run keeps its command, extra environment, exit code, seconds, the bench's JSON report and
+its output tail.
 
 The device machine's working tree has no .git: pass the commit as GIT_COMMIT. On a GPU of
 less than 100 GiB the 1.7B runs take 2 micro-batches (55.7 GiB of einsum temporaries were
@@ -65,6 +70,7 @@ NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="
 # attention, remat, logits_chunk, xla_flags; decode: batch, decode attention, profile, hf,
 # xla_flags. Most important first.
 RUNS = [
+    ("decode_kernel_check", 2, "check", {}),
     ("decode_b256_triton", 2, "sampler", dict(batch=256, decode="triton", profile=True)),
     ("decode_b256_gather", 2, "sampler", dict(batch=256, decode="gather")),
     ("train_1p7b_16x4096_cudnn_full", 7, "train",
@@ -94,7 +100,9 @@ RUNS = [
     ("train_1p7b_16x4096_einsum_full", 1, "train",
      dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="einsum")),
 ]
-TIMEOUT_S = {"train_1p7b": 200.0, "train": 130.0, "sampler": 120.0}
+BENCHES = {"train": "train_step_bench", "sampler": "sampler_bench",
+           "check": "paged_decode_check"}
+TIMEOUT_S = {"train_1p7b": 200.0, "train": 130.0, "sampler": 120.0, "check": 90.0}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -114,7 +122,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   args = p.parse_args(argv)
   if args.only:
     names = [x for x in args.only.split(",") if x]
-    known = [r[0] for r in RUNS] + ["train", "sampler"]
+    known = [r[0] for r in RUNS] + list(BENCHES)
     bad = [x for x in names if not any(k.startswith(x) for k in known)]
     if bad:
       p.error(f"--only: {', '.join(bad)} matches no run (runs: {', '.join(known)})")
@@ -181,22 +189,26 @@ def sampler_argv(o: dict, checkpoint: str, smoke: bool) -> list[str]:
 
 
 def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
-         only: list[str] | None = None) -> list[dict]:
-  """The runs, in order: {name, item, bench, argv, env, timeout_s, and the options}."""
+         only: list[str] | None = None, out: str = ".") -> list[dict]:
+  """The runs, in order: {name, item, bench, argv, env, timeout_s, and the options}.
+  Decode runs save their greedy tokens under `out` (tokens_NAME.npy)."""
   runs = []
   for name, item, bench, o in RUNS:
     if only and not any(name.startswith(x) or bench == x for x in only):
       continue
-    run = dict(name=name, item=item, bench=f"{bench}_step_bench" if bench == "train"
-               else "sampler_bench", **o)
-    if bench == "train":
+    run = dict(name=name, item=item, bench=BENCHES[bench], **o)
+    if bench == "check":
+      run["argv"] = ["paged_decode_check.py", *(["--quick"] if smoke else []), "--json"]
+      run["timeout_s"] = TIMEOUT_S["check"]
+    elif bench == "train":
       big = o["preset"] == "qwen3_1p7b"
       run["rows"] = o["prompts"] * o["gens"]
       run["micro_batches"] = 2 if big and gpu_mib is not None and gpu_mib < 100 * 1024 else 1
       run["argv"] = train_argv(o, run["micro_batches"], smoke)
       run["timeout_s"] = TIMEOUT_S["train_1p7b" if big else "train"]
     else:
-      run["argv"] = sampler_argv(o, checkpoint, smoke)
+      run["argv"] = sampler_argv(o, checkpoint, smoke) + [
+          "--save-tokens", os.path.join(os.path.abspath(out), f"tokens_{name}.npy")]
       run["timeout_s"] = TIMEOUT_S["sampler"] + (60.0 if o.get("hf") else 0.0)
     run["env"] = {"XLA_FLAGS": o["xla_flags"]} if o.get("xla_flags") else {}
     runs.append(run)
@@ -228,9 +240,10 @@ def last_json(text: str) -> dict | None:
     return None
 
 
-def summary(runs: list[dict]) -> dict:
+def summary(runs: list[dict], out_dir: str | None = None) -> dict:
   """The comparisons the issue asks for, from whatever ran: decode kernel vs gather per
-  batch, each train variant's MFU and step time against its shape's cuDNN remat-full run."""
+  batch (tok/s, roofline, and with `out_dir` the share of equal greedy tokens), each train
+  variant's MFU and step time against its shape's cuDNN remat-full run."""
   by = {r["name"]: r.get("report") or {} for r in runs if r.get("rc") == 0}
   out = {}
   for batch in (64, 256):
@@ -241,6 +254,9 @@ def summary(runs: list[dict]) -> dict:
           triton_over_gather=round(kernel["ours_tok_s"] / gather["ours_tok_s"], 3),
           triton_fraction_of_roofline=kernel.get("fraction_of_roofline"),
           gather_fraction_of_roofline=gather.get("fraction_of_roofline"))
+      match = token_match(out_dir, f"decode_b{batch}_triton", f"decode_b{batch}_gather")
+      if match is not None:
+        out[f"decode_b{batch}"]["greedy_tokens_equal"] = match
   for name, rep in by.items():
     if not name.startswith("train_") or "median_step_s" not in rep:
       continue
@@ -251,6 +267,21 @@ def summary(runs: list[dict]) -> dict:
     if base.get("median_step_s"):
       out[name]["step_over_cudnn_full"] = round(rep["median_step_s"] / base["median_step_s"], 3)
   return out
+
+
+def token_match(out_dir: str | None, a: str, b: str) -> float | None:
+  """Share of equal tokens, position by position, of two decode runs' saved greedy tokens
+  (bfloat16 rounding differs between the paths, so a near tie may flip and the rows then
+  diverge: expect most, not all, on a random model)."""
+  if out_dir is None:
+    return None
+  paths = [os.path.join(out_dir, f"tokens_{x}.npy") for x in (a, b)]
+  if not all(os.path.exists(p) for p in paths):
+    return None
+  import numpy as np
+
+  ta, tb = (np.load(p) for p in paths)
+  return round(float(np.mean(ta == tb)), 5) if ta.shape == tb.shape else None
 
 
 def write_checkpoint(path: str) -> None:
@@ -294,7 +325,7 @@ def main(argv=None) -> int:
   device, gpu_mib = ("(dry run)", None) if args.dry_run else (
       ("cpu smoke", None) if smoke else gpu_info())
   checkpoint = os.path.join(tempfile.gettempdir(), "gpu_suite_qwen3_0p6b")
-  runs = plan(gpu_mib, checkpoint, smoke=smoke, only=args.only)
+  runs = plan(gpu_mib, checkpoint, smoke=smoke, only=args.only, out=args.out)
   if args.dry_run:
     for run in runs:
       env = "".join(f"{k}={v} " for k, v in run["env"].items())
@@ -337,8 +368,8 @@ def main(argv=None) -> int:
 
 def _write(out: str, header: dict, results: list[dict]) -> None:
   """gpu_suite.json and one file per bench, rewritten after every run."""
-  files = {"gpu_suite.json": {**header, "runs": results, "summary": summary(results)}}
-  for bench in ("train_step_bench", "sampler_bench"):
+  files = {"gpu_suite.json": {**header, "runs": results, "summary": summary(results, out)}}
+  for bench in BENCHES.values():
     files[f"{bench}.json"] = {**header, "runs": [r for r in results if r["bench"] == bench]}
   for name, body in files.items():
     with open(os.path.join(out, name), "w") as f:

@@ -108,6 +108,8 @@ def _parse() -> argparse.Namespace:
   p.add_argument("--decode-attention", default="auto", choices=("auto", "gather", "triton"),
                  help="decode's paged attention (auto: the Triton kernel on GPU, the gather "
                       "on CPU)")
+  p.add_argument("--save-tokens", default=None,
+                 help="write the fixed-batch run's generated tokens here (.npy, [batch, new])")
   p.add_argument("--profile", action="store_true",
                  help="one more run under the profiler: the GPU-busy fraction of decode")
   p.add_argument("--hbm-gbps", type=float, default=None, help="peak HBM bandwidth, GB/s")
@@ -411,6 +413,8 @@ def main() -> int:
       seconds, hf_tokens = hf.generate(prompts, args.new_tokens, t, args.temperature)
       hf_s[t] = min(hf_s[t], seconds)
   assert all(o.num_tokens == args.new_tokens for o in outs)
+  if args.save_tokens:  # e.g. to compare two decode attention paths' greedy tokens
+    np.save(args.save_tokens, np.asarray([o.tokens for o in outs], np.int32))
   total = args.batch * args.new_tokens
   ours_tps = total / ours_s
   report["ours_tok_s"] = round(ours_tps, 1)
@@ -506,13 +510,17 @@ def _profiled(sampler, reqs, args, log) -> dict:
 
   trace_dir = tempfile.mkdtemp(prefix="sampler_bench_profile_")
   sampler.reset_stats()
-  with jax.profiler.trace(trace_dir):
-    start = time.perf_counter()
-    sampler.generate(reqs)
-    wall_s = time.perf_counter() - start
+  try:
+    with jax.profiler.trace(trace_dir):
+      start = time.perf_counter()
+      sampler.generate(reqs)
+      wall_s = time.perf_counter() - start
+    paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    intervals = device_intervals(paths[0]) if paths else []
+  except Exception as e:  # noqa: BLE001  (the numbers measured before it still get reported)
+    log(f"[profile] failed: {type(e).__name__}: {e}")
+    return {"profile_error": f"{type(e).__name__}: {e}"[:500]}
   steps = max(sampler.stats.chunks * args.chunk, 1)
-  paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-  intervals = device_intervals(paths[0]) if paths else []
   if not intervals:
     log(f"[profile] no GPU kernels in the profile ({trace_dir}); wall {wall_s:.2f} s")
     return {"profile_wall_s": round(wall_s, 3)}

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,9 +34,12 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
                         "--dry-run"], capture_output=True, text=True, timeout=60, check=True)
   lines = out.stdout.strip().splitlines()
-  assert len(lines) == len(gpu_suite.RUNS) == 14
-  assert lines[0].startswith("decode_b256_triton (item 2)") and "--profile" in lines[0]
-  decode = [x for x in lines if x.startswith("decode_")]
+  assert len(lines) == len(gpu_suite.RUNS) == 15
+  assert lines[0].startswith("decode_kernel_check (item 2)")
+  assert "paged_decode_check.py" in lines[0]
+  assert lines[1].startswith("decode_b256_triton (item 2)") and "--profile" in lines[1]
+  decode = [x for x in lines if "sampler_bench.py" in x]
+  assert len(decode) == 6 and all("--save-tokens" in x for x in decode)
   for batch in (64, 256):
     for impl in ("triton", "gather"):
       assert sum(x.startswith(f"decode_b{batch}_{impl} ") and f"--batch {batch} " in x
@@ -72,7 +76,7 @@ def test_unknown_only_is_refused():
       "decode_b64_triton", "decode_b64_gather"]
 
 
-def test_summary_compares_kernel_with_gather_and_variants_with_their_base():
+def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_path):
   runs = [dict(name="decode_b256_triton", rc=0, report=dict(ours_tok_s=30000.0,
                                                               fraction_of_roofline=0.3)),
           dict(name="decode_b256_gather", rc=0, report=dict(ours_tok_s=20000.0,
@@ -80,8 +84,13 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base():
           dict(name="decode_b64_triton", rc=1, report=None),
           dict(name="train_0p6b_32x2048_cudnn_full", rc=0, report=dict(median_step_s=2.0)),
           dict(name="train_0p6b_32x2048_cudnn_dots", rc=0, report=dict(median_step_s=1.5))]
-  got = gpu_suite.summary(runs)
+  tokens = np.zeros((4, 8), np.int32)
+  np.save(tmp_path / "tokens_decode_b256_triton.npy", tokens)
+  tokens[0, 6:] = 1  # diverged at the last two steps of one row
+  np.save(tmp_path / "tokens_decode_b256_gather.npy", tokens)
+  got = gpu_suite.summary(runs, str(tmp_path))
   assert got["decode_b256"]["triton_over_gather"] == 1.5
+  assert got["decode_b256"]["greedy_tokens_equal"] == 30 / 32
   assert "decode_b64" not in got  # its kernel run failed
   assert got["train_0p6b_32x2048_cudnn_dots"]["step_over_cudnn_full"] == 0.75
 
