@@ -52,7 +52,7 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   assert sum("--preset qwen3_1p7b --seq-len 4096 --prompts 4 --generations 4" in x
              for x in train) == 2
   for remat in ("full", "dots", "attention"):
-    assert any(f"--preset qwen3_0p6b" in x and f"--remat {remat} " in x for x in train)
+    assert any("--preset qwen3_0p6b" in x and f"--remat {remat} " in x for x in train)
   assert sum("--logits-chunk 2048" in x for x in train) == 1
   assert sum(x.split(": ", 1)[1].startswith(
       "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true ") for x in train) == 1
