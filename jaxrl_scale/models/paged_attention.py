@@ -5,9 +5,10 @@ up to its own.
 - "gather": XLA; every row's first `view_pages` pages gathered into a dense view.
 - "ragged": JAX's Pallas TPU ragged paged attention kernel, per device under
   `jax.shard_map`, reading each row's actual length.
-- "triton": JAX's Pallas GPU (Triton) paged attention kernel (`triton_decode_attention`),
-  reading each row's actual length straight from the pool (no gather); on a CPU it runs in
-  Pallas interpret mode, which is how the tests compare it with "gather".
+- "triton": JAX's Pallas GPU (Triton) paged attention kernel
+  (`paged_triton.triton_decode_attention`), reading each row's actual length straight from
+  the pool (no gather); on a CPU it runs in Pallas interpret mode, which is how the tests
+  compare it with "gather".
 - "auto": `paged_impl`: "ragged" on TPUs, "triton" on NVIDIA GPUs, else "gather";
   `AUTO_IMPL` overrides it.
 
@@ -82,6 +83,9 @@ def paged_attention(q_B1NH: jax.Array, k_B1KH: jax.Array, v_B1KH: jax.Array,
   page_size = kv_LDPCXH.shape[3]
   if impl == "auto":
     impl = paged_impl(mesh, q_B1NH.shape[-1], page_size)
+    if impl not in PAGED_IMPLS[1:]:
+      raise ValueError(f"paged_attention.AUTO_IMPL {impl!r} is not one of "
+                       f"{', '.join(PAGED_IMPLS[1:])}")
   if impl == "ragged" and mesh is None:
     raise ValueError("paged attention impl 'ragged' needs the generator mesh")
   if impl in ("ragged", "triton") and view is not None:

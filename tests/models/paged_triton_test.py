@@ -161,3 +161,11 @@ def test_auto_picks_the_kernel_on_gpu_only_where_triton_fits():
   assert paged_attention.triton_unsupported(128, 16) == ""
   assert "power of two" in paged_attention.triton_unsupported(96, 16)
   assert "sampler.page_size 12" in paged_attention.triton_unsupported(128, 12)
+
+
+def test_a_bad_override_is_named(monkeypatch):
+  monkeypatch.setattr(paged_attention, "AUTO_IMPL", "flash")
+  pool, table, pos, q, k_new, v_new, write = _paged_case(1)
+  with pytest.raises(ValueError, match="AUTO_IMPL 'flash'"):
+    paged_attention.paged_attention(q, k_new, v_new, pool, jnp.int32(0), table, pos, write,
+                                    view_pages=table.shape[1])
