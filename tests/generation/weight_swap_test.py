@@ -180,3 +180,70 @@ def test_the_old_weights_are_freed_before_the_new_are_placed(loaded, prompts, mo
   else:
     assert not any(placed["old_deleted"])
     assert grown >= 0.95 * params_bytes, (grown, params_bytes)
+
+
+def test_pipeline_source_with_one_buffer_overlaps_and_never_deadlocks():
+  """PipelineRL's generator thread with weight_buffers 1: `after_step` (the trainer's
+  thread) returns with the new weights in, the sampler decodes on the old ones while the
+  train step computes the new, and training goes on step after step."""
+  from jaxrl_scale.data import sources as data_sources  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.data import tasks  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.pipeline import generator, rollouts, sources  # pylint: disable=g-import-not-at-top
+  from tests.pipeline import overlap_test as ot  # pylint: disable=g-import-not-at-top
+
+  class Scorer:
+    def group(self, seq, prompt, completions, version):
+      completions = sorted(completions, key=lambda c: c.sample_index)
+      correct = np.array([c.sample_index % 2 == 0 for c in completions])
+      return rollouts.Group(seq=seq, prompt=prompt, completions=completions,
+                            rewards_G=np.where(correct, 1.0, -1.0).astype(np.float32),
+                            correct_G=correct, counts={"total": len(completions)},
+                            admitted_version=version)
+
+  model = ot._model()
+  cfg = SamplerConfig(num_slots=4, max_new_tokens=64, temperature=1.0, decode_chunk=4,
+                      prompt_buckets=(16,), weight_buffers=1)
+  sampler = engine.Sampler(model, cfg, eos_ids=(), seed=0)
+  base = nnx.state(model, nnx.Param)
+  jax.block_until_ready(ot._training(base))  # compiled beforehand
+  state = {"posted": None, "unready_reads": 0}
+  read_chunk = sampler._read_chunk
+
+  def counting_read(*args):
+    out = list(read_chunk(*args))
+    if state["posted"] is not None and not ot._ready(state["posted"]):
+      state["unready_reads"] += 1
+    yield from out
+
+  sampler._read_chunk = counting_read
+  prompts = data_sources.PromptSource(tasks.arithmetic(120, 0, digits=2),
+                                      tokenizer_lib.ByteTokenizer(), max_prompt_tokens=16,
+                                      num_validation=8, seed=0)
+  src = generator.PipelineSource(sampler, sources.Admitter(prompts, 2, seed=0), Scorer(),
+                                 num_prompts=2, max_staleness=2, queue_size=3,
+                                 reward_workers=1).start()
+  versions_on_return = []
+  trained = []
+
+  def trainer():
+    for version in range(2):
+      groups = src.next_groups(version)
+      trained.append(groups)
+      state["posted"] = new = ot._training(base)  # "the train step", ~2 s on device 1
+      src.after_step(groups, new, version + 1)
+      versions_on_return.append(sampler.version)
+
+  thread = threading.Thread(target=trainer)
+  try:
+    thread.start()
+    thread.join(4 * _WAIT_S)
+    assert not thread.is_alive(), "the trainer's thread is stuck"
+  finally:
+    src.close()
+  assert versions_on_return == [1, 2]
+  assert len(trained) == 2 and all(len(g) == 2 for g in trained)
+  for groups in trained:
+    for c in (c for g in groups for c in g.completions):
+      assert np.all(np.diff(c.versions) >= 0)
+  assert state["unready_reads"] >= 3, "no decoding while the train step ran"
