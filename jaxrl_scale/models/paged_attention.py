@@ -10,27 +10,33 @@ up to its own.
   the pool (no gather); on a CPU it runs in Pallas interpret mode, which is how the tests
   compare it with "gather".
 - "auto": `paged_impl`: "ragged" on TPUs, "triton" on NVIDIA GPUs, else "gather";
-  `AUTO_IMPL` overrides it.
+  `AUTO_IMPL` (from $JAXRL_SCALE_DECODE_ATTENTION) overrides it.
 
 The full-sequence attention (prefill, training) is `models.attention`.
 """
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 
+from jaxrl_scale.errors import UserError
 from jaxrl_scale.models import paged_triton
 from jaxrl_scale.models.attention import LANES, MASKED
 
 PAGED_IMPLS = ("auto", "gather", "ragged", "triton")
 
-# What "auto" runs instead of the platform's choice, when set (None: by platform). The tests
-# set "triton" to run the GPU kernel on CPU (interpret mode) against the gather reference;
+# What "auto" runs instead of the platform's choice, when set (None: by platform). A user
+# sets it for a run with the environment variable ENV_VAR (e.g. "gather" on a GPU where the
+# Triton kernel fails or is slower: it has not run on a GPU yet). The tests set "triton" to
+# run the GPU kernel on CPU (interpret mode) against the gather reference;
 # benchmarks/sampler_bench.py sets "gather" on a GPU to measure the kernel against it. It is
 # read when a decode program is traced, so set it before building a Sampler
 # (`decode.decode_program` keys its compiled programs on it).
-AUTO_IMPL: str | None = None
+ENV_VAR = "JAXRL_SCALE_DECODE_ATTENTION"
+AUTO_IMPL: str | None = os.environ.get(ENV_VAR) or None
 
 
 def interleave_kv(k_BTKH: jax.Array, v_BTKH: jax.Array) -> jax.Array:
@@ -83,9 +89,6 @@ def paged_attention(q_B1NH: jax.Array, k_B1KH: jax.Array, v_B1KH: jax.Array,
   page_size = kv_LDPCXH.shape[3]
   if impl == "auto":
     impl = paged_impl(mesh, q_B1NH.shape[-1], page_size)
-    if impl not in PAGED_IMPLS[1:]:
-      raise ValueError(f"paged_attention.AUTO_IMPL {impl!r} is not one of "
-                       f"{', '.join(PAGED_IMPLS[1:])}")
   if impl == "ragged" and mesh is None:
     raise ValueError("paged attention impl 'ragged' needs the generator mesh")
   if impl in ("ragged", "triton") and view is not None:
@@ -105,6 +108,9 @@ def paged_impl(mesh: jax.sharding.Mesh | None, head_dim: int,
   it is meant for); the Triton kernel on NVIDIA GPUs when head_dim and page_size suit it
   (`triton_unsupported`; page_size None: not checked); else XLA's gather."""
   if AUTO_IMPL is not None:
+    if AUTO_IMPL not in PAGED_IMPLS[1:]:
+      raise UserError(f"{ENV_VAR}={AUTO_IMPL}: decode attention must be one of "
+                      f"{', '.join(PAGED_IMPLS[1:])}")
     return AUTO_IMPL
   platform = _platform(mesh)
   if platform == "tpu" and head_dim % LANES == 0:

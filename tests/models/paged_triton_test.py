@@ -4,6 +4,9 @@ NumPy attention over the same pages, against the gather path it replaces, throug
 greedy decode of the real Sampler, and lowered for CUDA (no GPU needed to lower)."""
 
 import functools
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +15,7 @@ import pytest
 from jax.sharding import AxisType
 
 from jaxrl_scale.config import SamplerConfig
+from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import engine, records
 from jaxrl_scale.models import config as model_config
 from jaxrl_scale.models import paged_attention, paged_triton, transformer
@@ -166,6 +170,15 @@ def test_auto_picks_the_kernel_on_gpu_only_where_triton_fits():
 def test_a_bad_override_is_named(monkeypatch):
   monkeypatch.setattr(paged_attention, "AUTO_IMPL", "flash")
   pool, table, pos, q, k_new, v_new, write = _paged_case(1)
-  with pytest.raises(ValueError, match="AUTO_IMPL 'flash'"):
+  with pytest.raises(UserError, match="JAXRL_SCALE_DECODE_ATTENTION=flash: decode attention"):
     paged_attention.paged_attention(q, k_new, v_new, pool, jnp.int32(0), table, pos, write,
                                     view_pages=table.shape[1])
+
+
+def test_the_environment_variable_sets_the_override():
+  """A fresh interpreter with $JAXRL_SCALE_DECODE_ATTENTION=triton on a CPU (whose own choice
+  is the gather) reads it at import."""
+  code = "from jaxrl_scale.models import paged_attention as p; print(p.paged_impl(None, 128))"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=True, env={**os.environ, paged_attention.ENV_VAR: "triton"})
+  assert out.stdout.strip() == "triton"
