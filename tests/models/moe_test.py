@@ -83,7 +83,8 @@ def test_block_matches_per_token_reference(case):
 def test_gradients_equal_a_dense_all_experts_computation():
   """Grouped matmuls over the sorted pairs vs every expert on every token masked by the
   routing weights: same function, same gradients (router included); unchosen experts get
-  exactly none."""
+  exactly none. (On CPU the block runs every expert itself, `moe._dense_experts`;
+  moe_experts_test checks both kernels against a float64 NumPy loop.)"""
   cfg = BASE
   block = _block(cfg, seed=2)
   x_BTD = jnp.asarray(np.random.default_rng(3).standard_normal((2, 5, 16)), jnp.float32)
