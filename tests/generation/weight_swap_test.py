@@ -182,6 +182,7 @@ def test_the_old_weights_are_freed_before_the_new_are_placed(loaded, prompts, mo
     assert grown >= 0.95 * params_bytes, (grown, params_bytes)
 
 
+@pytest.mark.slow  # 20-26 s on the 2-core machine under load (two ~2 s train steps)
 def test_pipeline_source_with_one_buffer_overlaps_and_never_deadlocks():
   """PipelineRL's generator thread with weight_buffers 1: `after_step` (the trainer's
   thread) returns with the new weights in, the sampler decodes on the old ones while the
