@@ -72,16 +72,21 @@ def on_tpu(mesh) -> bool:
   return mesh.devices.flat[0].platform == "tpu"
 
 
-def _platform(sharding: jax.sharding.NamedSharding | None) -> str:
-  """'tpu', 'gpu' or 'cpu': where the activations live (their mesh's devices), or without a
-  sharding, where jit puts them (the default backend)."""
-  if sharding is None:
-    return jax.default_backend()
-  mesh = sharding.mesh
-  if isinstance(mesh, jax.sharding.AbstractMesh):
-    device = mesh.abstract_device
-    return device.platform if device is not None else jax.default_backend()
-  return mesh.devices.flat[0].platform
+def platform(sharding: jax.sharding.NamedSharding | None) -> str:
+  """'tpu', 'gpu' or 'cpu': where the activations live (their mesh's devices); without a
+  sharding (or with an abstract mesh of no device kind), the mesh set by `jax.set_mesh`
+  (`plan` compiles every program for a TPU topology under one), else where jit puts them
+  (the default backend)."""
+  if sharding is not None:
+    mesh = sharding.mesh
+    if not isinstance(mesh, jax.sharding.AbstractMesh):
+      return mesh.devices.flat[0].platform
+    if mesh.abstract_device is not None:
+      return mesh.abstract_device.platform
+  ambient = jax.sharding.get_abstract_mesh()
+  if not ambient.empty and ambient.abstract_device is not None:
+    return ambient.abstract_device.platform
+  return jax.default_backend()
 
 
 def _devices(sharding: jax.sharding.NamedSharding | None) -> list:
@@ -94,10 +99,10 @@ def auto_impl(sharding: jax.sharding.NamedSharding | None, dtype, head_dim: int)
   """What `causal_attention(impl="auto")` runs: "splash" on TPUs (it needs the sharding),
   "cudnn" on GPUs when cuDNN runs the dtype and head dim (`cudnn_unsupported`), else
   "einsum" (CPU, and the GPU cases cuDNN refuses: float32 compute, odd head dims)."""
-  platform = _platform(sharding)
-  if platform == "tpu" and sharding is not None:
+  where = platform(sharding)
+  if where == "tpu" and sharding is not None:
     return "splash"
-  if platform == "gpu" and not cudnn_unsupported(dtype, head_dim, _devices(sharding)):
+  if where == "gpu" and not cudnn_unsupported(dtype, head_dim, _devices(sharding)):
     return "cudnn"
   return "einsum"
 

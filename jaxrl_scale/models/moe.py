@@ -203,7 +203,7 @@ class MoE(nnx.Module):
     local = _local_experts(sharding, b, params)
     if local is None:
       y_ND = _experts(x_ND, weights_NK, experts_NK, *params,
-                      impl="dense" if _platform(sharding) == "cpu" else "ragged")
+                      impl="dense" if attention.platform(sharding) == "cpu" else "ragged")
     else:
       y_ND = local(x_ND, weights_NK, experts_NK, *params)
     if self.shared_expert is not None:
@@ -292,18 +292,6 @@ def _dense_experts(x_ND: jax.Array, weights_NK: jax.Array, experts_NK: jax.Array
   return h_NH @ down_EFD.reshape(e * f, d)
 
 
-def _platform(sharding: jax.sharding.NamedSharding | None) -> str:
-  """'cpu', 'gpu' or 'tpu': where the activations live (their mesh's devices), or without a
-  sharding, where jit puts them."""
-  if sharding is None:
-    return jax.default_backend()
-  mesh = sharding.mesh
-  if isinstance(mesh, jax.sharding.AbstractMesh):
-    device = mesh.abstract_device
-    return device.platform if device is not None else jax.default_backend()
-  return mesh.devices.flat[0].platform
-
-
 def _axes(entry) -> tuple[str, ...]:
   """A PartitionSpec entry as a tuple of mesh axes."""
   return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
@@ -356,7 +344,7 @@ def _local_experts(sharding: jax.sharding.NamedSharding | None, rows: int,
   tp = "tp" if "tp" in mesh.shape and "tp" not in row_axes and f % mesh.shape["tp"] == 0 \
       and mesh.shape["tp"] > 1 else None
   rows_spec = PartitionSpec(row_axes or None, None)
-  if impl is None and _platform(sharding) == "cpu":
+  if impl is None and attention.platform(sharding) == "cpu":
     impl = "dense"
   elif impl is None:
     f_local = f // mesh.shape["tp"] if tp else f

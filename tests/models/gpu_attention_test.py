@@ -127,7 +127,7 @@ def fake_gpu(monkeypatch):
     calls.append(implementation)
     return real(*args, implementation="xla", **kwargs)
 
-  monkeypatch.setattr(attention, "_platform", lambda sharding: "gpu")
+  monkeypatch.setattr(attention, "platform", lambda sharding: "gpu")
   monkeypatch.setattr(jax.nn, "dot_product_attention", recording)
   return calls
 
