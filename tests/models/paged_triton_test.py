@@ -19,6 +19,7 @@ from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import engine, records
 from jaxrl_scale.models import config as model_config
 from jaxrl_scale.models import paged_attention, paged_triton, transformer
+from tests.models import attention_test
 
 
 def _numpy_attention(q_BNH, kv_QCXH, table_BM, lens_B):
@@ -59,22 +60,11 @@ def test_kernel_matches_float64_numpy(kv, groups, page, tokens_per_block, splits
   assert not got[0].any()  # length 0: nothing read, zeros out
 
 
-def _paged_case(shards, rows=8, h=16, kv=2, groups=2, num_layers=2, page=4, width=5):
-  """As attention_test's: a random pool [L, D, P, C, 2K, H], shuffled tables of distinct
-  local pages per shard, positions on and off page boundaries, one inactive row."""
-  rng = np.random.default_rng(1)
-  per_shard = rows // shards
-  pages = per_shard * width + 3
-  pool = rng.normal(size=(num_layers, shards, pages + 1, page, 2 * kv, h)).astype(np.float32)
-  table = np.concatenate([rng.permutation(pages)[:per_shard * width].reshape(per_shard, width)
-                          for _ in range(shards)]).astype(np.int32)
-  pos = np.array([0, 3, 4, 9, 17, 19, 7, 12])[:rows].astype(np.int32)
-  q = rng.normal(size=(rows, 1, kv * groups, h)).astype(np.float32)
-  k_new = rng.normal(size=(rows, 1, kv, h)).astype(np.float32)
-  v_new = rng.normal(size=(rows, 1, kv, h)).astype(np.float32)
-  write = np.ones((rows,), bool)
-  write[1] = False
-  return pool, table, pos, q, k_new, v_new, write
+def _paged_case(shards, rows=8):
+  """attention_test's case (a random pool [L, D, P, C, 2K, H], shuffled tables of distinct
+  local pages per shard, positions on and off page boundaries, one inactive row) at head
+  dim 16."""
+  return attention_test._paged_case(shards, rows=rows, h=16, seed=1)
 
 
 @pytest.mark.parametrize("data,tp", [(0, 0), (-2, 0), (2, 2)])
