@@ -371,6 +371,12 @@ class OptimConfig:
   # the two), "matmuls" keeps what "dots" does plus the attention kernel's output (recomputes
   # only elementwise work), "none" keeps every activation (small models only).
   remat: Literal["none", "full", "dots", "attention", "matmuls"] = "full"
+  # Megatron-style sequence parallelism in the train step: the residual stream between
+  # decoder layers (the layer scan's carry, what remat keeps per layer) is split along the
+  # sequence over the trainer's 'tp' axis instead of repeated on every tp chip; attention,
+  # MLP and MoE run as without it. Needs the sequence length (data.max_prompt_tokens +
+  # sampler.max_new_tokens) divisible by mesh.trainer_tp; a no-op at trainer_tp 1.
+  sequence_parallel: bool = False
 
   def __post_init__(self):
     _check(self.lr > 0, "optim.lr", f"must be > 0, got {self.lr}")
@@ -523,6 +529,11 @@ class Config:
     _check(self.sampler.top_k == 0, "sampler.top_k",
            f"must be 0 in an RL run, got {self.sampler.top_k} (the trainer's log-probs "
            "cover the whole vocabulary; a truncated sampler makes the importance ratio wrong)")
+    seq_len = self.data.max_prompt_tokens + self.sampler.max_new_tokens
+    _check(not self.optim.sequence_parallel or seq_len % self.mesh.trainer_tp == 0,
+           "optim.sequence_parallel",
+           f"the sequence length {seq_len} (data.max_prompt_tokens + sampler.max_new_tokens) "
+           f"does not split over mesh.trainer_tp={self.mesh.trainer_tp}")
 
 
 # ----------------------------------------------------------------------------------------

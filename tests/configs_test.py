@@ -52,15 +52,26 @@ def test_leave_one_out_changes_one_choice(name, changed):
   assert _diff(name) == changed
 
 
-@pytest.mark.parametrize("name, preset, ep", [("scalerl_qwen3_30b_a3b", "qwen3_30b_a3b", 2),
-                                              ("scalerl_scout_shaped", "llama4_scout_shaped", 4)])
-def test_moe_recipes_change_only_the_model_mesh_and_train_step_memory(name, preset, ep):
+# Scout's bf16 weights are 100.4 GiB over 2 chips, so its recipe runs both roles on every
+# chip (mesh.colocated) with one weight buffer and a KV pool of 24 x 8k positions per
+# generator group (configs/scalerl_scout_shaped.yaml): the sampler settings memory forces.
+_SCOUT_SAMPLER = {"sampler.weight_buffers": 1, "sampler.kv_cache_tokens": 196608}
+
+
+@pytest.mark.parametrize("name, preset, ep, sampler", [
+    ("scalerl_qwen3_30b_a3b", "qwen3_30b_a3b", 2, {}),
+    ("scalerl_scout_shaped", "llama4_scout_shaped", 4, _SCOUT_SAMPLER)])
+def test_moe_recipes_change_only_the_model_mesh_and_memory(name, preset, ep, sampler):
   diff = _diff(name)
   assert diff.pop("model.preset") == preset and diff.pop("mesh.trainer_ep") == ep
   assert diff.pop("model.routing") == "replay"
+  assert {k: diff.pop(k) for k in list(diff) if k.startswith("sampler.")} == sampler
+  # Everything else is the 8B recipe: the loss, data, schedule, pipeline and eval, and the
+  # model's dtypes and FP32 head; only where the weights live and the train step's memory.
   assert {k.split(".")[0] for k in diff} <= {"model", "mesh", "optim"}
-  assert set(k for k in diff if k.startswith("optim.")) <= {"optim.remat",
-                                                           "optim.micro_batch_prompts"}
+  assert set(k for k in diff if k.startswith("model.")) <= {"model.path"}
+  assert set(k for k in diff if k.startswith("optim.")) <= {
+      "optim.remat", "optim.micro_batch_prompts", "optim.sequence_parallel"}
 
 
 def test_scalerl_is_the_paper_recipe():

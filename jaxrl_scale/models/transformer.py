@@ -14,8 +14,9 @@ Full-sequence path (trainer)
   (cfg.attention_impl: the Pallas kernel on TPU, an einsum elsewhere); no [B, T, T] mask is
   ever built. For training, `hidden_states(..., remat="full")` (see `REMAT_POLICIES`)
   recomputes layers in the backward pass, `activation_sharding` pins the [B, T, D]
-  activations at every layer boundary, and `token_log_probs(h_BTD, targets_BT, chunk_size=c)`
-  never holds all [B, T, V] logits.
+  activations at every layer boundary (`residual_sharding`, e.g. T over 'tp', pins the
+  residual stream between layers instead: sequence parallelism), and
+  `token_log_probs(h_BTD, targets_BT, chunk_size=c)` never holds all [B, T, V] logits.
   `prefill(tokens_BT, positions_BT, mask_BT) -> (h_BTD, k_LBTKH, v_LBTKH)` is the same pass
   returning each layer's keys (RoPE applied) and values (what a KV cache holds for them).
   `prefill_into(tokens_BT, positions_BT, mask_BT, pool, write) -> (h_BTD, pool)` is the same
@@ -169,6 +170,7 @@ class Transformer(nnx.Module):
   def hidden_states(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
                     *, remat: str = "none",
                     activation_sharding: jax.sharding.NamedSharding | None = None,
+                    residual_sharding: jax.sharding.NamedSharding | None = None,
                     ) -> jax.Array:
     """Final-norm hidden states h_BTD.
 
@@ -177,13 +179,21 @@ class Transformer(nnx.Module):
         rest is recomputed.
       activation_sharding: a NamedSharding for [B, T, D] activations, e.g. batch rows over
         'fsdp'. Without it the compiler may replicate the micro-batch on every chip.
+      residual_sharding: sequence parallelism: a NamedSharding for the [B, T, D] residual
+        stream BETWEEN layers (the layer scan's carry, which remat "full" keeps per layer),
+        e.g. rows over 'fsdp' and T over 'tp'. Each layer gathers its input back to
+        `activation_sharding` (rows only; its attention, MLP and MoE see exactly what they
+        see without it) and its output is split again. None: the carry is pinned to
+        `activation_sharding`.
     """
     return self.hidden_states_with_stats(tokens_BT, positions_BT, mask_BT, remat=remat,
-                                         activation_sharding=activation_sharding)[0]
+                                         activation_sharding=activation_sharding,
+                                         residual_sharding=residual_sharding)[0]
 
   def hidden_states_with_stats(
       self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array, *,
       remat: str = "none", activation_sharding: jax.sharding.NamedSharding | None = None,
+      residual_sharding: jax.sharding.NamedSharding | None = None,
       recorded_BTLK: jax.Array | None = None, recorded_BT: jax.Array | None = None,
       replay: bool = False,
   ) -> tuple[jax.Array, moe.RouterStats | None]:
@@ -200,14 +210,20 @@ class Transformer(nnx.Module):
     policy = _remat_policy(remat)
     pin = _pinner(activation_sharding)
     mask_BT = mask_BT.astype(jnp.bool_)
-    x_BTD = pin(self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype)))
+    x_BTD = self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype))
+    x_BTD = _pinner(residual_sharding or activation_sharding)(x_BTD)
     recorded_L = None
     if recorded_BTLK is not None and any(self.cfg.moe_layers()):
       recorded_L = self._per_layer(recorded_BTLK)
     x_BTD, (_, stats_L, _) = self._scan(x_BTD, positions_BT, mask_BT, policy,
                                         activation_sharding, recorded_L=recorded_L,
-                                        recorded_BT=recorded_BT, replay=replay)
-    return pin(self.norm(x_BTD)), None if stats_L is None else stats_L.sum_layers()
+                                        recorded_BT=recorded_BT, replay=replay,
+                                        residual_sharding=residual_sharding)
+    # The final norm runs on the split sequence; the LM head gets whole rows again.
+    h_BTD = self.norm(x_BTD)
+    if residual_sharding is not None:
+      h_BTD = _pinner(_whole_rows(residual_sharding, activation_sharding))(h_BTD)
+    return pin(h_BTD), None if stats_L is None else stats_L.sum_layers()
 
   def sparse_layers(self) -> tuple[int, ...]:
     """Indices of the layers whose MLP is a mixture of experts (the layer axis of routing
@@ -370,15 +386,28 @@ class Transformer(nnx.Module):
             keep_kv: bool = False, prefix: PromptPrefix | None = None,
             write: Callable[..., jax.Array] | None = None, prefix_in_loop: bool = True,
             recorded_L: jax.Array | None = None, recorded_BT: jax.Array | None = None,
-            replay: bool = False, record: bool = False) -> tuple[Any, Any]:
+            replay: bool = False, record: bool = False,
+            residual_sharding: jax.sharding.NamedSharding | None = None) -> tuple[Any, Any]:
     """Runs the stacked layers with one scanned (optionally remat'd) layer body. The carry
     is x_BTD, or (x_BTD, pool) with `write` (see `prefill_into`); the stacked outputs are
     (each layer's keys and values when keep_kv, else None; router stats or None; each
     layer's experts_BTK or None), except with `write` (each layer's experts_BTK when
     `record`, else None). recorded_L [L, B, T, K], recorded_BT, replay: routing replay
-    (`hidden_states_with_stats`)."""
+    (`hidden_states_with_stats`). residual_sharding: where the carry x_BTD lives between
+    layers (sequence parallelism, `hidden_states`); None: `activation_sharding`."""
     graphdef, state_L = nnx.split(self.layers)
     pin = _pinner(activation_sharding)
+    gather = lambda x: x  # noqa: E731
+    if residual_sharding is not None:
+      # Sequence parallelism: the carry is split along T, and the layer gathers it back to
+      # whole rows first, so that its attention (splash's shard_map specs), MLP and MoE run
+      # exactly as without it. Its output is pinned to whole rows BEFORE it is split again:
+      # otherwise the split propagates backwards into the layer (the MLP on T / tp tokens
+      # with its weights gathered over tp).
+      gather = _sequence_gather(residual_sharding, activation_sharding)
+      whole, split = (_pinner(_whole_rows(residual_sharding, activation_sharding)),
+                      _pinner(residual_sharding))
+      pin = lambda x: split(whole(x))  # noqa: E731
     impl = self.cfg.attention_impl
     prefix_L = valid_BS = None  # every layer's prefix keys and values, scanned over
     if prefix is not None:  # (needs the pool: `prefill_into`)
@@ -390,6 +419,7 @@ class Transformer(nnx.Module):
     def body(carry, xs):
       layer_state, i, prefix_kv, recorded_BTK = xs
       x_BTD, pool = carry if write is not None else (carry, None)
+      x_BTD = gather(x_BTD)
 
       def attend(q_BTNH, k_BTKH, v_BTKH):
         if prefix is None:
@@ -499,6 +529,34 @@ def _pinner(sharding: jax.sharding.NamedSharding | None):
   if sharding is None:
     return lambda x: x
   return lambda x: jax.lax.with_sharding_constraint(x, sharding)
+
+
+def _sequence_gather(residual: jax.sharding.NamedSharding,
+                     activation: jax.sharding.NamedSharding | None) -> Callable:
+  """x_BTD split along T as `residual` -> whole rows (`_whole_rows`), an explicit all-gather.
+
+  Explicit (a shard_map), not a sharding constraint: with a constraint XLA saw the layer
+  input both split and gathered, and kept the GATHERED copy as the remat residual of every
+  layer (the stacked [L, B, T, D] buffer whole in T: no memory saved). Under the shard_map
+  the residual can only be the split input; the backward pass reduce-scatters.
+  """
+  rows, seq = (tuple(residual.spec) + (None, None))[:2]
+  whole = _whole_rows(residual, activation)
+  gathered = jax.shard_map(
+      lambda x: jax.lax.all_gather(x, seq, axis=1, tiled=True), mesh=residual.mesh,
+      in_specs=jax.sharding.PartitionSpec(rows, seq, None),
+      out_specs=jax.sharding.PartitionSpec(rows, None, None), check_vma=False)
+  return lambda x_BTD: jax.lax.with_sharding_constraint(gathered(x_BTD), whole)
+
+
+def _whole_rows(residual: jax.sharding.NamedSharding,
+                activation: jax.sharding.NamedSharding | None) -> jax.sharding.NamedSharding:
+  """Where a layer's [B, T, D] input lives under sequence parallelism: `activation` (rows
+  split, T whole), or, without one, `residual` with its T and D axes unsplit."""
+  if activation is not None:
+    return activation
+  rows = residual.spec[0] if len(residual.spec) else None
+  return jax.sharding.NamedSharding(residual.mesh, jax.sharding.PartitionSpec(rows, None, None))
 
 
 def _remat_policy(name: str) -> Callable | None:

@@ -38,6 +38,7 @@ def token_logprobs(model: nnx.Module, tokens_BS: jax.Array, positions_BS: jax.Ar
                    mask_BS: jax.Array, chunk: int = 0, *, temperature: float = 1.0,
                    remat: str = "none",
                    activation_sharding: NamedSharding | None = None,
+                   residual_sharding: NamedSharding | None = None,
                    ) -> tuple[jax.Array, jax.Array]:
   """log pi_T(tokens[s] | tokens[<s]) at every position s >= 1, and whether it was the argmax.
 
@@ -57,13 +58,16 @@ def token_logprobs(model: nnx.Module, tokens_BS: jax.Array, positions_BS: jax.Ar
     remat: the decoder layers' rematerialisation policy (`transformer.REMAT_POLICIES`).
     activation_sharding: where [B, S, D] activations live (rows over 'fsdp'); None lets
       the compiler choose.
+    residual_sharding: sequence parallelism: where the residual stream lives between
+      decoder layers (e.g. S over 'tp'; `Transformer.hidden_states`); None: as
+      `activation_sharding`.
 
   Returns:
     (logp_BS float32, top1_BS bool); position 0 has no prediction and holds 0 / False.
   """
   logp_BS, top1_BS, _ = token_logprobs_and_stats(
       model, tokens_BS, positions_BS, mask_BS, chunk, temperature=temperature, remat=remat,
-      activation_sharding=activation_sharding)
+      activation_sharding=activation_sharding, residual_sharding=residual_sharding)
   return logp_BS, top1_BS
 
 
@@ -71,6 +75,7 @@ def token_logprobs_and_stats(model: nnx.Module, tokens_BS: jax.Array, positions_
                              mask_BS: jax.Array, chunk: int = 0, *, temperature: float = 1.0,
                              remat: str = "none",
                              activation_sharding: NamedSharding | None = None,
+                             residual_sharding: NamedSharding | None = None,
                              routing_BSLK: jax.Array | None = None, replay: bool = False):
   """`token_logprobs` and the router stats of an MoE policy (`moe.RouterStats`, None for
   a dense one): (logp_BS, top1_BS, stats).
@@ -85,7 +90,7 @@ def token_logprobs_and_stats(model: nnx.Module, tokens_BS: jax.Array, positions_
   recorded_BS = None if routing_BSLK is None else batch_lib.recorded_mask(mask_BS)
   h_BSD, stats = model.hidden_states_with_stats(
       tokens_BS, positions_BS, mask_BS, remat=remat, activation_sharding=activation_sharding,
-      recorded_BTLK=routing_BSLK, recorded_BT=recorded_BS, replay=replay)
+      residual_sharding=residual_sharding, recorded_BTLK=routing_BSLK, recorded_BT=recorded_BS, replay=replay)
   # The last position predicts past the sequence: never a target, so skip its logits.
   h_BTD, targets_BT = h_BSD[:, :-1], tokens_BS[:, 1:]
   b, t = targets_BT.shape

@@ -30,8 +30,10 @@ Log-probs (`rl.logprobs`) are those of the distribution the sampler drew from:
 log-softmax(logits / T), T = the sampler's temperature (`RLObjective(rl, temperature=...)`).
 
 Memory: decoder layers are rematerialised (`optim.remat`), activations stay split by batch
-rows over 'fsdp' (`activation_sharding`), and the LM head runs over `optim.logits_chunk`
-positions at a time so the float32 [rows, S, V] logits never exist.
+rows over 'fsdp' (`activation_sharding`), with `optim.sequence_parallel` the residual
+stream between layers is split along the sequence over 'tp' as well (`residual_sharding`),
+and the LM head runs over `optim.logits_chunk` positions at a time so the float32
+[rows, S, V] logits never exist.
 
 Ahead-of-time: a Trainer built from an ABSTRACT model (`nnx.Param` leaves that are
 `jax.ShapeDtypeStruct`s with a `sharding`) allocates nothing; `lower(batch_struct)` gives
@@ -206,6 +208,7 @@ class Trainer:
     self.compiler_options = compiler_options
     self.logits_chunk = optim.logits_chunk
     self.remat = optim.remat
+    self.sequence_parallel = optim.sequence_parallel
     model_coef = getattr(getattr(model, "cfg", None), "router_aux_loss_coef", 0.0)
     self.router_aux_coef = float(model_coef if optim.router_aux_loss_coef is None
                                  else optim.router_aux_loss_coef)
@@ -293,6 +296,21 @@ class Trainer:
     return NamedSharding(self.mesh, PartitionSpec(axes if len(axes) > 1 else DATA_AXIS,
                                                   None, None))
 
+  def residual_sharding(self, rows: int, seq: int) -> NamedSharding | None:
+    """Where the residual stream between decoder layers lives with `optim.sequence_parallel`:
+    like `activation_sharding` with the S axis over 'tp' (Megatron-style sequence
+    parallelism). With remat "full" each layer keeps its [rows, S, D] input for the backward
+    pass, and without this every tp chip holds all S of it. None (as without it) when the
+    flag is off or the mesh has no 'tp' axis of more than one device."""
+    tp = self.mesh.shape.get("tp", 1)
+    if not self.sequence_parallel or tp == 1:
+      return None
+    if seq % tp:
+      raise UserError(f"config key 'optim.sequence_parallel': the sequence length {seq} does "
+                      f"not split over the trainer's tp={tp}")
+    whole = self.activation_sharding(rows)
+    return NamedSharding(self.mesh, PartitionSpec(whole.spec[0] if whole else None, "tp", None))
+
   def _grads(self, params, rest, micro, totals):
     """(loss, grads, logp, top1, routing) of one micro-batch; grads float32 like the
     masters; routing: (mismatched, compared) recorded expert choices, float32 sums (zeros
@@ -308,6 +326,7 @@ class Trainer:
           model, tokens_R, _rows(positions, dims), _rows(mask, dims), chunk=self.logits_chunk,
           temperature=self.objective.temperature, remat=self.remat,
           activation_sharding=self.activation_sharding(tokens_R.shape[0]),
+          residual_sharding=self.residual_sharding(*tokens_R.shape),
           routing_BSLK=None if routing is None else _rows(routing, dims),
           replay=getattr(self.objective, "replay_routing", False))
       logp = logp_R.reshape(tokens.shape)

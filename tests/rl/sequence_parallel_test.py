@@ -1,0 +1,143 @@
+"""optim.sequence_parallel: the train step's residual stream split along the sequence over
+'tp' gives the same loss and gradients as without it, and the compiled step really keeps
+each layer's remat residual split (a flag that changed nothing would fail here)."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from jaxrl_scale import config
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.models import config as model_config
+from jaxrl_scale.models import sharding
+from jaxrl_scale.parallel import mesh as mesh_lib
+from jaxrl_scale.rl import batch as batch_lib
+from jaxrl_scale.rl import train_step
+
+P, G, S, PROMPT_LEN = 4, 4, 20, 4
+FSDP, TP, MICRO = 2, 4, 2
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+# tp 4 divides the heads, kv heads, both MLP sizes and the vocab; fsdp 2 the model dim.
+DENSE = model_config.ModelConfig(
+    family="llama", vocab_size=64, hidden_size=32, num_layers=2, num_heads=8,
+    num_kv_heads=4, head_dim=8, intermediate_size=64)
+# tiny_qwen3_moe's shape at these sizes: three layers, the middle one dense.
+MOE = model_config.ModelConfig(
+    family="qwen3_moe", vocab_size=64, hidden_size=32, num_layers=3, num_heads=8,
+    num_kv_heads=4, head_dim=8, intermediate_size=64, qk_norm=True, num_experts=4,
+    experts_per_token=2, moe_intermediate_size=16, norm_topk_prob=True, mlp_only_layers=(1,),
+    router_aux_loss_coef=0.001)
+
+
+def _mesh(tp=TP):
+  return jax.make_mesh((8 // tp, tp), mesh_lib.TRAINER_AXES,
+                       axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:8])
+
+
+def _model(cfg, mesh, scale):
+  """The same random float32 model (built in NumPy) in fresh buffers on `mesh`."""
+  graphdef, abstract = sharding.abstract_model(cfg)
+  rng = np.random.default_rng(0)
+
+  def one(path, x):
+    shape = x.get_value().shape
+    if getattr(path[-1], "key", None) == "scale":
+      return x.replace(np.ones(shape, np.float32))
+    return x.replace((scale * rng.standard_normal(shape)).astype(np.float32))
+
+  state = jax.tree.map_with_path(one, abstract, is_leaf=lambda v: isinstance(v, nnx.Variable))
+  return nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh)))
+
+
+def _trainer(cfg, mesh, sequence_parallel, scale=0.1):
+  opt = config.OptimConfig(lr=1e-3, warmup_steps=0, remat="full", logits_chunk=8,
+                           sequence_parallel=sequence_parallel)
+  return train_step.Trainer(_model(cfg, mesh, scale), mesh, opt,
+                            train_step.RLObjective(config.RLConfig(), temperature=1.0),
+                            micro_batches=MICRO, compiler_options=FAST_COMPILE)
+
+
+def _batch(seed=1):
+  rng = np.random.default_rng(seed)
+  prompts = [list(rng.integers(1, 64, size=PROMPT_LEN)) for _ in range(P)]
+  completions = [[list(rng.integers(1, 64, size=rng.integers(2, S - PROMPT_LEN + 1)))
+                  for _ in range(G)] for _ in range(P)]
+  gen_logp = [[list(-rng.uniform(2.0, 6.0, size=len(c))) for c in cs] for cs in completions]
+  return batch_lib.pack_rl(prompts, completions, gen_logp, rng.normal(size=(P, G)), seq_len=S)
+
+
+def _saved_residual_shapes(cfg, hlo: str) -> tuple[int, int]:
+  """How often the compiled step names the per-device stacked layer residual
+  f32[L, rows, S, D] (whole sequence) and f32[L, rows, S / tp, D] (split)."""
+  rows = P * G // MICRO // FSDP
+  whole = f"f32[{cfg.num_layers},{rows},{S},{cfg.hidden_size}]"
+  split = f"f32[{cfg.num_layers},{rows},{S // TP},{cfg.hidden_size}]"
+  return hlo.count(whole), hlo.count(split)
+
+
+def _loss_and_grads(trainer, batch):
+  loss, grads = trainer.loss_and_grads(batch)
+  return float(loss), jax.device_get(grads)
+
+
+def _assert_same(a, b):
+  (loss0, grads0), (loss1, grads1) = a, b
+  assert np.isfinite(loss0)
+  np.testing.assert_allclose(loss1, loss0, atol=1e-5, rtol=0)
+  flat1 = dict(jax.tree_util.tree_flatten_with_path(grads1)[0])
+  for path, g0 in jax.tree_util.tree_flatten_with_path(grads0)[0]:
+    np.testing.assert_allclose(flat1[path], g0, atol=1e-5, rtol=1e-5,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+def test_dense_same_loss_and_grads_and_the_saved_residual_is_split():
+  batch, mesh = _batch(), _mesh()
+  plain, split = _trainer(DENSE, mesh, False), _trainer(DENSE, mesh, True)
+  _assert_same(_loss_and_grads(plain, batch), _loss_and_grads(split, batch))
+  # Without it every tp chip keeps each layer's whole [rows, S, D] input for the backward
+  # pass; with it only its S / tp slice, and never the whole one.
+  whole, part = _saved_residual_shapes(DENSE, plain.compile(batch).as_text())
+  assert whole > 0 and part == 0
+  whole, part = _saved_residual_shapes(DENSE, split.compile(batch).as_text())
+  assert part > 0 and whole == 0
+
+
+def test_moe_same_loss_and_grads_and_the_saved_residual_is_split():
+  # Weights of std 0.3 so that routing varies between tokens; the middle layer is dense
+  # (the interleave's per-layer choice runs under the split carry too).
+  batch, mesh = _batch(), _mesh()
+  split = _trainer(MOE, mesh, True, scale=0.3)
+  _assert_same(_loss_and_grads(_trainer(MOE, mesh, False, scale=0.3), batch),
+               _loss_and_grads(split, batch))
+  whole, part = _saved_residual_shapes(MOE, split.compile(batch).as_text())
+  assert part > 0 and whole == 0
+
+
+def test_residual_sharding_splits_the_sequence_over_tp():
+  trainer = _trainer(DENSE, _mesh(), True)
+  assert trainer.residual_sharding(8, S) == NamedSharding(
+      trainer.mesh, PartitionSpec("fsdp", "tp", None))
+  # Rows that do not split over the data axes: only the sequence is split.
+  assert trainer.residual_sharding(3, S).spec == PartitionSpec(None, "tp", None)
+  assert _trainer(DENSE, _mesh(), False).residual_sharding(8, S) is None
+
+
+def test_tp_1_is_a_no_op():
+  # Nothing to split over: the program is the one without the flag.
+  assert _trainer(DENSE, _mesh(tp=1), True).residual_sharding(8, S) is None
+
+
+def test_sequence_not_divisible_by_tp_is_a_one_line_error():
+  trainer = _trainer(DENSE, _mesh(), True)
+  with pytest.raises(UserError, match=r"optim.sequence_parallel.*18.*tp=4"):
+    trainer.residual_sharding(8, 18)
+  with pytest.raises(UserError, match=r"optim.sequence_parallel.*2060.*trainer_tp=8") as err:
+    config.load(None, ["optim.sequence_parallel=true", "mesh.trainer_tp=8",
+                       "data.max_prompt_tokens=12", "sampler.max_new_tokens=2048"])
+  assert "\n" not in str(err.value)
+  # Divisible, or tp 1: accepted.
+  config.load(None, ["optim.sequence_parallel=true", "mesh.trainer_tp=8",
+                     "data.max_prompt_tokens=16", "sampler.max_new_tokens=2048"])
+  config.load(None, ["optim.sequence_parallel=true", "data.max_prompt_tokens=7"])
