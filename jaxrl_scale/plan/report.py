@@ -125,7 +125,8 @@ def run_plan(cfg: Any, mcfg: Any, sl: chips_lib.Slice,
       # What the train step keeps for its backward pass, printed with the plan because it
       # sets both the step's HBM and its compiled / model FLOPs.
       "trainer": {"remat": cfg.optim.remat, "logits_chunk": cfg.optim.logits_chunk,
-                  "micro_batch_prompts": cfg.optim.micro_batch_prompts},
+                  "micro_batch_prompts": cfg.optim.micro_batch_prompts,
+                  "sequence_parallel": cfg.optim.sequence_parallel},
       "programs": {},
   }
   for program in programs:
@@ -160,7 +161,8 @@ def table(plan: dict[str, Any]) -> str:
   if plan.get("trainer"):
     t = plan["trainer"]
     lines.append(f"  train step: optim.remat {t['remat']}, optim.micro_batch_prompts "
-                 f"{t['micro_batch_prompts']}, optim.logits_chunk {t['logits_chunk']}")
+                 f"{t['micro_batch_prompts']}, optim.logits_chunk {t['logits_chunk']}"
+                 + (", optim.sequence_parallel" if t.get("sequence_parallel") else ""))
   head = (f"  {'program':<12}{'chips':>6}{'HBM/chip':>12}{'of':>10}{'headroom':>10}"
           f"{'params':>10}{'optim':>10}{'kv':>10}{'temp':>10}{'FLOPs x':>9}{'bound s':>10}"
           f"{'MFU<=':>7}{'tok/s':>11}{'compile':>9}")
@@ -218,7 +220,8 @@ def advice(plan: dict[str, Any]) -> str | None:
     fix = {
         "train_step": "lower optim.micro_batch_prompts (fewer rows per micro-batch), use "
                       "optim.remat=full (the least activation memory), lower "
-                      "optim.logits_chunk, or give the trainer more devices "
+                      "optim.logits_chunk, set optim.sequence_parallel=true (with "
+                      "mesh.trainer_tp > 1), or give the trainer more devices "
                       "(mesh.trainer_devices)",
         "sft_step": "set sft.micro_batch_size, or give the trainer more devices",
         "weight_cast": "give the trainer more devices (mesh.trainer_devices)",

@@ -30,7 +30,8 @@ def test_tiny_recipe_plans_on_v5e(capsys):
   assert plan["topology"] == "v5e:2x2" and plan["chips"] == 4 and plan["fits"] is True
   assert set(plan["programs"]) == {"train_step", "weight_cast", "prefill", "decode"}
   # The train step's remat choice is printed with the plan (cpu_tiny.yaml: none).
-  assert plan["trainer"] == {"remat": "none", "logits_chunk": 512, "micro_batch_prompts": 4}
+  assert plan["trainer"] == {"remat": "none", "logits_chunk": 512, "micro_batch_prompts": 4,
+                             "sequence_parallel": False}
   for name, row in plan["programs"].items():
     assert KEYS <= set(row), name
     assert row["chips"] == 2 and row["fits"]
