@@ -9,16 +9,15 @@ import functools
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 from jax.sharding import AxisType
 
 from jaxrl_scale import config
 from jaxrl_scale.generation import engine, records
 from jaxrl_scale.models import config as model_config
-from jaxrl_scale.models import sharding
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.rl import batch as batch_lib
 from jaxrl_scale.rl import train_step
+from tests import random_model
 
 P, G, S, MAX_PROMPT = 4, 4, 14, 6
 CFG = dataclasses.replace(model_config.tiny_qwen3_moe(), dtype="float32",
@@ -43,22 +42,11 @@ TRAINERS = {1: (mesh_lib.TRAINER_AXES, (8, 1)),
 @functools.cache
 def _state():
   """Random params (NumPy, O(0.2) so the routing varies from token to token)."""
-  graphdef, abstract = sharding.abstract_model(CFG)
-  rng = np.random.default_rng(0)
-
-  def one(path, x):
-    shape = x.get_value().shape
-    if getattr(path[-1], "key", None) == "scale":
-      return x.replace(np.ones(shape, np.float32))
-    return x.replace((0.2 * rng.standard_normal(shape)).astype(np.float32))
-
-  state = jax.tree.map_with_path(one, abstract, is_leaf=lambda v: isinstance(v, nnx.Variable))
-  return graphdef, state
+  return random_model.random_state(CFG, 0.2)
 
 
 def _model(mesh):
-  graphdef, state = _state()
-  return nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh)))
+  return random_model.place(*_state(), mesh)
 
 
 @functools.cache

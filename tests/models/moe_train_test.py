@@ -4,16 +4,15 @@ the sampler's own tokens with the sampler's log-probs (ratio 1 on-policy)."""
 
 import jax
 import numpy as np
-from flax import nnx
 from jax.sharding import AxisType
 
 from jaxrl_scale import config
 from jaxrl_scale.generation import engine, records
 from jaxrl_scale.models import config as model_config
-from jaxrl_scale.models import sharding
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.rl import batch as batch_lib
 from jaxrl_scale.rl import train_step
+from tests import random_model
 
 P, G, S, PROMPT_LEN = 4, 4, 16, 4
 # fsdp=4 divides the model dim, tp=2 heads, kv heads, both MLP sizes and the vocab. Layer 0
@@ -31,18 +30,8 @@ def _mesh_8():
 
 
 def _model(mesh):
-  """The same random model (built in NumPy, O(0.3) weights so routing varies) on `mesh`."""
-  graphdef, abstract = sharding.abstract_model(CFG)
-  rng = np.random.default_rng(0)
-
-  def one(path, x):
-    shape = x.get_value().shape
-    if getattr(path[-1], "key", None) == "scale":
-      return x.replace(np.ones(shape, np.float32))
-    return x.replace((0.3 * rng.standard_normal(shape)).astype(np.float32))
-
-  state = jax.tree.map_with_path(one, abstract, is_leaf=lambda v: isinstance(v, nnx.Variable))
-  return nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh)))
+  """The same random model (O(0.3) weights so routing varies) on `mesh`."""
+  return random_model.random_model(CFG, mesh, 0.3)
 
 
 def _trainer(mesh, temperature=1.0, **optim):

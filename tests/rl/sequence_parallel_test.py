@@ -5,16 +5,15 @@ each layer's remat residual split (a flag that changed nothing would fail here).
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from jaxrl_scale import config
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.models import config as model_config
-from jaxrl_scale.models import sharding
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.rl import batch as batch_lib
 from jaxrl_scale.rl import train_step
+from tests import random_model
 
 P, G, S, PROMPT_LEN = 4, 4, 20, 4
 FSDP, TP, MICRO = 2, 4, 2
@@ -38,17 +37,7 @@ def _mesh(tp=TP):
 
 def _model(cfg, mesh, scale):
   """The same random float32 model (built in NumPy) in fresh buffers on `mesh`."""
-  graphdef, abstract = sharding.abstract_model(cfg)
-  rng = np.random.default_rng(0)
-
-  def one(path, x):
-    shape = x.get_value().shape
-    if getattr(path[-1], "key", None) == "scale":
-      return x.replace(np.ones(shape, np.float32))
-    return x.replace((scale * rng.standard_normal(shape)).astype(np.float32))
-
-  state = jax.tree.map_with_path(one, abstract, is_leaf=lambda v: isinstance(v, nnx.Variable))
-  return nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh)))
+  return random_model.random_model(cfg, mesh, scale)
 
 
 def _trainer(cfg, mesh, sequence_parallel, scale=0.1):
