@@ -66,10 +66,18 @@ def causal_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   return splash_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT, sharding=sharding)
 
 
-def on_tpu(mesh) -> bool:
+def mesh_platform(mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh | None) -> str | None:
+  """The platform of `mesh`'s devices ('tpu', 'gpu', 'cpu'); None without a mesh, or for an
+  abstract mesh of no device kind."""
+  if mesh is None:
+    return None
   if isinstance(mesh, jax.sharding.AbstractMesh):
-    return mesh.abstract_device is not None and mesh.abstract_device.platform == "tpu"
-  return mesh.devices.flat[0].platform == "tpu"
+    return None if mesh.abstract_device is None else mesh.abstract_device.platform
+  return mesh.devices.flat[0].platform
+
+
+def on_tpu(mesh) -> bool:
+  return mesh_platform(mesh) == "tpu"
 
 
 def platform(sharding: jax.sharding.NamedSharding | None) -> str:
@@ -77,16 +85,8 @@ def platform(sharding: jax.sharding.NamedSharding | None) -> str:
   sharding (or with an abstract mesh of no device kind), the mesh set by `jax.set_mesh`
   (`plan` compiles every program for a TPU topology under one), else where jit puts them
   (the default backend)."""
-  if sharding is not None:
-    mesh = sharding.mesh
-    if not isinstance(mesh, jax.sharding.AbstractMesh):
-      return mesh.devices.flat[0].platform
-    if mesh.abstract_device is not None:
-      return mesh.abstract_device.platform
-  ambient = jax.sharding.get_abstract_mesh()
-  if not ambient.empty and ambient.abstract_device is not None:
-    return ambient.abstract_device.platform
-  return jax.default_backend()
+  return (mesh_platform(None if sharding is None else sharding.mesh)
+          or mesh_platform(jax.sharding.get_abstract_mesh()) or jax.default_backend())
 
 
 def _devices(sharding: jax.sharding.NamedSharding | None) -> list:

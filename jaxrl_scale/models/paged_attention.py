@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.models import paged_triton
-from jaxrl_scale.models.attention import LANES, MASKED
+from jaxrl_scale.models.attention import LANES, MASKED, mesh_platform
 
 PAGED_IMPLS = ("auto", "gather", "ragged", "triton")
 
@@ -112,7 +112,7 @@ def paged_impl(mesh: jax.sharding.Mesh | None, head_dim: int,
       raise UserError(f"{ENV_VAR}={AUTO_IMPL}: decode attention must be one of "
                       f"{', '.join(PAGED_IMPLS[1:])}")
     return AUTO_IMPL
-  platform = _platform(mesh)
+  platform = mesh_platform(mesh)
   if platform == "tpu" and head_dim % LANES == 0:
     return "ragged"
   if platform == "gpu" and not triton_unsupported(head_dim, page_size):
@@ -120,18 +120,9 @@ def paged_impl(mesh: jax.sharding.Mesh | None, head_dim: int,
   return "gather"
 
 
-def _platform(mesh: jax.sharding.Mesh | None) -> str | None:
-  """The platform of `mesh`'s devices (None without a mesh or an abstract device)."""
-  if mesh is None:
-    return None
-  if isinstance(mesh, jax.sharding.AbstractMesh):
-    return None if mesh.abstract_device is None else mesh.abstract_device.platform
-  return mesh.devices.flat[0].platform
-
-
 def _interpret(mesh: jax.sharding.Mesh | None) -> bool:
   """Whether the Triton kernel runs in Pallas interpret mode: anywhere but on a GPU."""
-  return (_platform(mesh) or jax.default_backend()) != "gpu"
+  return (mesh_platform(mesh) or jax.default_backend()) != "gpu"
 
 
 def triton_unsupported(head_dim: int, page_size: int | None) -> str:
