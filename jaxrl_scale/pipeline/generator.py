@@ -34,6 +34,9 @@ Overlap: `after_step` posts the new weights as soon as the trainer's step is dis
 the Sampler keeps them as a second buffer and swaps them in at the first decode-chunk
 boundary after they are computed, so generation continues with the old weights while the
 trainer computes (and the trainer never waits for the generator to take its weights).
+With `sampler.weight_buffers: 1` (one copy, for generators that cannot hold two) the post
+instead waits for the computed weights and a chunk boundary, and decoding pauses while they
+are placed (`generation/weights.py`).
 
 Eval through the same Sampler (`generate`): a process holds one Sampler, so validation does
 not get a second copy of the weights and KV cache. The trainer thread posts an eval job;
