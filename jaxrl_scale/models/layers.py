@@ -28,8 +28,20 @@ from jaxrl_scale.models.config import ModelConfig, RopeScaling
 Attend = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
 
 
-def param(value: jax.Array, axes: tuple[str | None, ...]) -> nnx.Param:
-  """A parameter annotated with logical axes, never sharded eagerly."""
+def param(value: jax.Array, axes: tuple[str | None, ...], *,
+          float32_grad: bool = False) -> nnx.Param:
+  """A parameter annotated with logical axes, never sharded eagerly.
+
+  `float32_grad`: the model reads this parameter in float32 (the MoE router, the FP32 LM
+  head) or sums its gradient in the parameter's own dtype (the embedding gather, whose
+  transpose is a scatter-add). Every other parameter is read rounded to the compute dtype,
+  so its gradient arrives in that dtype; the trainer then differentiates a compute-dtype
+  copy made once per step instead of the float32 master (`rl.train_step`), which is the
+  same gradient in less memory. A parameter used in float32 but not marked would have its
+  gradient rounded to bf16: mark it.
+  """
+  if float32_grad:
+    return nnx.Param(value, out_sharding=axes, eager_sharding=False, float32_grad=True)
   return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
@@ -110,13 +122,14 @@ class Einsum(nnx.Module):
 
   def __init__(self, spec: str, shape: tuple[int, ...], axes: tuple[str | None, ...], *,
                rngs: nnx.Rngs, param_dtype: jnp.dtype, dtype: jnp.dtype,
-               bias_axes: tuple[str | None, ...] | None = None):
+               bias_axes: tuple[str | None, ...] | None = None, float32_grad: bool = False):
     _contraction(spec)  # a spec it cannot compute fails here, not at the first call
     self.spec = spec
     self.dtype = dtype
     self.param_dtype = jnp.dtype(param_dtype)
     init = nnx.initializers.normal(stddev=0.02)
-    self.kernel = param(init(rngs.params(), shape, param_dtype), axes)
+    self.kernel = param(init(rngs.params(), shape, param_dtype), axes,
+                        float32_grad=float32_grad)
     if bias_axes is not None:
       bias_shape = shape[len(shape) - len(bias_axes):]
       self.bias = param(jnp.zeros(bias_shape, param_dtype), bias_axes)

@@ -98,7 +98,8 @@ class MoE(nnx.Module):
     pd = jnp.dtype(cfg.param_dtype)
     init = nnx.initializers.normal(stddev=0.02)
     # Router [D, E]; small, so kept whole on every chip.
-    self.router = layers.param(init(rngs.params(), (d, e), pd), ("embed", None))
+    self.router = layers.param(init(rngs.params(), (d, e), pd), ("embed", None),
+                               float32_grad=True)  # scored in float32
     self.gate_proj = layers.param(init(rngs.params(), (e, d, f), pd),
                                   ("expert", "embed", "moe_mlp"))
     self.up_proj = layers.param(init(rngs.params(), (e, d, f), pd),

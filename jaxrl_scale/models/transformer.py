@@ -130,8 +130,9 @@ class Embedder(nnx.Module):
     init = nnx.initializers.normal(stddev=0.02)
     shape = (cfg.vocab_size, cfg.hidden_size)
     self.param_dtype = jnp.dtype(cfg.param_dtype)
+    # float32_grad: the gather's gradient is a scatter-add, summed in the table's dtype.
     self.embedding = layers.param(init(rngs.params(), shape, self.param_dtype),
-                                  ("vocab", "embed"))
+                                  ("vocab", "embed"), float32_grad=True)
 
   def __call__(self, tokens_BT: jax.Array) -> jax.Array:
     # Only the looked-up rows are rounded (`layers.held`), not the [V, D] table.
@@ -165,7 +166,8 @@ class Transformer(nnx.Module):
     else:
       self.lm_head = layers.Einsum(
           "BTD,DV->BTV", (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), rngs=rngs,
-          param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype))
+          param_dtype=jnp.dtype(cfg.param_dtype), dtype=jnp.dtype(cfg.dtype),
+          float32_grad=cfg.lm_head_fp32)
 
   def hidden_states(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
                     *, remat: str = "none",

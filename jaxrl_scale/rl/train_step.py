@@ -8,7 +8,7 @@ runs one compiled step per batch:
     metrics = trainer.step(batch)          # device arrays; fetch them one step later
 
 The step is `jax.jit` with explicit in/out shardings (state laid out like the params,
-batch rows over 'fsdp'), the state donated, and is compiled once before the first step
+batch rows over 'fsdp'), the optimizer state donated, and is compiled once before the first step
 (its `memory_analysis()` is logged). What the step minimises is an `Objective`: the RL
 policy loss (`RLObjective`) and the SFT cross-entropy (`rl.sft.SFTObjective`) share all
 the machinery.
@@ -26,6 +26,15 @@ update of lr 5e-7: its spacing there is 1.2e-4); the forward pass computes in th
 gets a `param_dtype` copy, cast on the trainer's devices (`parallel.transfer`). Every
 carried array keeps its dtype and sharding, so the step compiles exactly once.
 
+The compute copy: a weight the model only ever reads rounded to its compute dtype gets its
+gradient in that dtype whatever the master's precision, so the step casts such masters to
+`param_dtype` once, before the micro-batch loop, differentiates the copy and sums the
+micro-batch gradients in float32: the same gradient, but the loop carries half-width
+weights and half-width per-micro-batch gradients (Scout-shaped on v5p-256: -3.1 GiB per
+chip). Weights the model reads in float32 or whose gradient it sums in their own dtype are
+marked `float32_grad` where the model creates them (`models.layers.param`: the router, the
+embedding, the FP32 LM head) and stay float32 masters in the loop.
+
 Log-probs (`rl.logprobs`) are those of the distribution the sampler drew from:
 log-softmax(logits / T), T = the sampler's temperature (`RLObjective(rl, temperature=...)`).
 
@@ -42,8 +51,14 @@ the exact program `step` would run, for `jaxrl-scale plan` to compile for a TPU 
     trainer = train_step.Trainer(abstract_model, mesh, cfg.optim, objective, micro_batches=M)
     compiled = trainer.lower(batch_struct).compile()   # memory_analysis(), cost_analysis()
 
-The Trainer owns the parameter buffers it was given: they are donated to the step, so the
-caller's model object must not be used afterwards; `Trainer.model()` gives a live view.
+Donation: the step donates the optimizer state (and step count), not the parameters. The
+new parameters go to fresh buffers, which XLA uses as scratch for the gradient sum before
+it writes them; the old ones are freed when the trainer drops them after the step. Against
+donating everything, the Scout-shaped step needs 0.5x its float32 parameters less HBM per
+chip (the donated masters were read inside the micro-batch loop, then overwritten in place,
+which made the compiler hold more of them; `docs/models.md`). The caller's model object may
+share the master buffers (a float32 model): do not update it afterwards; `Trainer.model()`
+gives a live view.
 """
 
 from __future__ import annotations
@@ -77,7 +92,7 @@ log = logging.getLogger(__name__)
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrainState:
-  """Everything the step updates; donated to it.
+  """Everything the step updates (the step donates `step` and `opt_state`).
 
   Attributes:
     step: int32 [], optimizer updates applied so far (skipped non-finite steps excluded).
@@ -214,6 +229,8 @@ class Trainer:
                                  else optim.router_aux_loss_coef)
     self.tx, self.schedule = optimizer_lib.make_optimizer(optim)
     self.graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
+    self._compute_dtypes = _compute_dtypes(params, getattr(getattr(model, "cfg", None),
+                                                           "dtype", None))
     self.abstract = _is_abstract((params, self._rest))
     self._replicated = NamedSharding(mesh, PartitionSpec())
     self.param_shardings = _array_shardings(params, mesh)
@@ -342,22 +359,32 @@ class Trainer:
       return loss, (logp, top1, counts)
 
     (loss, (logp, top1, counts)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
-    grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
     return loss, grads, logp, top1, counts
+
+  def _compute_copy(self, params):
+    """The weights the forward pass reads: a param_dtype copy of every float32 master the
+    model only reads rounded to param_dtype, the master itself for the rest (module
+    docstring, "The compute copy")."""
+    leaves, treedef = jax.tree.flatten(params)
+    return jax.tree.unflatten(treedef, [x if d is None else x.astype(d)
+                                        for x, d in zip(leaves, self._compute_dtypes)])
 
   def _accumulate(self, params, rest, batch, totals):
     """(loss, float32 grads, logp, top1, routing counts) of the full batch, summed over
-    micro-batches."""
+    micro-batches; `params` are the float32 masters."""
+    compute = self._compute_copy(params)
+    to_f32 = lambda grads: jax.tree.map(lambda g: g.astype(jnp.float32), grads)
     if self.micro_batches == 1:
-      return self._grads(params, rest, batch, totals)
+      loss, grads, logp, top1, counts = self._grads(compute, rest, batch, totals)
+      return loss, to_f32(grads), logp, top1, counts
     micro_M = jax.tree.map(self._split_micro, batch)
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
     zeros = jax.lax.with_sharding_constraint(zeros, self.param_shardings)
 
     def body(carry, micro):
       loss_sum, grad_sum, counts_sum = carry
-      loss, grads, logp, top1, counts = self._grads(params, rest, micro, totals)
-      grad_sum = jax.tree.map(jnp.add, grad_sum, grads)
+      loss, grads, logp, top1, counts = self._grads(compute, rest, micro, totals)
+      grad_sum = jax.tree.map(jnp.add, grad_sum, to_f32(grads))
       counts_sum = jax.tree.map(jnp.add, counts_sum, counts)
       return (loss_sum + loss, grad_sum, counts_sum), (logp, top1)
 
@@ -414,13 +441,15 @@ class Trainer:
         `jax.ShapeDtypeStruct`s without shardings; the trainer assigns its own.
     """
     batch_shardings = self._fixed_batch_shardings(batch)
+    shardings = self.state_shardings
     if self._jitted is None:
       self._jitted = jax.jit(
-          self._step,
-          in_shardings=(self.state_shardings, self._rest_shardings, batch_shardings),
-          out_shardings=(self.state_shardings, self._replicated),
-          donate_argnums=(0,), compiler_options=self.compiler_options)
-    return self._jitted.lower(_structs(self.state, self.state_shardings),
+          _donating_optimizer_state(self._step),
+          in_shardings=(shardings.params, (shardings.step, shardings.opt_state),
+                        self._rest_shardings, batch_shardings),
+          out_shardings=(shardings, self._replicated),
+          donate_argnums=(1,), compiler_options=self.compiler_options)
+    return self._jitted.lower(*_split_state(_structs(self.state, shardings)),
                               _structs(self._rest, self._rest_shardings),
                               _structs(batch, batch_shardings))
 
@@ -455,7 +484,7 @@ class Trainer:
     batch = self.shard_batch(batch)
     # The compiled executable itself, not the jit wrapper: a state whose dtypes or
     # shardings drifted is an error here instead of a silent second compile.
-    self.state, metrics = self._compiled(self.state, self._rest, batch)
+    self.state, metrics = self._compiled(*_split_state(self.state), self._rest, batch)
     return metrics
 
   def loss_and_grads(self, batch) -> tuple[jax.Array, nnx.State]:
@@ -497,12 +526,46 @@ class Trainer:
   def model(self) -> nnx.Module:
     """The policy with the current (float32 master) parameters.
 
-    It shares the parameter buffers (valid until the next `step` donates them) but not the
-    Variable objects, so updating the returned model (e.g. an `nnx.jit` round trip) never
+    It shares the parameter buffers (the next `step` writes new ones; holding this model
+    keeps the old ones alive) but not the Variable objects, so updating the returned model (e.g. an `nnx.jit` round trip) never
     swaps arrays inside the trainer's state.
     """
     params, rest = jax.tree.map(lambda x: x, (self.state.params, self._rest))
     return nnx.merge(self.graphdef, params, rest)
+
+
+def _split_state(state: TrainState) -> tuple[nnx.State, tuple[jax.Array, optax.OptState]]:
+  """(params, (step, opt_state)): the step program's first two arguments, the second donated."""
+  return state.params, (state.step, state.opt_state)
+
+
+def _donating_optimizer_state(step_fn):
+  """`step_fn(state, rest, batch)` as `fn(params, (step, opt_state), rest, batch)`, for a jit
+  that donates only its second argument (module docstring, "Donation")."""
+
+  def fn(params, counters, rest, batch):
+    step, opt_state = counters
+    return step_fn(TrainState(step=step, params=params, opt_state=opt_state), rest, batch)
+
+  return fn
+
+
+def _compute_dtypes(params: nnx.State, compute_dtype: Any) -> list[Any]:
+  """Per leaf of `params` (as `jax.tree.leaves` orders them): the dtype of the trainer's
+  compute copy of that master, or None to read the float32 master itself. A copy is made
+  of a float parameter held in the model's compute dtype (so its master is wider) and not
+  marked `float32_grad` (`models.layers.param`)."""
+  variables = jax.tree.leaves(params, is_leaf=lambda v: isinstance(v, nnx.Variable))
+  if len(variables) != len(jax.tree.leaves(params)):
+    raise ValueError("every parameter must be an nnx.Variable holding one array")
+  out = []
+  for var in variables:
+    dtype = jnp.dtype(var.get_value().dtype)
+    copy = (compute_dtype is not None and dtype == jnp.dtype(compute_dtype)
+            and master_dtype(dtype) != dtype
+            and not var.get_metadata().get("float32_grad", False))
+    out.append(dtype if copy else None)
+  return out
 
 
 def _shapes(batch) -> list[tuple[tuple[int, ...], str]]:
