@@ -153,7 +153,8 @@ class Sampler(weights.WeightSwap):
     # Device placement: params over 'tp', slots over 'data', small per-call inputs replicated.
     self._graphdef = graphdef
     self._param_shardings = lay.param_shardings
-    # A copy, never the model's own buffers: a trainer on the same devices donates those.
+    # A copy, never the model's own buffers: a trainer on the same devices replaces those
+    # every step, and holding them would keep its old masters allocated.
     self._params = transfer.reshard(params, self._param_shardings, lay.params, copy=True)
     self._param_leaves, self._param_treedef = jax.tree.flatten(self._params)
     # On CPU and GPU every layer's weights are also held as arrays of their own, cut once

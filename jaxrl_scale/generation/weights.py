@@ -106,7 +106,7 @@ class WeightSwap:
       # second transfer would only hold a third copy of the weights for a while.
       return
     params = jax.tree.unflatten(self._param_treedef, leaves)
-    try:  # weak: holding the trainer's arrays would keep donated or old weights alive
+    try:  # weak: holding the trainer's arrays would keep its old weights alive
       refs = [weakref.ref(x) for x in leaves]
     except TypeError:  # a leaf that takes no weak reference (a Python scalar)
       refs = None
@@ -114,8 +114,8 @@ class WeightSwap:
       self._swap_single(params, int(version), refs)
       return
     # Dispatched, not waited for: `placed` may still be computing (the trainer's step that
-    # produces `params` included). copy=True: colocated, the trainer donates `params` to
-    # its next step, so the sampler must hold buffers of its own.
+    # produces `params` included). copy=True: colocated, the sampler holds buffers of its
+    # own (the trainer's next step writes new masters; held, these would stay allocated).
     placed = transfer.reshard(params, self._param_shardings, self._param_dtypes, copy=True)
     with self._lock:
       self._pending = (placed, int(version))
@@ -140,7 +140,7 @@ class WeightSwap:
             while self._loop is not None and self._loop != me and not self._parked:
               self._cond.wait()
         self._free_weights()
-        # copy=True: colocated, the trainer donates `params` to its next step.
+        # copy=True: colocated, never the trainer's own buffers (see `update_params`).
         placed = transfer.reshard(params, self._param_shardings, self._param_dtypes,
                                   copy=True)
         leaves = jax.tree.leaves(placed)
