@@ -204,7 +204,7 @@ class MoE(nnx.Module):
     local = _local_experts(sharding, b, params)
     if local is None:
       y_ND = _experts(x_ND, weights_NK, experts_NK, *params,
-                      impl="dense" if attention.platform(sharding) == "cpu" else "ragged")
+                      impl=_unsharded_impl(attention.platform(sharding), n))
     else:
       y_ND = local(x_ND, weights_NK, experts_NK, *params)
     if self.shared_expert is not None:
@@ -243,6 +243,8 @@ def _experts(x_ND: jax.Array, weights_NK: jax.Array, experts_NK: jax.Array,
   """
   if impl == "dense":
     return _dense_experts(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD, first)
+  if impl == "einsum":
+    return _einsum_experts(x_ND, weights_NK, experts_NK, gate_EDF, up_EDF, down_EFD, first)
   n, k = experts_NK.shape
   e = gate_EDF.shape[0]
   experts_M = experts_NK.reshape(n * k)
@@ -266,6 +268,41 @@ def _experts(x_ND: jax.Array, weights_NK: jax.Array, experts_NK: jax.Array,
     # ragged_dot leaves rows past the groups zero on CPU; a select (not a product: a
     # kernel may leave those rows unwritten) makes that hold everywhere.
     y_NKD = jnp.where(mine_M.reshape(n, k, 1), y_NKD, jnp.zeros((), y_NKD.dtype))
+  return jnp.sum(y_NKD * weights_NK[:, :, None], axis=1)
+
+
+# At most this many tokens, an unsharded MoE layer off CPU (the sampler's decode) runs every
+# expert on every token as einsums (`_einsum_experts`). Their N FLOPs per weight byte stay
+# under a TPU's or GPU's ridge point (v5p 459 TFLOP/s over 2.76 TB/s: 166; H100 bf16 ~295),
+# so the step stays bound by reading the weights, which the einsums read in place, where
+# ragged_dot, a custom call on TPU, first copied each layer's expert weights out of the
+# stacked arrays (docs/models.md: Scout's decode).
+EINSUM_MAX_TOKENS = 128
+
+
+def _unsharded_impl(platform: str, tokens: int) -> str:
+  """The experts' kernel of an MoE layer whose activations carry no sharding."""
+  if platform == "cpu":
+    return "dense"
+  return "einsum" if tokens <= EINSUM_MAX_TOKENS else "ragged"
+
+
+def _einsum_experts(x_ND: jax.Array, weights_NK: jax.Array, experts_NK: jax.Array,
+                    gate_EDF: jax.Array, up_EDF: jax.Array, down_EFD: jax.Array,
+                    first: jax.Array | None = None) -> jax.Array:
+  """`_experts` for a few tokens: every token through all E experts as einsums over the
+  expert axis (no sort, no transposed weights), then each (token, slot) pair's expert
+  output picked and summed as `_experts` sums them (pairs routed outside experts
+  first .. first + E - 1 add zero). Costs E / K times the active FLOPs."""
+  e = gate_EDF.shape[0]
+  dot = lambda spec, a, b: jnp.einsum(  # noqa: E731
+      spec, a, b, preferred_element_type=jnp.float32).astype(x_ND.dtype)
+  h_NEF = jax.nn.silu(dot("nd,edf->nef", x_ND, gate_EDF)) * dot("nd,edf->nef", x_ND, up_EDF)
+  y_NED = dot("nef,efd->ned", h_NEF, down_EFD)
+  ids_NK = experts_NK if first is None else experts_NK - first
+  mine_NK = (ids_NK >= 0) & (ids_NK < e)
+  y_NKD = jnp.take_along_axis(y_NED, jnp.clip(ids_NK, 0, e - 1)[:, :, None], axis=1)
+  y_NKD = jnp.where(mine_NK[:, :, None], y_NKD, jnp.zeros((), y_NKD.dtype))
   return jnp.sum(y_NKD * weights_NK[:, :, None], axis=1)
 
 

@@ -69,7 +69,7 @@ CASES = {"top2": (24, 16, 8, 8, 2, 0, 8), "top1": (17, 8, 4, 12, 1, 0, 4),
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("impl", ["dense", "ragged"])
+@pytest.mark.parametrize("impl", ["dense", "ragged", "einsum"])
 def test_experts_match_a_float64_numpy_loop_values_and_gradients(case, impl):
   n, d, e_all, f, k, first, held = CASES[case]
   x, w, experts, params, c = _inputs(n, d, e_all, f, k, seed=len(case))
@@ -116,18 +116,28 @@ def test_the_moe_layer_runs_the_dense_experts_on_cpu_with_and_without_a_sharding
   assert "ragged_dot" in str(jax.make_jaxpr(lambda *a: moe._experts(*a, impl="ragged"))(*args))
 
 
-def test_under_a_tpu_mesh_the_layer_keeps_the_grouped_matmul():
+def test_under_a_tpu_mesh_the_layer_runs_the_accelerator_kernels(monkeypatch):
   """`plan` traces the sampler's programs for a TPU topology from this CPU machine, with the
-  activations unsharded but the TPU mesh set (`jax.set_mesh`): the experts must be the
-  grouped matmul the TPU runs, not the CPU's dense path (which made plan's MoE decode
-  19.87x the model FLOPs and 101.69 GiB instead of 1.00x and 69.17)."""
+  activations unsharded but the TPU mesh set (`jax.set_mesh`): the experts must be what the
+  TPU runs, never the CPU's dense path (whose transposed weights XLA hoisted out of the
+  decode loop: plan's Scout decode at 101.69 GiB and 19.87x the model FLOPs). A prefill's
+  many tokens take the grouped matmul; a decode step's few (<= EINSUM_MAX_TOKENS) the
+  einsums over the expert axis, which read the stacked weights in place (Scout's decode
+  2.54x -> 1.05x its minimum bytes)."""
   pytest.importorskip("libtpu")
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies
   topo = topologies.get_topology_desc(topology_name="v5p:2x2x1", platform="tpu")
   mesh = jax.make_mesh((4,), ("tp",), axis_types=(AxisType.Auto,), devices=topo.devices)
+
+  def cpu_path(*args, **kwargs):
+    raise AssertionError("the CPU's dense experts under a TPU mesh")
+
+  monkeypatch.setattr(moe, "_dense_experts", cpu_path)
   layer = _layer()
-  x = jax.ShapeDtypeStruct((4, 3, 16), jnp.float32)
-  with jax.set_mesh(mesh):
-    text = jax.jit(lambda x: layer(x, None, None)[0]).lower(x).as_text()
-  assert "ragged_dot" in text
+  for rows, want_grouped in ((moe.EINSUM_MAX_TOKENS // 4, False),
+                             (moe.EINSUM_MAX_TOKENS // 4 + 1, True)):
+    x = jax.ShapeDtypeStruct((4, rows, 16), jnp.float32)
+    with jax.set_mesh(mesh):
+      text = jax.jit(lambda x: layer(x, None, None)[0]).lower(x).as_text()
+    assert ("ragged_dot" in text) == want_grouped, rows
