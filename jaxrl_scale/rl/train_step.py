@@ -8,8 +8,8 @@ runs one compiled step per batch:
     metrics = trainer.step(batch)          # device arrays; fetch them one step later
 
 The step is `jax.jit` with explicit in/out shardings (state laid out like the params,
-batch rows over 'fsdp'), the optimizer state donated, and is compiled once before the first step
-(its `memory_analysis()` is logged). What the step minimises is an `Objective`: the RL
+batch rows over 'fsdp'), the optimizer state donated, and is compiled once before the first
+step (its `memory_analysis()` is logged). What the step minimises is an `Objective`: the RL
 policy loss (`RLObjective`) and the SFT cross-entropy (`rl.sft.SFTObjective`) share all
 the machinery.
 
@@ -527,15 +527,16 @@ class Trainer:
     """The policy with the current (float32 master) parameters.
 
     It shares the parameter buffers (the next `step` writes new ones; holding this model
-    keeps the old ones alive) but not the Variable objects, so updating the returned model (e.g. an `nnx.jit` round trip) never
-    swaps arrays inside the trainer's state.
+    keeps the old ones alive) but not the Variable objects, so updating the returned model
+    (e.g. an `nnx.jit` round trip) never swaps arrays inside the trainer's state.
     """
     params, rest = jax.tree.map(lambda x: x, (self.state.params, self._rest))
     return nnx.merge(self.graphdef, params, rest)
 
 
 def _split_state(state: TrainState) -> tuple[nnx.State, tuple[jax.Array, optax.OptState]]:
-  """(params, (step, opt_state)): the step program's first two arguments, the second donated."""
+  """(params, (step, opt_state)): the step program's first two arguments; it donates the
+  second."""
   return state.params, (state.step, state.opt_state)
 
 

@@ -6,6 +6,7 @@ themselves, bit for bit (the router, the embedding and the FP32 LM head stay flo
 casting those rounds their gradients, and the test shows that it is caught). The step
 donates the optimizer state, not the parameters.
 """
+# pylint: disable=protected-access
 
 import jax
 import jax.numpy as jnp
@@ -62,8 +63,8 @@ def _batch(seed=3):
 def _grads_with(trainer, batch, dtypes):
   """The trainer's float32 gradients with `dtypes` as its compute copy's (None: the master
   itself), through the same micro-batch program."""
-  trainer._compute_dtypes = dtypes  # pylint: disable=protected-access
-  trainer._loss_and_grads = None  # pylint: disable=protected-access
+  trainer._compute_dtypes = dtypes
+  trainer._loss_and_grads = None
   return trainer.loss_and_grads(batch)[1]
 
 
@@ -81,7 +82,7 @@ def _max_rel_err(got, want):
 def test_the_compute_copy_gives_the_masters_gradient(tie):
   trainer = _trainer(_cfg(tie), _mesh())
   batch = _batch()
-  copied = {p: d for p, d in zip(_paths(trainer.params), trainer._compute_dtypes)}  # pylint: disable=protected-access
+  copied = {p: d for p, d in zip(_paths(trainer.params), trainer._compute_dtypes)}
   # Every expert, attention and norm weight is copied to bf16; the router, the embedding
   # and the FP32 head are read as float32 masters.
   kept = sorted(p for p, d in copied.items() if d is None)
@@ -124,15 +125,15 @@ def _micro_scan(jaxpr):
 def test_the_micro_batch_loop_reads_bf16_copies_not_the_masters():
   trainer = _trainer(_cfg(False), _mesh())
   batch = trainer.shard_batch(_batch())
-  fn = train_step._donating_optimizer_state(trainer._step)  # pylint: disable=protected-access
-  closed = jax.make_jaxpr(fn)(*train_step._split_state(trainer.state), trainer._rest, batch)  # pylint: disable=protected-access
+  fn = train_step._donating_optimizer_state(trainer._step)
+  closed = jax.make_jaxpr(fn)(*train_step._split_state(trainer.state), trainer._rest, batch)
   scan = _micro_scan(closed.jaxpr)
   assert scan is not None
   consts = [(v.aval.shape, v.aval.dtype) for v in scan.invars[:scan.params["num_consts"]]]
   # Each copied weight (experts, attention, norms, dense MLP) goes in as its bf16 copy, and
   # no float32 array of its shape is a loop constant (its float32 gradient sum is a carry).
   copied = [x.shape for x, d in zip(jax.tree.leaves(trainer.params),
-                                    trainer._compute_dtypes) if d is not None]  # pylint: disable=protected-access
+                                    trainer._compute_dtypes) if d is not None]
   assert len(copied) > 10
   for shape in copied:
     assert (shape, jnp.bfloat16) in consts, shape
