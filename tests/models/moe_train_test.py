@@ -12,7 +12,7 @@ from jaxrl_scale.models import config as model_config
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.rl import batch as batch_lib
 from jaxrl_scale.rl import train_step
-from tests import random_model
+from tests import random_batch, random_model
 
 P, G, S, PROMPT_LEN = 4, 4, 16, 4
 # fsdp=4 divides the model dim, tp=2 heads, kv heads, both MLP sizes and the vocab. Layer 0
@@ -42,12 +42,8 @@ def _trainer(mesh, temperature=1.0, **optim):
 
 
 def _batch(seed):
-  rng = np.random.default_rng(seed)
-  prompts = [list(rng.integers(1, 64, size=PROMPT_LEN)) for _ in range(P)]
-  completions = [[list(rng.integers(1, 64, size=rng.integers(2, S - PROMPT_LEN + 1)))
-                  for _ in range(G)] for _ in range(P)]
-  gen_logp = [[list(-rng.uniform(2.0, 6.0, size=len(c))) for c in cs] for cs in completions]
-  return batch_lib.pack_rl(prompts, completions, gen_logp, rng.normal(size=(P, G)), seq_len=S)
+  return random_batch.rl_batch(seed, prompts=P, generations=G, seq_len=S,
+                              prompt_len=PROMPT_LEN)
 
 
 def test_moe_train_step_sharded_equals_single_device():

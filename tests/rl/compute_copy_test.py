@@ -18,9 +18,8 @@ from jax.sharding import AxisType
 from jaxrl_scale import config
 from jaxrl_scale.models import config as model_config
 from jaxrl_scale.parallel import mesh as mesh_lib
-from jaxrl_scale.rl import batch as batch_lib
 from jaxrl_scale.rl import train_step
-from tests import random_model
+from tests import random_batch, random_model
 
 P, G, S, PROMPT_LEN, MICRO = 4, 4, 20, 4, 2
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
@@ -52,12 +51,8 @@ def _trainer(cfg, mesh):
 
 
 def _batch(seed=3):
-  rng = np.random.default_rng(seed)
-  prompts = [list(rng.integers(1, 64, size=PROMPT_LEN)) for _ in range(P)]
-  completions = [[list(rng.integers(1, 64, size=rng.integers(2, S - PROMPT_LEN + 1)))
-                  for _ in range(G)] for _ in range(P)]
-  gen_logp = [[list(-rng.uniform(2.0, 6.0, size=len(c))) for c in cs] for cs in completions]
-  return batch_lib.pack_rl(prompts, completions, gen_logp, rng.normal(size=(P, G)), seq_len=S)
+  return random_batch.rl_batch(seed, prompts=P, generations=G, seq_len=S,
+                              prompt_len=PROMPT_LEN)
 
 
 def _grads_with(trainer, batch, dtypes):
