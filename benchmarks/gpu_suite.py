@@ -27,13 +27,15 @@ issue item):
   8192^3 matmul measured in the same process.
 
 Writes to --out (default $OUT, else benchmarks/results/gpu), rewritten after every run so a
-kill keeps what finished: gpu_suite.json ({device, gpu_memory_mib, jax, jaxlib, commit,
-date, runs, summary}), train_step_bench.json, sampler_bench.json and paged_decode_check.json
+kill keeps what finished: gpu_suite.json ({device, gpu_memory_mib, jax, jaxlib, python,
+packages, commit, date, runs, summary}), train_step_bench.json, sampler_bench.json and paged_decode_check.json
 (the same header, their runs), gpu_suite.log (all output) and the decode runs' tokens. A
 run keeps its command, extra environment, exit code, seconds, the bench's JSON report and
 its output tail.
 
-The device machine's working tree has no .git: pass the commit as GIT_COMMIT. On a GPU of
+The device machine's working tree has no .git and no install: pass the commit as GIT_COMMIT;
+each bench imports jaxrl_scale from this tree (PYTHONPATH) with the machine's own python3 and
+packages (jax 0.11.2 there in 2026-11, where `--cpu-smoke` passes too). On a GPU of
 less than 100 GiB the 1.7B runs take 2 micro-batches (55.7 GiB of einsum temporaries were
 measured at one on an H200). The suite is sized for the issue's 8 minutes: no run starts
 after --budget-s and a run still going at --deadline-s is killed; each has its own limit.
@@ -62,6 +64,11 @@ QWEN3_0P6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                   num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                   head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True,
                   rope_theta=1000000.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+# Recorded in every JSON header beside jax and jaxlib: the device image's own versions, not
+# our pins (the suite runs the copied tree with the machine's python3).
+PACKAGES = ("jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint",
+            "transformers", "torch", "numpy")
 
 LHS = "--xla_gpu_enable_latency_hiding_scheduler=true"
 NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="
@@ -296,7 +303,10 @@ def write_checkpoint(path: str) -> None:
 
 def run_one(run: dict, log, timeout: float) -> dict:
   cmd = [sys.executable, *run["argv"]]
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  # The device machine runs the tree as copied, not installed: the benches import
+  # jaxrl_scale from ROOT.
+  env = dict(os.environ, PYTHONUNBUFFERED="1",
+             PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
   for key, value in run["env"].items():  # appended: the caller's XLA_FLAGS stay
     env[key] = f"{env.get(key, '')} {value}".strip()
   log(f"\n=== {run['name']}: {' '.join(f'{k}={v}' for k, v in run['env'].items())} "
@@ -343,7 +353,9 @@ def main(argv=None) -> int:
     log_file.flush()
 
   header = dict(device=device, gpu_memory_mib=gpu_mib, jax=version("jax"),
-                jaxlib=version("jaxlib"), commit=commit_of(args.commit),
+                jaxlib=version("jaxlib"), python=sys.version.split()[0],
+                packages={name: version(name) for name in PACKAGES},
+                commit=commit_of(args.commit),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
   log(json.dumps(header))
   start = time.perf_counter()

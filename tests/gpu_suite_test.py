@@ -103,6 +103,22 @@ def test_busy_time_is_the_union_of_stream_intervals():
   assert sampler_bench.busy_ns([]) == 0
 
 
+def test_runs_import_the_tree_on_a_machine_without_an_install(monkeypatch):
+  """The device machine gets the tree copied, not pip-installed: each bench finds
+  jaxrl_scale through the suite's PYTHONPATH. `-S` hides site-packages (where the editable
+  install lives) from the probe; without the suite's PYTHONPATH the import fails, as every
+  train run did under jax 0.11.2 in a venv without the package."""
+  monkeypatch.setenv("PYTHONPATH", "/nonexistent")  # the caller's entries are kept after ROOT
+  probe = ("import os, jaxrl_scale; print(os.path.dirname(os.path.dirname("
+           "os.path.abspath(jaxrl_scale.__file__)))); print(os.environ['PYTHONPATH'])")
+  run = dict(name="probe", bench="train_step_bench", env={}, argv=["-S", "-c", probe])
+  result = gpu_suite.run_one(run, lambda _: None, 60.0)
+  assert result["rc"] == 0, result["output_tail"]
+  root, path = result["output_tail"].strip().splitlines()
+  assert root == ROOT
+  assert path.split(os.pathsep) == [ROOT, "/nonexistent"]
+
+
 def test_parse_train_reads_the_report():
   assert gpu_suite.parse_train(TRAIN_REPORT) == {
       "params_m": 0.1, "compile_s": 11.6, "temp_gib": 0.01, "model_tflop_per_step": 0.001,
@@ -124,6 +140,7 @@ def test_mfu_counts_causal_attention_as_half():
 
 def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch):
   """The files come back even when nothing ran: header (device, versions, commit) + runs."""
+  import importlib.metadata
   import json
 
   monkeypatch.setattr(gpu_suite, "gpu_info", lambda: ("NVIDIA H100 80GB HBM3", 81559))
@@ -135,6 +152,7 @@ def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch)
   assert train["device"] == "NVIDIA H100 80GB HBM3" and train["commit"] == "abc123"
   import jax
   assert train["jax"] == jax.__version__
+  assert train["packages"]["flax"] == importlib.metadata.version("flax")
   assert [r["name"] for r in suite["runs"]] == [name for name, *_ in gpu_suite.RUNS]
   assert [r["batch"] for r in sampler["runs"]] == [256, 256, 64, 64, 256, 256]
   assert len(train["runs"]) == 8
