@@ -164,3 +164,41 @@ def test_explicit_cudnn_refuses_what_cudnn_cannot_run():
   q, k, v = random_qkv(1, 4, 2, 1, 8, jnp.float32)
   with pytest.raises(ValueError, match="bfloat16 or float16"):
     attention.causal_attention(q, k, v, jnp.ones((1, 4), bool), impl="cudnn")
+
+
+def test_cudnn_train_path_passes_cudnns_checks_and_lowers_for_cuda(monkeypatch):
+  """The model's cuDNN path as the GPU's train step runs it (bf16, remat full, gradients),
+  lowered for CUDA on this CPU: jax's own cuDNN argument checks (dtypes, layouts, the int32
+  key lengths, head dim) run at trace time, and the program holds the fused forward, its
+  remat rerun and the fused backward, not the einsum. Only the two hardware queries those
+  checks make (cuDNN's version, the GPU's compute capability) are answered here as an H100
+  with cuDNN 9.10 would; nothing is compiled."""
+  import dataclasses
+  import re
+
+  from flax import nnx
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn_fa
+
+  from jaxrl_scale.models import config as model_config
+  from jaxrl_scale.models import transformer
+
+  monkeypatch.setattr(cudnn_fa, "check_cudnn_version", lambda: 91000)
+  monkeypatch.setattr(cudnn_fa, "check_compute_capability", lambda capability: True)
+  monkeypatch.setattr(cudnn_fa, "is_cuda_compute_capability_equal", lambda capability: False)
+  cfg = dataclasses.replace(model_config.tiny_qwen3(), param_dtype="bfloat16",
+                            dtype="bfloat16", attention_impl="cudnn")
+  graphdef, params = nnx.split(transformer.create_model(cfg))
+
+  def loss(params, tokens_BT, positions_BT, mask_BT):
+    model = nnx.merge(graphdef, params)
+    h_BTD = model.hidden_states(tokens_BT, positions_BT, mask_BT, remat="full")
+    return jnp.sum(h_BTD.astype(jnp.float32) ** 2)
+
+  b, t = 2, 64
+  args = (params, jax.ShapeDtypeStruct((b, t), jnp.int32),
+          jax.ShapeDtypeStruct((b, t), jnp.int32), jax.ShapeDtypeStruct((b, t), jnp.bool_))
+  text = jax.jit(jax.grad(loss)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  calls = re.findall(r"custom_call @(__cudnn\$\w+)", text)
+  # One scanned layer body: forward, its rerun under remat, backward.
+  assert sorted(calls) == ["__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmax",
+                           "__cudnn$fmhaSoftmaxBackward"]
