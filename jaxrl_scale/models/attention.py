@@ -27,6 +27,11 @@ import numpy as np
 IMPLS = ("auto", "einsum", "splash", "cudnn")
 # checkpoint_name of the splash forward kernel's residuals (its output and log-sum-exp).
 SPLASH_RESIDUALS = "splash_residuals"
+# cuDNN's fused forward (`jax.nn.dot_product_attention(implementation="cudnn")`) is one jax
+# primitive whose outputs are the attention output and its softmax statistics, the two its
+# fused backward reads. jax names neither, so a remat policy keeps them by primitive
+# (`keeps_cudnn_residuals`); tests/models/gpu_attention_test.py fails if the name changes.
+CUDNN_FORWARD = "dot_product_attention_fwd_wrapper"
 
 # Finite (not -inf) so a query with no visible key gets a uniform softmax instead of NaN.
 MASKED = float(np.finfo(np.float32).min)
@@ -93,6 +98,11 @@ def _devices(sharding: jax.sharding.NamedSharding | None) -> list:
   if sharding is None or isinstance(sharding.mesh, jax.sharding.AbstractMesh):
     return []
   return list(sharding.mesh.devices.flat)
+
+
+def keeps_cudnn_residuals(prim, *_, **__) -> bool:
+  """A jax.checkpoint policy: keep the cuDNN forward kernel's outputs (see CUDNN_FORWARD)."""
+  return prim.name == CUDNN_FORWARD
 
 
 def auto_impl(sharding: jax.sharding.NamedSharding | None, dtype, head_dim: int) -> str:

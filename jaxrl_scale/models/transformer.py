@@ -506,8 +506,9 @@ class Transformer(nnx.Module):
 # the layer input (everything else is recomputed), "dots" stores matmul outputs that have no
 # batch dims (the projections) and recomputes the cheap elementwise work and attention.
 # "attention" keeps the attention block's results: the q/k/v and output projections
-# (`layers.Attention`'s checkpoint names) and the splash kernel's output and log-sum-exp (what
-# its backward kernel reads), so only the norms and the MLP are recomputed. Per token and
+# (`layers.Attention`'s checkpoint names) and the attention kernel's output and log-sum-exp
+# (what its backward kernel reads: splash's by name, cuDNN's by primitive), so only the
+# norms and the MLP are recomputed. Per token and
 # layer that is (2N + 2K) * H + D values (and N float32 log-sum-exps) beside the layer input:
 # 14,336 on Qwen3-8B, against 34,816 for "dots" (which keeps the MLP's gate and up outputs,
 # 2F, and reruns the attention kernel). The einsum path (CPU, GPU without cuDNN) has no
@@ -518,12 +519,16 @@ REMAT_POLICIES: dict[str, Callable | None] = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "attention": jax.checkpoint_policies.save_only_these_names(*ATTENTION_NAMES),
-    # "dots" and the splash kernel's output and log-sum-exp: every matmul's result is kept,
-    # only elementwise work (norms, RoPE, SiLU) is recomputed.
+    "attention": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.save_only_these_names(*ATTENTION_NAMES),
+        attention.keeps_cudnn_residuals),
+    # "dots" and the attention kernel's output and log-sum-exp: every matmul's result is
+    # kept, only elementwise work (norms, RoPE, SiLU) is recomputed.
     "matmuls": jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        jax.checkpoint_policies.save_only_these_names(attention.SPLASH_RESIDUALS)),
+        jax.checkpoint_policies.save_from_both_policies(
+            jax.checkpoint_policies.save_only_these_names(attention.SPLASH_RESIDUALS),
+            attention.keeps_cudnn_residuals)),
 }
 
 

@@ -166,13 +166,20 @@ def test_explicit_cudnn_refuses_what_cudnn_cannot_run():
     attention.causal_attention(q, k, v, jnp.ones((1, 4), bool), impl="cudnn")
 
 
-def test_cudnn_train_path_passes_cudnns_checks_and_lowers_for_cuda(monkeypatch):
-  """The model's cuDNN path as the GPU's train step runs it (bf16, remat full, gradients),
-  lowered for CUDA on this CPU: jax's own cuDNN argument checks (dtypes, layouts, the int32
-  key lengths, head dim) run at trace time, and the program holds the fused forward, its
-  remat rerun and the fused backward, not the einsum. Only the two hardware queries those
-  checks make (cuDNN's version, the GPU's compute capability) are answered here as an H100
-  with cuDNN 9.10 would; nothing is compiled."""
+# Fused forwards per layer: remat reruns the kernel unless the policy keeps its output and
+# softmax statistics ("attention" and "matmuls" keep them, like the splash kernel's).
+CUDNN_FORWARDS = {"none": 1, "full": 2, "dots": 2, "attention": 1, "matmuls": 1}
+
+
+@pytest.mark.parametrize("remat", sorted(CUDNN_FORWARDS))
+def test_cudnn_train_path_passes_cudnns_checks_and_lowers_for_cuda(monkeypatch, remat):
+  """The model's cuDNN path as the GPU's train step runs it (bf16, gradients), lowered for
+  CUDA on this CPU: jax's own cuDNN argument checks (dtypes, layouts, the int32 key
+  lengths, head dim) run at trace time, and the program holds the fused forward (rerun
+  under remat where the policy drops its residuals) and the fused backward, not the
+  einsum. Only the two hardware queries those checks make (cuDNN's version, the GPU's
+  compute capability) are answered here as an H100 with cuDNN 9.10 would; nothing is
+  compiled."""
   import dataclasses
   import re
 
@@ -191,7 +198,7 @@ def test_cudnn_train_path_passes_cudnns_checks_and_lowers_for_cuda(monkeypatch):
 
   def loss(params, tokens_BT, positions_BT, mask_BT):
     model = nnx.merge(graphdef, params)
-    h_BTD = model.hidden_states(tokens_BT, positions_BT, mask_BT, remat="full")
+    h_BTD = model.hidden_states(tokens_BT, positions_BT, mask_BT, remat=remat)
     return jnp.sum(h_BTD.astype(jnp.float32) ** 2)
 
   b, t = 2, 64
@@ -199,6 +206,6 @@ def test_cudnn_train_path_passes_cudnns_checks_and_lowers_for_cuda(monkeypatch):
           jax.ShapeDtypeStruct((b, t), jnp.int32), jax.ShapeDtypeStruct((b, t), jnp.bool_))
   text = jax.jit(jax.grad(loss)).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   calls = re.findall(r"custom_call @(__cudnn\$\w+)", text)
-  # One scanned layer body: forward, its rerun under remat, backward.
-  assert sorted(calls) == ["__cudnn$fmhaSoftmax", "__cudnn$fmhaSoftmax",
-                           "__cudnn$fmhaSoftmaxBackward"]
+  # One scanned layer body.
+  assert sorted(calls) == (["__cudnn$fmhaSoftmax"] * CUDNN_FORWARDS[remat]
+                           + ["__cudnn$fmhaSoftmaxBackward"])
