@@ -15,7 +15,7 @@ issue item):
   transformers, in bfloat16), bf16, 128 prompt + 512 new tokens, at batch 256 and 64, with
   the Pallas Triton paged-attention kernel (`--decode-attention triton`) and with the gather
   it replaces; tok/s, the fraction of the HBM roofline, and the share of equal greedy
-  tokens between the two (saved as tokens_NAME.npy). The first run also profiles one
+  tokens between the two. The first run also profiles one
   generation (the GPU-busy fraction of a decode step); one more runs without XLA's command
   buffers (what they do for the host gaps); the last adds transformers on the same GPU.
 - train step (train_step_bench, compile + 1 warm-up + 3 timed steps, bfloat16 activations
@@ -28,10 +28,11 @@ issue item):
 
 Writes to --out (default $OUT, else benchmarks/results/gpu), rewritten after every run so a
 kill keeps what finished: gpu_suite.json ({device, gpu_memory_mib, jax, jaxlib, python,
-packages, commit, date, runs, summary}), train_step_bench.json, sampler_bench.json and paged_decode_check.json
-(the same header, their runs), gpu_suite.log (all output) and the decode runs' tokens. A
-run keeps its command, extra environment, exit code, seconds, the bench's JSON report and
-its output tail.
+packages, commit, date, runs, summary}), train_step_bench.json, sampler_bench.json and
+paged_decode_check.json (the same header, their runs) and gpu_suite.log (all output): five
+files, within the 8 the device tool brings back (the decode runs' tokens stay in the temp
+folder; the summary keeps their share of equal tokens). A run keeps its command, extra
+environment, exit code, seconds, the bench's JSON report and its output tail.
 
 The device machine's working tree has no .git and no install: pass the commit as GIT_COMMIT;
 each bench imports jaxrl_scale from this tree (PYTHONPATH) with the machine's own python3 and
@@ -196,9 +197,9 @@ def sampler_argv(o: dict, checkpoint: str, smoke: bool) -> list[str]:
 
 
 def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
-         only: list[str] | None = None, out: str = ".") -> list[dict]:
+         only: list[str] | None = None, tokens_dir: str = ".") -> list[dict]:
   """The runs, in order: {name, item, bench, argv, env, timeout_s, and the options}.
-  Decode runs save their greedy tokens under `out` (tokens_NAME.npy)."""
+  Decode runs save their greedy tokens under `tokens_dir` (tokens_NAME.npy)."""
   runs = []
   for name, item, bench, o in RUNS:
     if only and not any(name.startswith(x) or bench == x for x in only):
@@ -215,7 +216,7 @@ def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
       run["timeout_s"] = TIMEOUT_S["train_1p7b" if big else "train"]
     else:
       run["argv"] = sampler_argv(o, checkpoint, smoke) + [
-          "--save-tokens", os.path.join(os.path.abspath(out), f"tokens_{name}.npy")]
+          "--save-tokens", os.path.join(os.path.abspath(tokens_dir), f"tokens_{name}.npy")]
       run["timeout_s"] = TIMEOUT_S["sampler"] + (60.0 if o.get("hf") else 0.0)
     run["env"] = {"XLA_FLAGS": o["xla_flags"]} if o.get("xla_flags") else {}
     runs.append(run)
@@ -335,7 +336,10 @@ def main(argv=None) -> int:
   device, gpu_mib = ("(dry run)", None) if args.dry_run else (
       ("cpu smoke", None) if smoke else gpu_info())
   checkpoint = os.path.join(tempfile.gettempdir(), "gpu_suite_qwen3_0p6b")
-  runs = plan(gpu_mib, checkpoint, smoke=smoke, only=args.only, out=args.out)
+  # The greedy tokens stay beside the checkpoint, not under --out: the device tool returns
+  # at most 8 files, and the summary keeps what they are for (the share of equal tokens).
+  tokens_dir = os.path.join(tempfile.gettempdir(), "gpu_suite_tokens")
+  runs = plan(gpu_mib, checkpoint, smoke=smoke, only=args.only, tokens_dir=tokens_dir)
   if args.dry_run:
     for run in runs:
       env = "".join(f"{k}={v} " for k, v in run["env"].items())
@@ -345,6 +349,9 @@ def main(argv=None) -> int:
     args.budget_s = args.deadline_s = float("inf")
 
   os.makedirs(args.out, exist_ok=True)
+  os.makedirs(tokens_dir, exist_ok=True)
+  for name in os.listdir(tokens_dir):  # an earlier suite's tokens are not this one's
+    os.remove(os.path.join(tokens_dir, name))
   log_file = open(os.path.join(args.out, "gpu_suite.log"), "w")
 
   def log(text: str) -> None:
@@ -372,15 +379,17 @@ def main(argv=None) -> int:
       left = args.deadline_s - (time.perf_counter() - start)
       result = run_one(run, log, max(1.0, min(run["timeout_s"], left)) if not smoke else 900.0)
     results.append(result)
-    _write(args.out, header, results)
+    _write(args.out, header, results, tokens_dir)
   log(f"suite: {time.perf_counter() - start:.0f} s")
   log_file.close()
   return 0 if all(r.get("rc", 0) == 0 for r in results) else 1
 
 
-def _write(out: str, header: dict, results: list[dict]) -> None:
-  """gpu_suite.json and one file per bench, rewritten after every run."""
-  files = {"gpu_suite.json": {**header, "runs": results, "summary": summary(results, out)}}
+def _write(out: str, header: dict, results: list[dict], tokens_dir: str) -> None:
+  """gpu_suite.json and one file per bench, rewritten after every run (5 files with the log;
+  the device tool returns 8)."""
+  files = {"gpu_suite.json": {**header, "runs": results,
+                              "summary": summary(results, tokens_dir)}}
   for bench in BENCHES.values():
     files[f"{bench}.json"] = {**header, "runs": [r for r in results if r["bench"] == bench]}
   for name, body in files.items():

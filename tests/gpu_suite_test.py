@@ -164,7 +164,8 @@ def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch)
 @pytest.mark.slow
 def test_cpu_smoke_runs_every_variant(tmp_path):
   """Every variant at tiny shapes on CPU (the Triton kernel in interpret mode, the profile,
-  the XLA flags): none crashes, each writes its JSON report (about 5 minutes on 2 cores)."""
+  the XLA flags): none crashes, each writes its JSON report, and --out holds only what the
+  device tool brings back (about 5 minutes on 2 cores)."""
   import json
 
   subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
@@ -175,3 +176,10 @@ def test_cpu_smoke_runs_every_variant(tmp_path):
   assert all(r["rc"] == 0 and r["report"] for r in suite["runs"])
   assert {r["report"]["decode_attention"] for r in suite["runs"]
           if r["bench"] == "sampler_bench"} == {"triton", "gather"}
+  # The device tool brings back at most 8 files from $OUT: everything the suite writes.
+  assert sorted(os.listdir(tmp_path)) == [
+      "gpu_suite.json", "gpu_suite.log", "paged_decode_check.json", "sampler_bench.json",
+      "train_step_bench.json"]
+  # The tokens stayed out of $OUT, but the kernel/gather comparison still read them.
+  assert suite["summary"]["decode_b256"]["greedy_tokens_equal"] == 1.0
+  assert suite["summary"]["decode_b64"]["greedy_tokens_equal"] == 1.0
