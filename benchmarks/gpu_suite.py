@@ -15,8 +15,8 @@ issue item):
   transformers, in bfloat16), bf16, 128 prompt + 512 new tokens, at batch 256 and 64, with
   the Pallas Triton paged-attention kernel (`--decode-attention triton`) and with the gather
   it replaces; tok/s, the fraction of the HBM roofline, and the share of equal greedy
-  tokens between the two. The first run also profiles one
-  generation (the GPU-busy fraction of a decode step); one more runs without XLA's command
+  tokens between the two. The batch-256 runs also profile one generation (the GPU-busy
+  fraction of a decode step and its time by kernel); one more runs without XLA's command
   buffers (what they do for the host gaps); the last adds transformers on the same GPU.
 - train step (train_step_bench, compile + 1 warm-up + 3 timed steps, bfloat16 activations
   over the presets' float32 masters): qwen3_1p7b 16 x 4096 and qwen3_0p6b 32 x 2048 with
@@ -24,7 +24,8 @@ issue item):
   the attention's context kept), logits chunk 2048 against 512, and XLA's latency-hiding
   scheduler; the einsum attention last (the issue's baseline). MFU against the chip's bf16
   spec peak with full and with causal (halved) attention FLOPs, and against a bf16
-  8192^3 matmul measured in the same process.
+  8192^3 matmul measured in the same process; the two cuDNN remat-full runs also profile one
+  step (time by kernel family: matmul, attention, copy, other).
 
 Writes to --out (default $OUT, else benchmarks/results/gpu), rewritten after every run so a
 kill keeps what finished: gpu_suite.json ({device, gpu_memory_mib, jax, jaxlib, python,
@@ -75,16 +76,19 @@ LHS = "--xla_gpu_enable_latency_hiding_scheduler=true"
 NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="
 
 # (name, issue item, bench, options). Train options: preset, prompts x generations, seq_len,
-# attention, remat, logits_chunk, xla_flags; decode: batch, decode attention, profile, hf,
-# xla_flags. Most important first.
+# attention, remat, logits_chunk, xla_flags, profile; decode: batch, decode attention,
+# profile, hf, xla_flags. Most important first. A profiled run adds one run under JAX's
+# profiler: the GPU-busy share and the time by kernel (benchmarks/gpu_profile.py).
 RUNS = [
     ("decode_kernel_check", 2, "check", {}),
     ("decode_b256_triton", 2, "sampler", dict(batch=256, decode="triton", profile=True)),
-    ("decode_b256_gather", 2, "sampler", dict(batch=256, decode="gather")),
+    ("decode_b256_gather", 2, "sampler", dict(batch=256, decode="gather", profile=True)),
     ("train_1p7b_16x4096_cudnn_full", 7, "train",
-     dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn")),
+     dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
+          profile=True)),
     ("train_0p6b_32x2048_cudnn_full", 7, "train",
-     dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn")),
+     dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
+          profile=True)),
     ("train_0p6b_32x2048_cudnn_dots", 3, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           remat="dots")),
@@ -180,7 +184,7 @@ def train_argv(o: dict, micro: int, smoke: bool) -> list[str]:
              "--matmul-size", "8192", "--logits-chunk", str(o.get("logits_chunk", 512)),
              "--micro-batches", str(micro), "--dtype", "bfloat16", "--attention", o["attention"]]
   return ["train_step_bench.py", *shape, "--remat", o.get("remat", "full"),
-          "--matmul-dtype", "bfloat16", "--json"]
+          "--matmul-dtype", "bfloat16", *(["--profile"] if o.get("profile") else []), "--json"]
 
 
 def sampler_argv(o: dict, checkpoint: str, smoke: bool) -> list[str]:
@@ -262,6 +266,10 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
           triton_over_gather=round(kernel["ours_tok_s"] / gather["ours_tok_s"], 3),
           triton_fraction_of_roofline=kernel.get("fraction_of_roofline"),
           gather_fraction_of_roofline=gather.get("fraction_of_roofline"))
+      for impl, rep in (("triton", kernel), ("gather", gather)):
+        for key in ("gpu_busy_fraction", "family_ms_per_step"):
+          if key in rep:
+            out[f"decode_b{batch}"][f"{impl}_{key}"] = rep[key]
       match = token_match(out_dir, f"decode_b{batch}_triton", f"decode_b{batch}_gather")
       if match is not None:
         out[f"decode_b{batch}"]["greedy_tokens_equal"] = match
@@ -269,9 +277,10 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
     if not name.startswith("train_") or "median_step_s" not in rep:
       continue
     base = by.get("_".join(name.split("_")[:3]) + "_cudnn_full", {})
-    out[name] = {k: rep.get(k) for k in ("median_step_s", "temp_gib", "mfu_causal_attention",
-                                         "mfu_full_attention", "fraction_of_matmul_peak",
-                                         "matmul_peak_tflop_s")}
+    out[name] = {k: rep[k] for k in ("median_step_s", "temp_gib", "mfu_causal_attention",
+                                     "mfu_full_attention", "fraction_of_matmul_peak",
+                                     "matmul_peak_tflop_s", "gpu_busy_fraction",
+                                     "family_ms_per_step") if k in rep}
     if base.get("median_step_s"):
       out[name]["step_over_cudnn_full"] = round(rep["median_step_s"] / base["median_step_s"], 3)
   return out

@@ -65,7 +65,9 @@ import tempfile
 import time
 
 import numpy as np
-from train_step_bench import matmul_peak  # benchmarks/ is on sys.path when run
+
+import gpu_profile  # benchmarks/ is on sys.path when run
+from train_step_bench import matmul_peak
 
 # Peak HBM bandwidth (GB/s) of common accelerators, for the roofline line; --hbm-gbps wins.
 _PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "TPU v4": 1200.0,
@@ -476,62 +478,13 @@ def _limits(args, model_cfg, matmul_params: int, ours_tps: float, hf_tps: float 
   return report
 
 
-def busy_ns(intervals: list[tuple[float, float]]) -> float:
-  """Length of the union of [start, end) intervals (kernels on several streams overlap)."""
-  total, reach = 0.0, float("-inf")
-  for start, end in sorted(intervals):
-    if end > reach:
-      total += end - max(start, reach)
-      reach = end
-  return total
-
-
-def device_intervals(xplane_path: str) -> list[tuple[float, float]]:
-  """(start, end) ns of every kernel on a GPU stream in a profile (`jax.profiler.trace`'s
-  .xplane.pb). Only the "Stream" lines: the profiler's other lines on a GPU plane repeat
-  the same time as XLA ops and modules."""
-  from jax.profiler import ProfileData
-
-  out = []
-  for plane in ProfileData.from_file(xplane_path).planes:
-    if not plane.name.startswith("/device:GPU"):
-      continue
-    for line in plane.lines:
-      if line.name.startswith("Stream"):
-        out.extend((e.start_ns, e.end_ns) for e in line.events)
-  return out
-
-
 def _profiled(sampler, reqs, args, log) -> dict:
-  """Part 6: one fixed-batch run under the profiler; the GPU's busy share of its wall time."""
-  import glob
-
-  import jax
-
-  trace_dir = tempfile.mkdtemp(prefix="sampler_bench_profile_")
+  """Part 6: one fixed-batch run under the profiler; the GPU's busy share of its wall time
+  and the kernels that took it, per decode step (prefill included; `gpu_profile`)."""
   sampler.reset_stats()
-  try:
-    with jax.profiler.trace(trace_dir):
-      start = time.perf_counter()
-      sampler.generate(reqs)
-      wall_s = time.perf_counter() - start
-    paths = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-    intervals = device_intervals(paths[0]) if paths else []
-  except Exception as e:  # noqa: BLE001  (the numbers measured before it still get reported)
-    log(f"[profile] failed: {type(e).__name__}: {e}")
-    return {"profile_error": f"{type(e).__name__}: {e}"[:500]}
-  steps = max(sampler.stats.chunks * args.chunk, 1)
-  if not intervals:
-    log(f"[profile] no GPU kernels in the profile ({trace_dir}); wall {wall_s:.2f} s")
-    return {"profile_wall_s": round(wall_s, 3)}
-  busy_s = busy_ns(intervals) / 1e9
-  log(f"[profile] GPU busy {busy_s:.3f} s of the run's {wall_s:.3f} s wall = "
-      f"{busy_s / wall_s:.1%} ({busy_s / steps * 1e3:.3f} of {wall_s / steps * 1e3:.3f} ms per "
-      f"decode step, prefill included; {len(intervals)} kernels; trace in {trace_dir})")
-  return dict(profile_wall_s=round(wall_s, 3), gpu_busy_s=round(busy_s, 3),
-              gpu_busy_fraction=round(busy_s / wall_s, 4),
-              gpu_busy_ms_per_step=round(busy_s / steps * 1e3, 4),
-              wall_ms_per_step=round(wall_s / steps * 1e3, 4))
+  return gpu_profile.profile(lambda: sampler.generate(reqs),
+                             lambda: sampler.stats.chunks * args.chunk, log, "sampler_bench",
+                             unit="decode step, prefill included")
 
 
 def _mixed(args, model, prompts, rng, log) -> dict:

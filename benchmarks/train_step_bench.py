@@ -28,7 +28,9 @@ median of the per-step ratios.
 On a GPU (or TPU) whose name is in `SPEC_BF16` it also prints MFU against the chip's bf16
 dense spec peak, with the FLOPs above (full S x S attention) and with causal attention
 (half of the attention FLOPs, as MaxText counts); `--matmul-dtype bfloat16` measures the
-peak with bf16 matmuls (the GPU's tensor-core rate). `--json` prints one JSON line last.
+peak with bf16 matmuls (the GPU's tensor-core rate). `--profile` runs one more step under
+JAX's profiler and, on a GPU, prints its busy share and the kernels that took the time
+(`gpu_profile.py`). `--json` prints one JSON line last.
 
 The step runs the RL objective (CISPO, prompt average) through `rl.train_step.Trainer`,
 exactly as training does: micro-batch scan, AdamW update, non-finite check, diagnostics.
@@ -74,6 +76,9 @@ def parse_args() -> argparse.Namespace:
                       "param_dtype). cuDNN attention needs bfloat16")
   p.add_argument("--matmul-dtype", default="float32", choices=("float32", "bfloat16"),
                  help="dtype of the measured matmul peak (bfloat16: the tensor-core rate)")
+  p.add_argument("--profile", action="store_true",
+                 help="one more step under JAX's profiler: on a GPU, its busy share and the "
+                      "kernels that took the time (benchmarks/gpu_profile.py)")
   p.add_argument("--json", action="store_true", help="print one JSON line of the numbers last")
   p.add_argument("--quick", action="store_true",
                  help="tiny shapes for a smoke run (preset tiny_llama unless --preset, S=128, "
@@ -223,6 +228,12 @@ def main() -> None:
                   mfu_causal_attention=causal_mfu)
   report["fraction_of_matmul_peak_causal"] = statistics.median(
       [causal / t / p for t, p in zip(times, peaks)])
+  if args.profile:
+    import gpu_profile  # benchmarks/ is on sys.path when run
+
+    report.update(gpu_profile.profile(
+        lambda: trainer.step(batch)["loss"].block_until_ready(), lambda: 1,
+        lambda line: print(line, flush=True), "train_step_bench"))
   if args.json:
     print(json.dumps(report), flush=True)
 

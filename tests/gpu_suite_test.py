@@ -96,11 +96,36 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
 
 
 def test_busy_time_is_the_union_of_stream_intervals():
-  import sampler_bench
+  import gpu_profile
 
   # Two streams overlapping on [5, 8), a gap [12, 20), one kernel inside another.
-  assert sampler_bench.busy_ns([(0, 8), (5, 12), (20, 30), (22, 25)]) == 22
-  assert sampler_bench.busy_ns([]) == 0
+  assert gpu_profile.busy_ns([(0, 8), (5, 12), (20, 30), (22, 25)]) == 22
+  assert gpu_profile.busy_ns([]) == 0
+
+
+def test_profile_summary_ranks_kernels_and_families_per_step():
+  """Kernel names as a Hopper profile shows them (cuBLAS/cuDNN/XLA fusions/our Triton
+  kernel); times in ns over 2 steps, wall 100 us."""
+  import gpu_profile
+
+  events = [
+      ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", 0, 30_000),
+      ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", 40_000, 60_000),
+      ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7", 60_000, 70_000),
+      ("paged_decode_attention", 70_000, 75_000),
+      ("loop_multiply_fusion_3", 10_000, 35_000),  # on a second stream, overlapping
+      ("input_concatenate_fusion", 80_000, 82_000),
+      ("Memcpy DtoD", 90_000, 91_000)]
+  got = gpu_profile.summarize(events, wall_s=100e-6, steps=2, top=3)
+  # busy: [0, 35) + [40, 75) + [80, 82) + [90, 91) us = 73 us
+  assert got["gpu_busy_s"] == round(73e-6, 4) and got["gpu_busy_fraction"] == 0.73
+  assert got["gpu_busy_ms_per_step"] == round(73e-3 / 2, 4)
+  assert got["family_ms_per_step"] == {"matmul": 0.025, "other": 0.0135, "attention": 0.0075,
+                                       "copy": 0.0005}
+  assert [(k["name"][:14], k["ms_per_step"], k["calls"], k["family"])
+          for k in got["top_kernels"]] == [
+      ("sm90_xmma_gemm", 0.025, 2, "matmul"), ("loop_multiply_", 0.0125, 1, "other"),
+      ("cudnn_generate", 0.005, 1, "attention")]
 
 
 def test_runs_import_the_tree_on_a_machine_without_an_install(monkeypatch):
