@@ -79,6 +79,82 @@ def _round_through_bwd(dtype, _, g):
 _round_through.defvjp(_round_through_fwd, _round_through_bwd)
 
 
+def fp32_logits(h_BTD: jax.Array, w: jax.Array, spec: str, param_dtype: Any) -> jax.Array:
+  """ScaleRL's FP32 LM head: float32 logits `einsum(spec, h_BTD, w)`, where `w` holds
+  `param_dtype` values (`Transformer.head`: the generator's copy, or the trainer's float32
+  master rounded by `held`).
+
+  When the activations and the weights are both of one 16-bit type, every product of the
+  matmul is exact in float32 (8 + 8 significant bits for bfloat16, 11 + 11 for float16,
+  within float32's 24): a float32 matmul of the widened operands and a 16-bit matmul that
+  accumulates in float32 compute the same sum, up to the order of the float32 additions.
+  The forward then runs as the latter: the 16-bit operands as they are (no float32 copy of
+  the [V, D] head) in one pass of the TPU's MXU or a GPU's tensor cores, where the float32
+  matmul at HIGHEST precision takes six MXU passes on a TPU and runs on CUDA cores (no
+  tensor cores) on a GPU.
+
+  The backward's cotangent g is float32. For bfloat16 it is split exactly into three
+  bfloat16 pieces (hi + mid + lo: 3 x 8 significant bits, bfloat16 having float32's
+  exponent range), each of whose products with the 16-bit operand is again exact, so
+  dh = g w and dw = h^T g are float32 sums of exact products: three passes, the three
+  nonzero terms of the six HIGHEST runs. float16 (too narrow an exponent range for the
+  pieces) and anything else take the float32 matmul at HIGHEST precision.
+  """
+  narrow = jnp.dtype(h_BTD.dtype)
+  if narrow.itemsize == 2 and jnp.issubdtype(narrow, jnp.floating) and (
+      jnp.dtype(param_dtype) == narrow):
+    return _exact_16bit_logits(h_BTD, w, spec)
+  return _fp32_einsum(spec, h_BTD, w)
+
+
+def _fp32_einsum(spec: str, h: jax.Array, w: jax.Array) -> jax.Array:
+  return jnp.einsum(spec, h.astype(jnp.float32), w.astype(jnp.float32),
+                    precision=jax.lax.Precision.HIGHEST)
+
+
+def bf16_pieces(x: jax.Array) -> jax.Array:
+  """float32 x as [3, ...] bfloat16 pieces, largest first, whose float32 sum is x (exact
+  but for x within 2^16 of float32's smallest normal number, where pieces go subnormal)."""
+  hi = x.astype(jnp.bfloat16)
+  rest = x - hi.astype(jnp.float32)
+  mid = rest.astype(jnp.bfloat16)
+  lo = (rest - mid.astype(jnp.float32)).astype(jnp.bfloat16)
+  return jnp.stack([hi, mid, lo])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _exact_16bit_logits(h_BTD: jax.Array, w: jax.Array, spec: str) -> jax.Array:
+  return jnp.einsum(spec, h_BTD, w.astype(h_BTD.dtype), preferred_element_type=jnp.float32)
+
+
+def _exact_16bit_logits_fwd(h_BTD, w, spec):
+  return _exact_16bit_logits(h_BTD, w, spec), (h_BTD, w)
+
+
+def _exact_16bit_logits_bwd(spec, res, g):
+  h_BTD, w = res
+  if h_BTD.dtype != jnp.bfloat16:
+    _, vjp = jax.vjp(functools.partial(_fp32_einsum, spec), h_BTD, w)
+    return vjp(g)
+  (lhs, rhs), out = spec.split("->")[0].split(","), spec.split("->")[1]
+  k = next(c for c in "KPQSZ" if c not in spec)  # the pieces' axis
+  g_K = bf16_pieces(g)
+  # dh: the pieces side by side (w read once), their float32 results summed smallest first.
+  dh_K = jnp.einsum(f"{k}{out},{rhs}->{k}{lhs}", g_K, w.astype(h_BTD.dtype),
+                    preferred_element_type=jnp.float32)
+  dh = (dh_K[2] + dh_K[1]) + dh_K[0]
+  # dw: one matmul per piece, each as the float32 head's (so it is split over the devices
+  # as that one was: contracting the pieces in one matmul, XLA:TPU built the whole [V, D]
+  # on every chip, +4.6 GiB on the 8B recipe), summed smallest first.
+  dw_K = [jnp.einsum(f"{lhs},{out}->{rhs}", h_BTD, g_K[i], preferred_element_type=jnp.float32)
+          for i in range(3)]
+  dw = (dw_K[2] + dw_K[1]) + dw_K[0]
+  return dh.astype(h_BTD.dtype), dw.astype(w.dtype)
+
+
+_exact_16bit_logits.defvjp(_exact_16bit_logits_fwd, _exact_16bit_logits_bwd)
+
+
 def residual(x_BTD: jax.Array, y_BTD: jax.Array) -> jax.Array:
   """x + y, rounded to their dtype in every program that computes it.
 

@@ -587,11 +587,9 @@ def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> layers.DecoderLayer:
 
 def _logits(h_BTD: jax.Array, w: jax.Array, spec: str, cfg: ModelConfig) -> jax.Array:
   if cfg.lm_head_fp32:
-    # ScaleRL FP32 logits; HIGHEST so TPUs do not drop to a single bf16 matmul pass.
-    dtype, precision = jnp.float32, jax.lax.Precision.HIGHEST
-  else:
-    dtype, precision = jnp.dtype(cfg.dtype), None
-  return jnp.einsum(spec, h_BTD.astype(dtype), w.astype(dtype), precision=precision)
+    return layers.fp32_logits(h_BTD, w, spec, cfg.param_dtype)  # ScaleRL FP32 logits
+  dtype = jnp.dtype(cfg.dtype)
+  return jnp.einsum(spec, h_BTD.astype(dtype), w.astype(dtype))
 
 
 def create_model(cfg: ModelConfig, seed: int = 0) -> Transformer:

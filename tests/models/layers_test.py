@@ -90,3 +90,107 @@ def test_einsum_and_norm_compute_with_the_param_dtype_weights():
   as_master = run(master, scale)  # the trainer's float32 arrays of a bf16 model
   as_copy = run(master.astype(jnp.bfloat16), scale.astype(jnp.bfloat16))  # the generator's
   np.testing.assert_array_equal(as_master, as_copy)
+
+
+def _head_inputs(dtype, seed=0, b=3, t=5, d=256, v=96):
+  """h [B, T, D] in `dtype`; the trainer's float32 master of a `dtype` head, [V, D] (tied
+  spec) rounded as `Transformer.head` gives it (`held`)."""
+  rng = np.random.default_rng(seed)
+  h = jnp.asarray(rng.standard_normal((b, t, d)) * 3, dtype)
+  master = jnp.asarray(rng.standard_normal((v, d)) * 0.05, jnp.float32)
+  return h, master, layers.held(master, dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_fp32_logits_of_16bit_operands_are_the_float32_matmul(dtype):
+  """The 16-bit forward (products exact in float32, float32 sums) against float64 NumPy of
+  the same values and the float32 HIGHEST matmul it replaces: equal up to float32 rounding
+  of a 256-term sum; the generator's 16-bit copy of the weights gives the same logits as
+  the trainer's rounded master."""
+  h, _, w = _head_inputs(dtype)
+  got = layers.fp32_logits(h, w, "BTD,VD->BTV", dtype)
+  assert got.dtype == jnp.float32
+  ref64 = np.einsum("btd,vd->btv", np.asarray(h, np.float64), np.asarray(w, np.float64))
+  scale = np.abs(ref64).max()
+  np.testing.assert_allclose(np.asarray(got), ref64, atol=2e-6 * scale, rtol=0)
+  old = layers._fp32_einsum("BTD,VD->BTV", h, w)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(old), atol=2e-6 * scale, rtol=0)
+  sampler = layers.fp32_logits(h, w.astype(dtype), "BTD,VD->BTV", dtype)
+  np.testing.assert_array_equal(np.asarray(sampler), np.asarray(got))
+  # The same sum in bfloat16 (what a 16-bit head returns) is off by far more.
+  low = jnp.einsum("BTD,VD->BTV", h, w.astype(dtype)).astype(jnp.float32)
+  assert np.abs(np.asarray(low) - ref64).max() > 100 * 2e-6 * scale
+
+
+def test_bf16_pieces_sum_back_exactly():
+  rng = np.random.default_rng(3)
+  x = (rng.standard_normal(4096) * np.exp(rng.uniform(-60, 60, 4096))).astype(np.float32)
+  pieces = layers.bf16_pieces(jnp.asarray(x))
+  assert pieces.shape == (3, 4096) and pieces.dtype == jnp.bfloat16
+  p = np.asarray(pieces, np.float32)
+  np.testing.assert_array_equal(p[0] + p[1] + p[2], x)
+  assert (np.abs(p[1]) <= np.abs(p[0]) * 2.0 ** -8).all()  # each piece below the last's ulp
+  assert (np.abs(p[2]) <= np.abs(p[1]) * 2.0 ** -8).all()
+
+
+def _dots(fn, *args):
+  """(operand dtypes, precision) of every dot_general in fn's jaxpr, inner jaxprs (custom
+  VJPs', transposes') included."""
+  out = []
+
+  def walk(jaxpr):
+    for e in jaxpr.eqns:
+      if e.primitive.name == "dot_general":
+        out.append((tuple(str(x.aval.dtype) for x in e.invars), str(e.params["precision"])))
+      for value in e.params.values():
+        inner = getattr(value, "jaxpr", value)
+        if hasattr(inner, "eqns"):
+          walk(inner)
+
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return out
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_fp32_logits_gradients_are_the_float32_matmuls(dtype):
+  """Through the trainer's float32 master: dh and dw against float64 NumPy, as close as the
+  float32 HIGHEST matmul's (the old head's) gradients are; bfloat16's backward runs as
+  bf16 matmuls (three pieces of the float32 cotangent), float16's as the float32 matmul;
+  float32 activations keep the float32 matmul both ways."""
+  h, master, _ = _head_inputs(dtype, seed=1)
+  r = np.random.default_rng(2).standard_normal((3, 5, 96)) * np.exp(
+      np.random.default_rng(4).uniform(-8, 0, (3, 5, 96)))  # cotangents of many sizes
+  r = jnp.asarray(r, jnp.float32)
+
+  def grads(head):
+    loss = lambda h, m: jnp.sum(head(h, layers.held(m, dtype)) * r)
+    return jax.jit(jax.grad(loss, argnums=(0, 1)))(h, master)
+
+  new = lambda h, w: layers.fp32_logits(h, w, "BTD,VD->BTV", dtype)
+  old = lambda h, w: layers._fp32_einsum("BTD,VD->BTV", h, w)
+  g_new, g_old = grads(new), grads(old)
+  assert g_new[0].dtype == dtype and g_new[1].dtype == jnp.float32
+  r64, w64 = np.asarray(r, np.float64), np.asarray(layers.held(master, dtype), np.float64)
+  dh64 = np.einsum("btv,vd->btd", r64, w64)
+  dw64 = np.einsum("btd,btv->vd", np.asarray(h, np.float64), r64)
+  # dh comes back in the activations' dtype: compare before that rounding too, below.
+  for got, ref, old_got in ((g_new[1], dw64, g_old[1]), (g_new[0], dh64, g_old[0])):
+    err = np.abs(np.asarray(got, np.float64) - ref).max()
+    old_err = np.abs(np.asarray(old_got, np.float64) - ref).max()
+    assert err <= 2 * old_err + 1e-7 * np.abs(ref).max(), (err, old_err)
+  # dw stays float32: float32-accurate.
+  np.testing.assert_allclose(np.asarray(g_new[1], np.float64), dw64,
+                             atol=1e-6 * np.abs(dw64).max(), rtol=0)
+
+  bf16_w = layers.held(master, dtype)
+  dt = np.dtype(dtype).name
+  assert _dots(new, h, bf16_w) == [((dt, dt), "None")]
+  backward = _dots(jax.grad(lambda h, w: jnp.sum(new(h, w) * r), argnums=(0, 1)), h, bf16_w)
+  if dtype == jnp.bfloat16:
+    assert {d for d, _ in backward} == {("bfloat16", "bfloat16")}
+  else:
+    assert ("float32", "float32") in {d for d, _ in backward}
+  h32 = h.astype(jnp.float32)
+  wide = lambda h, w: layers.fp32_logits(h, w, "BTD,VD->BTV", jnp.float32)
+  assert [d for d, _ in _dots(wide, h32, master)] == [("float32", "float32")]
+  assert "HIGHEST" in _dots(wide, h32, master)[0][1]
