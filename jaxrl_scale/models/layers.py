@@ -64,6 +64,8 @@ def held(w: jax.Array, param_dtype: Any) -> jax.Array:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _round_through(w: jax.Array, dtype: jnp.dtype) -> jax.Array:
+  if w.dtype == jnp.float32 and dtype == jnp.bfloat16:
+    return _round_bf16(w)  # a round trip through bfloat16 may be dropped (`bf16_pieces`)
   return w.astype(dtype).astype(w.dtype)
 
 
@@ -114,12 +116,21 @@ def _fp32_einsum(spec: str, h: jax.Array, w: jax.Array) -> jax.Array:
 
 def bf16_pieces(x: jax.Array) -> jax.Array:
   """float32 x as [3, ...] bfloat16 pieces, largest first, whose float32 sum is x (exact
-  but for x within 2^16 of float32's smallest normal number, where pieces go subnormal)."""
-  hi = x.astype(jnp.bfloat16)
-  rest = x - hi.astype(jnp.float32)
-  mid = rest.astype(jnp.bfloat16)
-  lo = (rest - mid.astype(jnp.float32)).astype(jnp.bfloat16)
-  return jnp.stack([hi, mid, lo])
+  but for x within 2^16 of float32's smallest normal number, where pieces go subnormal).
+
+  The rounding is `reduce_precision`, not a float32 -> bfloat16 -> float32 round trip: XLA
+  may drop such a pair as a no-op ("excess precision", on by default; XLA:GPU's
+  simplify-fp-conversions pass), which would make the lower pieces zero."""
+  hi = _round_bf16(x)
+  rest = x - hi
+  mid = _round_bf16(rest)
+  return jnp.stack([hi, mid, rest - mid]).astype(jnp.bfloat16)  # each exactly bfloat16
+
+
+def _round_bf16(x: jax.Array) -> jax.Array:
+  """float32 x rounded to bfloat16's values (nearest even), kept float32: the same numbers
+  as x.astype(bfloat16).astype(float32), in an op XLA keeps."""
+  return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

@@ -133,6 +133,20 @@ def test_bf16_pieces_sum_back_exactly():
   assert (np.abs(p[2]) <= np.abs(p[1]) * 2.0 ** -8).all()
 
 
+def test_bf16_rounding_is_an_op_the_compiler_keeps():
+  """bf16_pieces and held round float32 to bfloat16 values with reduce_precision: a plain
+  float32 -> bfloat16 -> float32 round trip is a pair XLA may drop as a no-op (XLA:GPU's
+  simplify-fp-conversions with excess precision allowed, its default), which would zero
+  the lower pieces and let the trainer read its unrounded masters. (No GPU compiler here:
+  this checks the program asks for the kept op, and that it rounds as the cast does.)"""
+  x = jnp.asarray(np.random.default_rng(5).standard_normal(1000) * 10, jnp.float32)
+  for fn in (layers.bf16_pieces, lambda w: layers.held(w, jnp.bfloat16)):
+    inner = str(jax.make_jaxpr(fn)(x))
+    assert "reduce_precision" in inner, inner
+  np.testing.assert_array_equal(np.asarray(layers.held(x, jnp.bfloat16)),
+                                np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32)))
+
+
 def _dots(fn, *args):
   """(operand dtypes, precision) of every dot_general in fn's jaxpr, inner jaxprs (custom
   VJPs', transposes') included."""
