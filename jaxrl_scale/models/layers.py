@@ -99,8 +99,9 @@ def fp32_logits(h_BTD: jax.Array, w: jax.Array, spec: str, param_dtype: Any) -> 
   bfloat16 pieces (hi + mid + lo: 3 x 8 significant bits, bfloat16 having float32's
   exponent range), each of whose products with the 16-bit operand is again exact, so
   dh = g w and dw = h^T g are float32 sums of exact products: three passes, the three
-  nonzero terms of the six HIGHEST runs. float16 (too narrow an exponent range for the
-  pieces) and anything else take the float32 matmul at HIGHEST precision.
+  nonzero terms of the six HIGHEST runs. float16's backward (too narrow an exponent range
+  for the pieces) is the float32 matmul at HIGHEST precision, and so is all of the head for
+  any other pair of dtypes.
   """
   narrow = jnp.dtype(h_BTD.dtype)
   if narrow.itemsize == 2 and jnp.issubdtype(narrow, jnp.floating) and (
