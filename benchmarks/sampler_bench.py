@@ -42,7 +42,8 @@ Measured in this run on this machine:
    of weights and live KV cache read per step / step time / peak bandwidth).
 6. With --profile: one more fixed-batch run under JAX's profiler, and the fraction of its
    wall time that the GPU's streams were busy (the union of their kernels' intervals), with
-   the busy and wall milliseconds per decode step: the rest is the GPU idling on the host.
+   the busy and wall milliseconds per decode step: the rest is the GPU idling on the host;
+   and the time per decode step by kernel family and by kernel (`gpu_profile.py`).
 
 `--decode-attention` picks decode's paged attention (`paged_attention.AUTO_IMPL`): on a GPU
 "auto" runs the Pallas Triton kernel over the page pool, "gather" XLA's gather of the rows'
