@@ -21,8 +21,8 @@ issue item):
 - train step (train_step_bench, compile + 1 warm-up + 3 timed steps, bfloat16 activations
   over the presets' float32 masters): qwen3_1p7b 16 x 4096 and qwen3_0p6b 32 x 2048 with
   cuDNN attention, remat full; on the 0.6B shape, remat dots and attention (minimal with
-  the attention's context kept), logits chunk 2048 against 512, and XLA's latency-hiding
-  scheduler; the einsum attention last (the issue's baseline). MFU against the chip's bf16
+  the attention's context kept), logits chunk 2048 against 512, XLA's latency-hiding
+  scheduler and cuBLAS instead of XLA's Triton GEMMs; the einsum attention last (the issue's baseline). MFU against the chip's bf16
   spec peak with full and with causal (halved) attention FLOPs, and against a bf16
   8192^3 matmul measured in the same process; the two cuDNN remat-full runs also profile one
   step (time by kernel family: matmul, attention, copy, other).
@@ -74,6 +74,8 @@ PACKAGES = ("jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-ch
 
 LHS = "--xla_gpu_enable_latency_hiding_scheduler=true"
 NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="
+# cuBLAS for every matmul instead of XLA's Triton GEMM fusions (NVIDIA's JAX images set it).
+CUBLAS_GEMM = "--xla_gpu_enable_triton_gemm=false"
 
 # (name, issue item, bench, options). Train options: preset, prompts x generations, seq_len,
 # attention, remat, logits_chunk, xla_flags, profile; decode: batch, decode attention,
@@ -95,6 +97,9 @@ RUNS = [
     ("train_0p6b_32x2048_cudnn_full_lhs", 5, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           xla_flags=LHS)),
+    ("train_0p6b_32x2048_cudnn_full_cublas", 5, "train",
+     dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
+          xla_flags=CUBLAS_GEMM)),
     ("decode_b64_triton", 2, "sampler", dict(batch=64, decode="triton")),
     ("decode_b64_gather", 2, "sampler", dict(batch=64, decode="gather")),
     ("train_0p6b_32x2048_cudnn_attention", 3, "train",

@@ -34,7 +34,7 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
                         "--dry-run"], capture_output=True, text=True, timeout=60, check=True)
   lines = out.stdout.strip().splitlines()
-  assert len(lines) == len(gpu_suite.RUNS) == 15
+  assert len(lines) == len(gpu_suite.RUNS) == 16
   assert lines[0].startswith("decode_kernel_check (item 2)")
   assert "paged_decode_check.py" in lines[0]
   assert lines[1].startswith("decode_b256_triton (item 2)") and "--profile" in lines[1]
@@ -56,6 +56,8 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   assert sum("--logits-chunk 2048" in x for x in train) == 1
   assert sum(x.split(": ", 1)[1].startswith(
       "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true ") for x in train) == 1
+  assert sum(x.split(": ", 1)[1].startswith(
+      "XLA_FLAGS=--xla_gpu_enable_triton_gemm=false ") for x in train) == 1
   assert sum("--attention einsum" in x for x in train) == 2
   assert {item for _, item, _, _ in gpu_suite.RUNS} == {1, 2, 3, 4, 5, 7}
 
@@ -180,7 +182,7 @@ def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch)
   assert train["packages"]["flax"] == importlib.metadata.version("flax")
   assert [r["name"] for r in suite["runs"]] == [name for name, *_ in gpu_suite.RUNS]
   assert [r["batch"] for r in sampler["runs"]] == [256, 256, 64, 64, 256, 256]
-  assert len(train["runs"]) == 8
+  assert len(train["runs"]) == 9
   assert all(r["skipped"] == "budget" for r in suite["runs"])
   assert suite["summary"] == {}
   assert "skipped" in (tmp_path / "gpu_suite.log").read_text()
