@@ -65,7 +65,7 @@ def held(w: jax.Array, param_dtype: Any) -> jax.Array:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _round_through(w: jax.Array, dtype: jnp.dtype) -> jax.Array:
   if w.dtype == jnp.float32 and dtype == jnp.bfloat16:
-    return _round_bf16(w)  # a round trip through bfloat16 may be dropped (`bf16_pieces`)
+    return rounded(w, dtype)  # a round trip through bfloat16 may be dropped (`rounded`)
   return w.astype(dtype).astype(w.dtype)
 
 
@@ -122,16 +122,18 @@ def bf16_pieces(x: jax.Array) -> jax.Array:
   The rounding is `reduce_precision`, not a float32 -> bfloat16 -> float32 round trip: XLA
   may drop such a pair as a no-op ("excess precision", on by default; XLA:GPU's
   simplify-fp-conversions pass), which would make the lower pieces zero."""
-  hi = _round_bf16(x)
+  hi = rounded(x, jnp.bfloat16)
   rest = x - hi
-  mid = _round_bf16(rest)
+  mid = rounded(rest, jnp.bfloat16)
   return jnp.stack([hi, mid, rest - mid]).astype(jnp.bfloat16)  # each exactly bfloat16
 
 
-def _round_bf16(x: jax.Array) -> jax.Array:
-  """float32 x rounded to bfloat16's values (nearest even), kept float32: the same numbers
-  as x.astype(bfloat16).astype(float32), in an op XLA keeps."""
-  return jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)
+def rounded(x: jax.Array, dtype: Any) -> jax.Array:
+  """x rounded to `dtype`'s values (nearest even), keeping x's dtype: for bfloat16 from
+  float32 the same numbers as x.astype(dtype).astype(x.dtype), but in an op XLA keeps
+  (`reduce_precision`), where it may drop the cast round trip as a no-op."""
+  info = jnp.finfo(dtype)
+  return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -183,10 +185,8 @@ def residual(x_BTD: jax.Array, y_BTD: jax.Array) -> jax.Array:
   dtype = jnp.result_type(x_BTD, y_BTD)
   if not jnp.issubdtype(dtype, jnp.floating) or jnp.finfo(dtype).bits >= 32:
     return x_BTD + y_BTD
-  info = jnp.finfo(dtype)
   sum_BTD = x_BTD.astype(jnp.float32) + y_BTD.astype(jnp.float32)
-  return jax.lax.reduce_precision(sum_BTD, exponent_bits=info.nexp,
-                                  mantissa_bits=info.nmant).astype(dtype)
+  return rounded(sum_BTD, dtype).astype(dtype)
 
 
 class RMSNorm(nnx.Module):
