@@ -150,7 +150,8 @@ def _exact_16bit_logits_bwd(spec, res, g):
   if h_BTD.dtype != jnp.bfloat16:
     _, vjp = jax.vjp(functools.partial(_fp32_einsum, spec), h_BTD, w)
     return vjp(g)
-  (lhs, rhs), out = spec.split("->")[0].split(","), spec.split("->")[1]
+  inputs, out = spec.split("->")
+  lhs, rhs = inputs.split(",")
   k = next(c for c in "KPQSZ" if c not in spec)  # the pieces' axis
   g_K = bf16_pieces(g)
   # dh: the pieces side by side (w read once), their float32 results summed smallest first.
