@@ -73,6 +73,10 @@ class ModelSpec:
   # ScaleRL "FP32 logits": LM head matmul and log-softmax in float32 in BOTH sampler and
   # trainer, whatever the activation dtype (paper sec. 3.2: A 0.52 -> 0.61).
   lm_head_fp32: bool = True
+  # Full-sequence attention (train step, prefill): "auto" = the Pallas splash kernel on TPU,
+  # cuDNN's fused flash attention on NVIDIA GPUs (bfloat16/float16 activations), the einsum
+  # elsewhere; "einsum" forces the XLA reference everywhere (e.g. if cuDNN fails on a GPU).
+  attention_impl: Literal["auto", "einsum", "cudnn", "splash"] = "auto"
   # Shape overrides of a preset (random init only), e.g. to size the CPU demo's model.
   hidden_size: int | None = None
   num_layers: int | None = None  # decoder layers of the preset; null = the preset's

@@ -233,6 +233,7 @@ def _read_param(parts: dict[tuple[int, ...], tuple[Any, _Entry]], shape: tuple[i
 
 def load_hf_model(path: str, mesh: Mesh | None = None, *, param_dtype: str | None = None,
                   dtype: str | None = None, lm_head_fp32: bool | None = None,
+                  attention_impl: str | None = None,
                   rules: sharding.Rules = sharding.DEFAULT_RULES,
                   ) -> tuple[transformer.Transformer, ModelConfig]:
   """Loads a Hugging Face Llama/Qwen2/Qwen3/Qwen3-MoE directory into a model on `mesh`.
@@ -243,6 +244,8 @@ def load_hf_model(path: str, mesh: Mesh | None = None, *, param_dtype: str | Non
     param_dtype: parameter dtype ('float32' | 'bfloat16'); default: the checkpoint's.
     dtype: activation dtype; default: param_dtype.
     lm_head_fp32: the ScaleRL FP32-logits switch; default: ModelConfig's default (True).
+    attention_impl: full-sequence attention ("auto", "einsum", "cudnn", "splash"); default:
+      ModelConfig's ("auto").
     rules: logical-axis -> mesh-axis rules.
 
   Returns:
@@ -256,6 +259,8 @@ def load_hf_model(path: str, mesh: Mesh | None = None, *, param_dtype: str | Non
     overrides["dtype"] = dtype or param_dtype
   if lm_head_fp32 is not None:
     overrides["lm_head_fp32"] = lm_head_fp32
+  if attention_impl is not None:
+    overrides["attention_impl"] = attention_impl
   cfg = config_lib.from_hf_config(read_hf_config(path), os.path.join(path, "config.json"),
                                   **overrides)
   wmap = _weight_map(path)

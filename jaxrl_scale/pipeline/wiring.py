@@ -72,7 +72,8 @@ def model_config_for(cfg: Config, tok: tokenizer_lib.Tokenizer | None
   against the tokenizer's vocabulary when one is given)."""
   spec = cfg.model
   changes: dict[str, Any] = dict(dtype=spec.dtype, param_dtype=spec.param_dtype,
-                                 lm_head_fp32=spec.lm_head_fp32)
+                                 lm_head_fp32=spec.lm_head_fp32,
+                                 attention_impl=spec.attention_impl)
   for key in ("hidden_size", "num_layers", "intermediate_size"):
     if getattr(spec, key) is not None:
       changes[key] = getattr(spec, key)
@@ -113,7 +114,8 @@ def build_policy(cfg: Config, tok: tokenizer_lib.Tokenizer, mesh
   spec = cfg.model
   if spec.path is not None:
     return hf_io.load_hf_model(spec.path, mesh, param_dtype=spec.param_dtype, dtype=spec.dtype,
-                               lm_head_fp32=spec.lm_head_fp32)
+                               lm_head_fp32=spec.lm_head_fp32,
+                               attention_impl=spec.attention_impl)
   mcfg = model_config_for(cfg, tok)
   if mcfg.num_params() <= _HOST_INIT_MAX_PARAMS:
     return _host_init(mcfg, mesh, cfg.run.seed, spec.init_std), mcfg

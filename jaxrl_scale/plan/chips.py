@@ -1,4 +1,4 @@
-"""Cloud TPU chips and slice names: peak FLOP/s, HBM, bandwidth, and what a name counts.
+"""Cloud TPU chips, NVIDIA GPUs and slice names: peak FLOP/s, HBM, bandwidth, what a name counts.
 
 A slice is named two ways: by accelerator type as `gcloud` and tpu_scripts/create.sh take
 it (`v5p-128`, `v6e-64`, `v5litepod-256` / `v5e-256`, `v4-64`) or by chip topology as
@@ -20,12 +20,26 @@ numbers, from the Cloud TPU system-architecture pages:
   v6e  https://cloud.google.com/tpu/docs/v6e      918 TFLOP/s, 32 GiB, 1,640 GB/s
 libtpu's simulated v4 topology lists each of a chip's two TensorCores as its own device
 (no megacore), so v4 figures are given per device: half a chip.
+
+NVIDIA GPUs are named `h100`, `h200`, `a100` (one GPU) or `h100-8`, `h100-16` (GPUs in all;
+above 8, hosts of 8). XLA compiles for them without a GPU attached (JAX's CUDA plugin, a
+deviceless topology and a target description: `GPU_TARGET`), with no autotuning: matmul
+tile choices are XLA's defaults, while fusion, memory and the kernels picked (cuDNN
+attention, the Triton paged decode kernel) are the device's. Figures (dense bf16 tensor-core
+peak, float32 CUDA-core peak, HBM bandwidth) from NVIDIA's datasheets for the SXM parts:
+  H100 SXM5 80 GB   989 TFLOP/s bf16, 67 TFLOP/s fp32, 3.35 TB/s
+  H200 SXM 141 GB   989 TFLOP/s bf16, 67 TFLOP/s fp32, 4.8 TB/s
+  A100 SXM4 80 GB   312 TFLOP/s bf16, 19.5 TFLOP/s fp32, 2.04 TB/s
+and device memory as the driver reports it. JAX preallocates XLA_PYTHON_CLIENT_MEM_FRACTION
+(default 0.75) of it, which is what a program can use (`usable_bytes`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
+import os
 import re
 
 from jaxrl_scale.errors import UserError
@@ -44,7 +58,14 @@ class Chip:
   hbm_bandwidth: float  # bytes/s per device
   devices_per_chip: int  # JAX devices per chip in libtpu's topology
   name_counts_cores: bool  # accelerator type number counts TensorCores (2 per chip)
-  dims: int  # topology rank: 3 (v4, v5p) or 2 (v5e, v6e)
+  dims: int  # topology rank: 3 (v4, v5p) or 2 (v5e, v6e); 1 for GPUs (a count)
+  platform: str = "tpu"  # "tpu" or "gpu"
+  # Relative cost of a float32 dot by precision (default, high, highest), in bf16-peak
+  # units: a TPU runs HIGHEST as 6 bf16 MXU passes and HIGH as 3; a GPU runs DEFAULT as
+  # TF32 (half the bf16 rate), HIGH as 3 bf16 passes, HIGHEST on CUDA cores.
+  f32_cost: tuple[float, float, float] = (1.0, 3.0, 6.0)
+  # GPUs: what XLA needs to compile for the part without it (gpu_device_info fields).
+  target: tuple[tuple[str, float], ...] = ()
 
 
 CHIPS: dict[str, Chip] = {
@@ -53,6 +74,23 @@ CHIPS: dict[str, Chip] = {
     "v5p": Chip("v5p", "TPU v5", 459e12, 95 * GIB, 2765e9, 1, True, 3),
     "v6e": Chip("v6e", "TPU v6 lite", 918e12, 32 * GIB, 1640e9, 1, False, 2),
 }
+
+_HOPPER = (("core_count", 132), ("clock_rate_ghz", 1.98), ("l2_cache_size", 50 * 2**20),
+           ("shared_memory_per_core", 228 * 2**10), ("shared_memory_per_block_optin", 227 * 2**10),
+           ("compute_capability", 9.0))
+GPUS: dict[str, Chip] = {
+    "h100": Chip("h100", "NVIDIA H100 80GB HBM3", 989e12, 84_929_347_584, 3.35e12, 1, False, 1,
+                 "gpu", (2.0, 3.0, 989 / 67), _HOPPER + (("memory_bandwidth", 3.35e12),)),
+    "h200": Chip("h200", "NVIDIA H200", 989e12, 143_771 * 2**20, 4.8e12, 1, False, 1,
+                 "gpu", (2.0, 3.0, 989 / 67), _HOPPER + (("memory_bandwidth", 4.8e12),)),
+    "a100": Chip("a100", "NVIDIA A100-SXM4-80GB", 312e12, 81_920 * 2**20, 2.039e12, 1, False, 1,
+                 "gpu", (2.0, 3.0, 312 / 19.5),
+                 (("core_count", 108), ("clock_rate_ghz", 1.41), ("l2_cache_size", 40 * 2**20),
+                  ("shared_memory_per_core", 164 * 2**10),
+                  ("shared_memory_per_block_optin", 163 * 2**10), ("compute_capability", 8.0),
+                  ("memory_bandwidth", 2.039e12))),
+}
+GPUS_PER_HOST = 8  # an HGX / DGX node; larger counts are hosts of 8
 
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e"}
 
@@ -80,6 +118,8 @@ class Slice:
   @property
   def host_bounds(self) -> tuple[int, int, int] | None:
     """libtpu's chips_per_host_bounds for this slice; None: libtpu's default (4 per host)."""
+    if self.chip.platform == "gpu":
+      return None
     dims = [int(x) for x in self.topology.split(":")[1].split("x")]
     if self.chip.dims == 2 and self.chips == 8:  # v5e-8 / v6e-8: one host of 8 chips
       return (dims[0], dims[1], 1)
@@ -87,8 +127,47 @@ class Slice:
 
   @property
   def chips_per_host(self) -> int:
+    if self.chip.platform == "gpu":
+      return min(self.chips, GPUS_PER_HOST)
     bounds = self.host_bounds
     return math.prod(bounds) if bounds else min(self.chips, 4)
+
+  @property
+  def usable_bytes(self) -> int:
+    """HBM a program can use per device: all of a TPU's; on a GPU the share JAX's allocator
+    takes (XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75)."""
+    return int(self.chip.hbm_bytes * mem_fraction()) if self.chip.platform == "gpu" \
+        else self.chip.hbm_bytes
+
+
+def mem_fraction() -> float:
+  """The share of a GPU's memory JAX preallocates for XLA (its default 0.75, or the
+  XLA_PYTHON_CLIENT_MEM_FRACTION this process was given)."""
+  text = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "").strip()
+  if not text:
+    return 0.75
+  try:
+    value = float(text)
+  except ValueError:
+    value = -1.0
+  if not 0 < value <= 1:
+    raise UserError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={text!r}: expected a number in (0, 1]")
+  return value
+
+
+def _gpu(name: str) -> Slice | None:
+  """`h100`, `h100-8`, `h200-16`, `a100-4` -> Slice; None if the name is not a GPU's."""
+  m = re.fullmatch(r"([a-zA-Z]\d+)(?:-(\d+))?", name.strip())
+  if not m or m.group(1).lower() not in GPUS:
+    return None
+  chip = GPUS[m.group(1).lower()]
+  count = int(m.group(2) or 1)
+  if count < 1 or (count > GPUS_PER_HOST and count % GPUS_PER_HOST) or (
+      count < GPUS_PER_HOST and GPUS_PER_HOST % count):
+    raise UserError(f"--topology {name!r}: {count} GPUs; use 1, 2, 4, 8 or a multiple of "
+                    f"{GPUS_PER_HOST} (hosts of {GPUS_PER_HOST})")
+  per_host = min(count, GPUS_PER_HOST)
+  return Slice(chip, f"{chip.name}:1x{count // per_host}x{per_host}", count, name)
 
 
 def _chip(generation: str, source: str) -> Chip:
@@ -106,6 +185,9 @@ def resolve(name: str) -> Slice:
     UserError: an unknown generation, a size Cloud TPU does not sell, or a malformed name.
   """
   text = name.strip()
+  gpu = _gpu(text)
+  if gpu is not None:
+    return gpu
   m = re.fullmatch(r"([a-zA-Z0-9]+):(\d+(?:x\d+)+)", text)
   if m:
     chip = _chip(m.group(1), name)
@@ -117,7 +199,8 @@ def resolve(name: str) -> Slice:
   m = re.fullmatch(r"([a-zA-Z0-9]+)-(\d+)", text)
   if not m:
     raise UserError(f"--topology {name!r}: expected an accelerator type like v5p-128, "
-                    "v6e-64, v5litepod-256, v4-64, or a chip topology like v5p:4x4x4")
+                    "v6e-64, v5litepod-256, v4-64, a chip topology like v5p:4x4x4, or "
+                    f"NVIDIA GPUs like h100, h100-8 ({', '.join(GPUS)})")
   chip = _chip(m.group(1), name)
   count = int(m.group(2))
   chips = count // 2 if chip.name_counts_cores else count
@@ -139,7 +222,7 @@ def _example(chip: Chip) -> str:
 
 def chip_for_device(device) -> Chip:
   """The Chip of a JAX device (by device_kind)."""
-  for chip in CHIPS.values():
+  for chip in (*CHIPS.values(), *GPUS.values()):
     if device.device_kind == chip.device_kind:
       return chip
   raise UserError(f"no chip figures for device kind {device.device_kind!r}")
@@ -149,8 +232,10 @@ def topology_devices(sl: Slice) -> list:
   """The slice's devices from libtpu, compiled for without a TPU attached.
 
   Needs the `libtpu` package (`pip install -e ".[tpu]"`); JAX_PLATFORMS=cpu keeps the
-  default backend on the CPU meanwhile.
+  default backend on the CPU meanwhile. GPUs: `gpu_topology_devices`.
   """
+  if sl.chip.platform == "gpu":
+    return gpu_topology_devices(sl)
   try:
     import libtpu  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   except ImportError:
@@ -162,5 +247,68 @@ def topology_devices(sl: Slice) -> list:
   except Exception as e:  # libtpu's errors are long multi-line status strings
     first = str(e).strip().splitlines()[0][:200]
     raise UserError(f"--topology {sl.label!r}: libtpu refused topology {sl.topology}: "
+                    f"{first}") from None
+  return list(topo.devices)
+
+
+def gpu_target(chip: Chip, cudnn: tuple[int, int]) -> str:
+  """XLA's GPU target description (a GpuTargetConfigProto in text form) for `chip`: the
+  device's limits as the CUDA driver reports them for the part, the cuDNN version the
+  compiler may use, and the CUDA runtime JAX's CUDA 12 plugin is built for."""
+  t = dict(chip.target)
+  major, minor = divmod(round(t["compute_capability"] * 10), 10)
+  return "\n".join([
+      "gpu_device_info {",
+      "  threads_per_block_limit: 1024", "  threads_per_warp: 32",
+      "  shared_memory_per_block: 49152",
+      f"  shared_memory_per_core: {int(t['shared_memory_per_core'])}",
+      "  threads_per_core_limit: 2048",
+      f"  core_count: {int(t['core_count'])}", "  fpus_per_core: 128",
+      "  block_dim_limit_x: 2147483647", "  block_dim_limit_y: 65535",
+      "  block_dim_limit_z: 65535",
+      f"  memory_bandwidth: {int(t['memory_bandwidth'])}",
+      f"  l2_cache_size: {int(t['l2_cache_size'])}",
+      f"  clock_rate_ghz: {t['clock_rate_ghz']}",
+      f"  device_memory_size: {chip.hbm_bytes}",
+      f"  shared_memory_per_block_optin: {int(t['shared_memory_per_block_optin'])}",
+      f"  cuda_compute_capability {{ major: {major} minor: {minor} }}",
+      "  registers_per_core_limit: 65536", "  registers_per_block_limit: 65536",
+      "}",
+      'platform_name: "CUDA"',
+      f"dnn_version_info {{ major: {cudnn[0]} minor: {cudnn[1]} }}",
+      "runtime_version { major: 12 minor: 9 }",
+      f'device_description_str: "{chip.device_kind}"',
+  ])
+
+
+_CUDA_PLAN = ("planning for an NVIDIA GPU needs JAX's CUDA plugin and cuDNN (no GPU): "
+              "pip install -e \".[plan-gpu]\" (Linux)")
+
+
+def gpu_topology_devices(sl: Slice) -> list:
+  """The GPUs of `sl` from JAX's CUDA plugin, compiled for without a GPU attached.
+
+  JAX lowers cuDNN attention only after asking the local cuDNN library its version, so
+  planning needs the cuDNN wheel as well as the plugin; the target description carries the
+  same version.
+  """
+  if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    raise UserError(_CUDA_PLAN)
+  from jax._src.lib import cuda_versions  # pylint: disable=g-import-not-at-top
+  try:
+    version = cuda_versions.cudnn_get_version() if cuda_versions is not None else None
+  except RuntimeError:
+    version = None
+  if not version:
+    raise UserError(_CUDA_PLAN)
+  cudnn = (version // 10000, version % 10000 // 100)
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  hosts, per_host = (int(x) for x in sl.topology.split(":")[1].split("x")[1:])
+  try:
+    topo = topologies.get_topology_desc(platform="cuda", target_config=gpu_target(sl.chip, cudnn),
+                                        topology=f"1x{hosts}x{per_host}")
+  except Exception as e:  # pylint: disable=broad-except
+    first = str(e).strip().splitlines()[0][:200]
+    raise UserError(f"--topology {sl.label!r}: JAX's CUDA plugin refused {sl.topology}: "
                     f"{first}") from None
   return list(topo.devices)

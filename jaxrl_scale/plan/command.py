@@ -50,7 +50,8 @@ def _model_config(cfg, note):
     if (pathlib.Path(spec.path) / "config.json").exists():
       mcfg = model_config.from_hf_config(hf_io.read_hf_config(spec.path), spec.path)
       return dataclasses.replace(mcfg, dtype=spec.dtype, param_dtype=spec.param_dtype,
-                                 lm_head_fp32=spec.lm_head_fp32)
+                                 lm_head_fp32=spec.lm_head_fp32,
+                                 attention_impl=spec.attention_impl)
     note(f"model.path {spec.path} has no config.json here: planning with model.preset "
          f"{spec.preset}")
   try:

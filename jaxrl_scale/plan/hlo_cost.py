@@ -10,11 +10,14 @@ partitioning), finds each while loop's trip count, and sums:
           `flops` of custom calls that carry a cost estimate, and for the splash attention
           kernels (which carry none) their block-sparse matmul count from the query shape
           (the ragged paged attention kernel: QK^T and PV over one layer's full pool);
+          on GPUs, cuBLAS matmuls from their dimension numbers, cuDNN's fused attention
+          from its score shape (half of it under a causal mask; the backward's five
+          matmuls as 2.5 forwards) and the Triton paged decode kernel like the ragged one;
           elementwise work is left out (a few percent of a transformer's FLOPs).
   bytes   operands read + results written by every top-level kernel (fusion, copy,
           collective, dot, ...), where a slice of a loop-carried buffer (dynamic-slice, or an
           in-place dynamic-update-slice or scatter) counts the slice, not the whole buffer;
-          the ragged paged attention kernel reads one layer's share of its pool operand.
+          the paged attention kernels read one layer's share of their pool operand.
 
 Each computation's totals are multiplied by how often it runs: a while body by its trip
 count (from `known_trip_count`, else from its condition's `i < N` compare, the counter's
@@ -69,8 +72,9 @@ class Cost:
   flops: float = 0.0
   bytes: float = 0.0
   unknown_loops: int = 0  # while loops whose trip count could not be read (counted once)
-  # FLOPs in bf16-pass equivalents: a float32 dot at HIGHEST precision runs as 6 bf16 MXU
-  # passes on a TPU, at HIGH as 3 (what the roofline time should charge).
+  # FLOPs in bf16-peak equivalents: a float32 dot at HIGHEST precision runs as 6 bf16 MXU
+  # passes on a TPU, at HIGH as 3 (what the roofline time should charge); the costs per
+  # precision are the chip's (`analyze(f32_cost=...)`).
   weighted_flops: float = 0.0
 
   def __add__(self, other: "Cost") -> "Cost":
@@ -246,14 +250,58 @@ def _conv_flops(inst: _Inst, shapes: dict[str, str]) -> float:
   return 2.0 * macs
 
 
-def _passes(inst: _Inst, shapes: dict[str, str]) -> int:
-  """bf16 MXU passes of a dot: 6 for float32 operands at HIGHEST precision, 3 at HIGH."""
+TPU_F32_COST = (1.0, 3.0, 6.0)
+
+
+def _passes(inst: _Inst, shapes: dict[str, str],
+            f32_cost: tuple[float, float, float] = TPU_F32_COST) -> float:
+  """A dot's cost in bf16-peak units per FLOP: 1 for 16-bit operands; for float32 ones
+  `f32_cost` at (DEFAULT, HIGH, HIGHEST) precision (a TPU: 1, 3 and 6 bf16 MXU passes)."""
   dtypes = {d for o in inst.operands[:2] for d, _ in _arrays(shapes.get(o, ""))}
   if "f32" not in dtypes:
     return 1
-  m = re.search(r"operand_precision=\{([a-z,]*)\}", inst.attrs)
-  precision = m.group(1) if m else ""
-  return 6 if "highest" in precision else 3 if "high" in precision else 1
+  m = (re.search(r"operand_precision=\{([a-z,]*)\}", inst.attrs)
+       or re.search(r'"operand_precision":\[([A-Z",]*)\]', inst.attrs))
+  precision = m.group(1).lower() if m else ""
+  return f32_cost[2] if "highest" in precision else f32_cost[1] if "high" in precision \
+      else f32_cost[0]
+
+
+def _target(inst: _Inst) -> str:
+  m = re.search(r'custom_call_target="([^"]*)"', inst.attrs)
+  return m.group(1) if m else ""
+
+
+def _cublas_flops(inst: _Inst, shapes: dict[str, str]) -> float:
+  """2 x multiply-adds of a cuBLAS matmul custom call (XLA:GPU's __cublas$gemm and
+  __cublas$lt$matmul), from its result shape and contracting dimensions."""
+  if not _target(inst).startswith("__cublas$"):
+    return 0.0
+  m = re.search(r'"lhs_contracting_dimensions":\[([0-9",]*)\]', inst.attrs)
+  lhs = _dims(shapes.get(inst.operands[0], "")) if inst.operands else ()
+  if not m or not lhs:
+    return 0.0
+  contract = [int(x) for x in re.findall(r"\d+", m.group(1))]
+  return 2.0 * math.prod(_dims(inst.shape)) * math.prod(lhs[i] for i in contract if i < len(lhs))
+
+
+def _cudnn_attention_flops(inst: _Inst, shapes: dict[str, str]) -> float:
+  """FLOPs of cuDNN's fused attention (__cudnn$fmha...): QK^T and PV over its score tensor
+  [B, N, Tq, Tk] (`intermediate_tensor_shape`) with q's head dim, halved under a causal
+  mask (cuDNN skips the tiles above the diagonal); the backward recomputes QK^T and runs
+  dP, dS K, dS^T Q and P^T dO: five matmuls, 2.5 forwards."""
+  target = _target(inst)
+  if not target.startswith("__cudnn$fmha"):
+    return 0.0
+  m = re.search(r'"intermediate_tensor_shape":\s*\{[^{}]*?"dimensions":\s*\[([0-9", ]*)\]',
+                inst.attrs)
+  q = _dims(shapes.get(inst.operands[0], "")) if inst.operands else ()
+  if not m or not q:
+    return 0.0
+  scores = math.prod(int(x) for x in re.findall(r"\d+", m.group(1)))
+  causal = 0.5 if re.search(r'"mask_type":\s*"[A-Z_]*CAUSAL', inst.attrs) else 1.0
+  matmuls = 5 if "Backward" in target else 2
+  return 2.0 * matmuls * scores * q[-1] * causal
 
 
 # Matmuls per computed block of the splash attention kernels (models.attention): forward
@@ -309,7 +357,15 @@ def _custom_flops(inst: _Inst, shapes: dict[str, str], paged_layers: int,
     flops = float(m.group(1))
     return flops / expert_shards if _MEGABLOX.search(inst.name) else flops
   ragged = _ragged_paged(inst, shapes, paged_layers)
-  return ragged[0] if ragged else _splash_flops(inst, shapes)
+  if ragged:
+    return ragged[0]
+  return (_splash_flops(inst, shapes) or _cublas_flops(inst, shapes)
+          or _cudnn_attention_flops(inst, shapes))
+
+
+# The name the Triton paged decode kernel's pallas_call carries into its backend config
+# (models.paged_triton); XLA names the instruction itself pallas_call.N.
+_TRITON_PAGED = 'name = "paged_decode_attention"'
 
 
 def _ragged_paged(inst: _Inst, shapes: dict[str, str], paged_layers: int,
@@ -323,18 +379,27 @@ def _ragged_paged(inst: _Inst, shapes: dict[str, str], paged_layers: int,
   / L, plus the queries, the page table and the output. FLOPs: QK^T and PV of the N query
   heads over those positions, 4 N H per position.
   """
-  if not inst.name.startswith("ragged_paged_attention_kernel"):
+  triton = _TRITON_PAGED in inst.attrs
+  if not (inst.name.startswith("ragged_paged_attention_kernel") or triton):
     return None
-  operands = [a for o in inst.operands for a in _arrays(shapes.get(o, ""))]
+  # The Triton kernel takes the pool twice (its keys' and its values' view of one buffer).
+  operands = [a for o in dict.fromkeys(inst.operands) for a in _arrays(shapes.get(o, ""))]
   pools = [(d, dims) for d, dims in operands if len(dims) == 4]
-  queries = [dims for _, dims in operands if len(dims) == 3]
-  if not pools or not queries:
+  if not pools:
     return None
   d, pool = max(pools, key=lambda a: math.prod(a[1]))
+  if triton:  # queries [B, K, G, H]: K kv heads' G query heads (padded to the MMA tile)
+    queries = [dims[1:] for _, dims in operands if len(dims) == 4 and dims != pool][:1]
+    queries = [(q[0], q[0] * q[1], q[2]) for q in queries]
+  else:  # queries [T, N, H]
+    queries = [dims for _, dims in operands if len(dims) == 3]
+  if not queries:
+    return None
   _, n, h = queries[0]
   positions = pool[0] * pool[1] / max(1, paged_layers)
   pool_bytes = _DTYPE_BYTES[d] * math.prod(pool)
-  other = sum(_DTYPE_BYTES[t] * math.prod(dims) for t, dims in operands) - pool_bytes
+  other = sum(_DTYPE_BYTES[t] * math.prod(dims) for t, dims in operands
+              if (t, dims) != (d, pool))
   return 4.0 * n * h * positions, pool_bytes / max(1, paged_layers) + other + _nbytes(inst.shape)
 
 
@@ -459,11 +524,13 @@ def _dus_root_bytes(comp: list[_Inst], shapes: dict[str, str]) -> float | None:
 
 class _Analyzer:
 
-  def __init__(self, text: str, loops: bool, paged_layers: int = 1, expert_shards: int = 1):
+  def __init__(self, text: str, loops: bool, paged_layers: int = 1, expert_shards: int = 1,
+               f32_cost: tuple[float, float, float] = TPU_F32_COST):
     self.comps, self.entry = parse(text)
     self.loops = loops
     self.paged_layers = paged_layers
     self.expert_shards = expert_shards
+    self.f32_cost = f32_cost
     self.memo: dict[str, Cost] = {}
     self.shapes = {c: {i.name: i.shape for i in insts} for c, insts in self.comps.items()}
 
@@ -479,11 +546,12 @@ class _Analyzer:
       if op in ("dot", "convolution"):
         f = _dot_flops(inst, shapes)
         total.flops += f
-        total.weighted_flops += f * _passes(inst, shapes)
+        total.weighted_flops += f * _passes(inst, shapes, self.f32_cost)
       elif op == "custom-call":
         f = _custom_flops(inst, shapes, self.paged_layers, self.expert_shards)
         total.flops += f
-        total.weighted_flops += f
+        total.weighted_flops += f * (_passes(inst, shapes, self.f32_cost)
+                                     if _target(inst).startswith("__cublas$") else 1)
       if op == "while":
         body = _called(inst.attrs, "body")
         trip = _trip_count_of(inst, self.comps, insts) if self.loops else 1
@@ -560,11 +628,13 @@ def _trip_count_of(inst: _Inst, comps: dict[str, list[_Inst]],
 
 
 def analyze(hlo_text: str, loops: bool = True, paged_layers: int = 1,
-            expert_shards: int = 1) -> Cost:
+            expert_shards: int = 1,
+            f32_cost: tuple[float, float, float] = TPU_F32_COST) -> Cost:
   """FLOPs and bytes of one device's program; `loops=False` counts every body once (as
   XLA's own cost analysis does, for comparison). `paged_layers`: how many layers' pages the
   ragged paged attention kernel's pool operand holds (see `_ragged_paged`).
   `expert_shards`: the mesh's expert-parallel width, by which megablox's estimates are
-  divided (see `_custom_flops`)."""
-  a = _Analyzer(hlo_text, loops, paged_layers, expert_shards)
+  divided (see `_custom_flops`). `f32_cost`: the chip's cost of a float32 dot at DEFAULT,
+  HIGH and HIGHEST precision in bf16-peak units (`chips.Chip.f32_cost`; a TPU's by default)."""
+  a = _Analyzer(hlo_text, loops, paged_layers, expert_shards, f32_cost)
   return a.cost(a.entry)

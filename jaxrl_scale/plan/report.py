@@ -53,11 +53,13 @@ def _shortfall(message: str) -> tuple[float | None, str]:
   return need, first[:300]
 
 
-def measure(program: programs_lib.Program, chip: chips_lib.Chip) -> dict[str, Any]:
+def measure(program: programs_lib.Program, sl: chips_lib.Slice) -> dict[str, Any]:
   """Lowers and compiles one program; returns its row of the plan."""
+  chip = sl.chip
+  capacity = sl.usable_bytes
   chips = program.mesh.devices.size
   row: dict[str, Any] = {
-      "chips": int(chips), "hbm_capacity_bytes": int(chip.hbm_bytes),
+      "chips": int(chips), "hbm_capacity_bytes": int(capacity),
       "mesh": {k: int(v) for k, v in program.mesh.shape.items()},
       "groups": program.groups, "tokens_per_call": int(program.tokens),
       "model_flops_per_chip": program.model_flops / chips,
@@ -79,13 +81,14 @@ def measure(program: programs_lib.Program, chip: chips_lib.Chip) -> dict[str, An
   stats = compiled.memory_analysis()
   hbm = _hbm(stats) + program.also_resident
   cost = hlo_cost.analyze(compiled.as_text(), paged_layers=program.paged_layers,
-                          expert_shards=int(program.mesh.shape.get(mesh_lib.EXPERT_AXIS, 1)))
+                          expert_shards=int(program.mesh.shape.get(mesh_lib.EXPERT_AXIS, 1)),
+                          f32_cost=chip.f32_cost)
   t_flops = cost.weighted_flops / chip.peak_flops
   t_bytes = cost.bytes / chip.hbm_bandwidth
   bound = max(t_flops, t_bytes)
   row.update(
-      hbm_bytes_per_chip=int(hbm), fits=bool(hbm <= chip.hbm_bytes),
-      headroom=1.0 - hbm / chip.hbm_bytes,
+      hbm_bytes_per_chip=int(hbm), fits=bool(hbm <= capacity),
+      headroom=1.0 - hbm / capacity,
       temporaries_bytes_per_chip=int(stats.temp_size_in_bytes),
       arguments_bytes_per_chip=int(stats.argument_size_in_bytes),
       also_resident_bytes_per_chip=int(program.also_resident),
@@ -120,8 +123,9 @@ def run_plan(cfg: Any, mcfg: Any, sl: chips_lib.Slice,
       "topology": sl.topology, "name": sl.label, "chip": sl.chip.name, "chips": sl.chips,
       "devices": len(devices), "hosts": len({d.process_index for d in devices}),
       "layout": slices.describe(), "model_params": int(mcfg.num_params()),
+      "platform": sl.chip.platform,
       "chip_spec": {"peak_flops": sl.chip.peak_flops, "hbm_bytes": sl.chip.hbm_bytes,
-                    "hbm_bandwidth": sl.chip.hbm_bandwidth},
+                    "usable_bytes": sl.usable_bytes, "hbm_bandwidth": sl.chip.hbm_bandwidth},
       # What the train step keeps for its backward pass, printed with the plan because it
       # sets both the step's HBM and its compiled / model FLOPs.
       "trainer": {"remat": cfg.optim.remat, "logits_chunk": cfg.optim.logits_chunk,
@@ -131,7 +135,7 @@ def run_plan(cfg: Any, mcfg: Any, sl: chips_lib.Slice,
   }
   for program in programs:
     progress(f"  compiling {program.name} on {program.mesh.devices.size} devices ...")
-    row = measure(program, sl.chip)
+    row = measure(program, sl)
     out["programs"][program.name] = row
     progress("    " + _line(program.name, row))
   out["fits"] = all(r["fits"] for r in out["programs"].values())
@@ -158,6 +162,12 @@ def table(plan: dict[str, Any]) -> str:
   lines = [f"plan for {plan['name']} ({plan['topology']}: {plan['chips']} chips, "
            f"{plan['hosts']} hosts) | {plan['model_params'] / 1e9:.2f}B params",
            f"  {plan['layout']}"]
+  if plan.get("platform") == "gpu":
+    spec = plan["chip_spec"]
+    lines.append(f"  GPU memory: JAX preallocates {spec['usable_bytes'] / spec['hbm_bytes']:.0%} "
+                 f"(XLA_PYTHON_CLIENT_MEM_FRACTION) of {spec['hbm_bytes'] / GIB:.2f} GiB: "
+                 f"{spec['usable_bytes'] / GIB:.2f} GiB per GPU; compiled without a GPU, so "
+                 "without autotuning (XLA's default matmul tiles)")
   if plan.get("trainer"):
     t = plan["trainer"]
     lines.append(f"  train step: optim.remat {t['remat']}, optim.micro_batch_prompts "
@@ -230,5 +240,7 @@ def advice(plan: dict[str, Any]) -> str | None:
         "decode": "lower sampler.num_slots or sampler.max_new_tokens, or raise "
                   "mesh.generator_tp / mesh.generator_devices",
     }.get(name, "change the config")
+    if plan.get("platform") == "gpu" and need:
+      fix = "raise XLA_PYTHON_CLIENT_MEM_FRACTION (e.g. 0.9), or " + fix
     return f"{name} does not fit on {plan['name']}: {short}; {fix}"
   return None

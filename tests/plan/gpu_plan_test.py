@@ -1,0 +1,196 @@
+"""`plan` for NVIDIA GPUs: names, the usable memory, and the run's programs compiled for an
+H100 without a GPU (JAX's CUDA plugin with a deviceless topology), with the kernels a GPU
+run takes: cuDNN's fused attention in the train step, the Triton paged kernel in decode."""
+
+import importlib.util
+import json
+import math
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.plan import chips, hlo_cost
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _cuda_plan_available() -> bool:
+  if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    return False
+  try:
+    chips.topology_devices(chips.resolve("h100"))
+  except UserError:
+    return False
+  return True
+
+
+needs_cuda_plugin = pytest.mark.skipif(
+    not _cuda_plan_available(),
+    reason="JAX's CUDA plugin and cuDNN are not installed (pip install -e '.[plan-gpu]')")
+
+
+@pytest.mark.parametrize("name, topology, count, per_host", [
+    ("h100", "h100:1x1x1", 1, 1),
+    ("H100-8", "h100:1x1x8", 8, 8),
+    ("h200-16", "h200:1x2x8", 16, 8),
+    ("a100-4", "a100:1x1x4", 4, 4),
+])
+def test_resolve_gpus(name, topology, count, per_host):
+  sl = chips.resolve(name)
+  assert (sl.topology, sl.chips, sl.chips_per_host, sl.chip.platform) == (
+      topology, count, per_host, "gpu")
+  assert sl.host_bounds is None
+
+
+@pytest.mark.parametrize("name, words", [
+    ("h100-3", "use 1, 2, 4, 8 or a multiple of 8"),
+    ("h100-12", "use 1, 2, 4, 8 or a multiple of 8"),
+    ("b300", "NVIDIA GPUs like h100"),
+])
+def test_resolve_gpu_errors(name, words):
+  with pytest.raises(UserError, match=words):
+    chips.resolve(name)
+
+
+def test_usable_memory_is_what_jax_preallocates(monkeypatch):
+  sl = chips.resolve("h100")
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  assert sl.usable_bytes == int(0.75 * sl.chip.hbm_bytes)
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+  assert sl.usable_bytes == int(0.9 * sl.chip.hbm_bytes)
+  assert chips.resolve("v5p-8").usable_bytes == chips.CHIPS["v5p"].hbm_bytes  # a TPU: all
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "1.5")
+  with pytest.raises(UserError, match="XLA_PYTHON_CLIENT_MEM_FRACTION"):
+    _ = sl.usable_bytes
+
+
+def test_cublas_matmul_flops_from_its_dimension_numbers():
+  """A cuBLAS call as XLA:GPU writes it (compiled for an H100 with
+  --xla_gpu_enable_triton_gemm=false), shapes made smaller: [64, 512] x [512, 256]."""
+  text = """HloModule m, entry_computation_layout={(bf16[64,512]{1,0}, bf16[512,256]{1,0})->f32[64,256]{1,0}}
+
+ENTRY %main.1 (x.1: bf16[64,512], y.1: bf16[512,256]) -> f32[64,256] {
+  %y.1 = bf16[512,256]{1,0} parameter(1)
+  %x.1 = bf16[64,512]{1,0} parameter(0)
+  %custom-call.1 = (f32[64,256]{1,0}, s8[4194304]{0}) custom-call(%x.1, %y.1), custom_call_target="__cublas$lt$matmul", backend_config={"operation_queue_id":"0","gemm_backend_config":{"selected_algorithm":"0","alpha_real":1,"beta":0,"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]},"alpha_imag":0,"precision_config":{"operand_precision":["DEFAULT","DEFAULT"],"algorithm":"ALG_UNSET"},"epilogue":"DEFAULT"}}
+  ROOT %get-tuple-element.1 = f32[64,256]{1,0} get-tuple-element(%custom-call.1), index=0
+}
+"""
+  cost = hlo_cost.analyze(text)
+  assert cost.flops == 2 * 64 * 512 * 256
+  assert cost.weighted_flops == cost.flops  # bf16 operands: tensor-core rate
+  f32 = text.replace("bf16", "f32").replace('["DEFAULT","DEFAULT"]', '["HIGHEST","HIGHEST"]')
+  h100 = chips.GPUS["h100"]
+  weighted = hlo_cost.analyze(f32, f32_cost=h100.f32_cost).weighted_flops
+  assert weighted == pytest.approx(cost.flops * 989 / 67)  # float32 on CUDA cores
+
+
+def _h100_mesh():
+  devices = chips.topology_devices(chips.resolve("h100"))
+  return Mesh(np.array(devices).reshape(1), ("d",))
+
+
+@needs_cuda_plugin
+def test_cudnn_attention_is_charged_its_matmuls_by_hand():
+  """cuDNN flash attention compiled for an H100: causal forward = QK^T + PV over half the
+  [B, N, T, T] scores (2 x 2 B N T^2 H / 2); its gradient adds the backward's five matmuls
+  (recomputed QK^T, dP, dQ, dK, dV)."""
+  b, t, n, h = 2, 256, 4, 64
+  mesh = _h100_mesh()
+  spec = jax.ShapeDtypeStruct((b, t, n, h), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+
+  def fwd(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+
+  def loss(q, k, v):
+    return fwd(q, k, v).astype(jnp.float32).sum()
+
+  with jax.set_mesh(mesh):
+    text_f = jax.jit(fwd).lower(spec, spec, spec).compile().as_text()
+    text_g = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(spec, spec, spec).compile(
+    ).as_text()
+  assert "__cudnn$fmhaSoftmax" in text_f and "__cudnn$fmhaSoftmaxBackward" in text_g
+  half_scores = b * n * t * t / 2
+  assert hlo_cost.analyze(text_f).flops == pytest.approx(2 * 2 * half_scores * h)
+  assert hlo_cost.analyze(text_g).flops == pytest.approx((2 + 5) * 2 * half_scores * h)
+
+
+def _tiny_gpu_run():
+  from jaxrl_scale import config  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.pipeline import wiring  # pylint: disable=g-import-not-at-top
+  overrides = ["model.preset=tiny_qwen3", "model.dtype=bfloat16", "model.param_dtype=bfloat16",
+               "mesh.trainer_devices=1", "mesh.generator_devices=1",
+               "mesh.simulated_cpu_devices=1", "sft.steps=0"]
+  cfg = config.load(ROOT / "configs" / "cpu_tiny.yaml", overrides)
+  return cfg, wiring.model_config_for(cfg, None), overrides
+
+
+@needs_cuda_plugin
+def test_the_run_compiles_for_an_h100_with_the_gpu_kernels():
+  """The CPU demo's run with a bf16 Qwen3 policy, every program compiled for one H100: the
+  train step runs cuDNN's fused attention forward and backward, decode the Triton paged
+  kernel on every layer, and the kernel is charged one layer's pool per call."""
+  from jaxrl_scale.plan import programs  # pylint: disable=g-import-not-at-top
+  cfg, mcfg, _ = _tiny_gpu_run()
+  devices = chips.topology_devices(chips.resolve("h100"))
+  _, progs = programs.build(cfg, mcfg, devices)
+  by_name = {p.name: p for p in progs}
+  texts = {}
+  for name in ("train_step", "decode"):
+    with jax.set_mesh(by_name[name].mesh):
+      texts[name] = by_name[name].lower().compile().as_text()
+  train = texts["train_step"]
+  assert "__cudnn$fmhaSoftmax\"" in train and "__cudnn$fmhaSoftmaxBackward" in train
+  decode = texts["decode"]
+  kernels = re.findall(r'custom_call_target="__gpu\$xla\.gpu\.triton".*?name = '
+                       r'"paged_decode_attention"', decode)
+  assert len(kernels) == mcfg.num_layers
+  assert "__cudnn" not in decode
+  # Charged one layer's pool per call, not the whole operand (every layer's pages).
+  layers = mcfg.num_layers
+  charged = hlo_cost.analyze(decode, paged_layers=layers)
+  whole = hlo_cost.analyze(decode, paged_layers=1)
+  pool = by_name["decode"].resident["kv_cache"]
+  calls = layers * cfg.sampler.decode_chunk
+  assert whole.bytes - charged.bytes == pytest.approx(calls * pool * (1 - 1 / layers), rel=0.02)
+  assert charged.flops > 0 and math.isfinite(charged.flops)
+
+
+@needs_cuda_plugin
+def test_plan_command_on_gpus(capsys, monkeypatch):
+  """`jaxrl-scale plan ... --topology h100 --json` end to end: every program compiles and
+  fits in the 75% of the H100 JAX preallocates; on two GPUs the roles get one each."""
+  import argparse  # pylint: disable=g-import-not-at-top
+
+  from jaxrl_scale.plan import command  # pylint: disable=g-import-not-at-top
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  _, _, overrides = _tiny_gpu_run()
+  parser = argparse.ArgumentParser()
+  command.add_arguments(parser)
+  args = parser.parse_args([str(ROOT / "configs" / "cpu_tiny.yaml"), *overrides,
+                            "--topology", "h100", "--json"])
+  assert command.run(args) == 0
+  plan = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert plan["platform"] == "gpu" and plan["chip"] == "h100"
+  usable = int(0.75 * chips.GPUS["h100"].hbm_bytes)
+  assert plan["chip_spec"]["usable_bytes"] == usable
+  assert set(plan["programs"]) == {"train_step", "weight_cast", "prefill", "decode"}
+  for row in plan["programs"].values():
+    assert row["fits"] and row["hbm_capacity_bytes"] == usable
+    assert 0 < row["hbm_bytes_per_chip"] < usable
+  assert plan["programs"]["train_step"]["flops_ratio"] > 1.0  # remat reruns the forward
+
+  two = [a for a in overrides if not a.startswith("mesh.")]
+  args = parser.parse_args([str(ROOT / "configs" / "cpu_tiny.yaml"), *two,
+                            "mesh.trainer_devices=1", "mesh.generator_devices=1",
+                            "--topology", "h100-2", "--json", "--programs", "train_step,decode"])
+  assert command.run(args) == 0
+  plan = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert plan["devices"] == 2
+  assert {r["chips"] for r in plan["programs"].values()} == {1}
