@@ -9,7 +9,8 @@ this replaces. So this module runs the same kernel body (`paged_attention_kernel
 own `pallas_call`, whose block specs pick kv head k's keys (head 2k) and values (head 2k + 1)
 out of the one pool: the pool goes in twice as the same buffer and stays where it is. The
 rest follows JAX's wrapper: one grid program per (row, kv head, block of 16 query heads,
-split of the row's pages), split partial results combined at the end (here in float32).
+split of the row's pages), split partial results combined at the end (here in float32);
+a row's pages split only as far as a small grid needs (`num_splits`).
 
 The kernel has no softmax scale: queries are scaled by head_dim ** -0.5 before it. It masks
 each row's positions >= its length and skips pages past it; a row of length 0 reads nothing
@@ -34,12 +35,20 @@ from jax.experimental.pallas.ops.gpu import paged_attention as jax_paged
 KV_TOKENS_PER_BLOCK = 128
 MAX_SPLITS = 16
 QUERY_HEADS_PER_BLOCK = 16
+# Grid programs (rows x kv heads x query-head blocks x splits) to aim for: a row's pages are
+# split only while the grid has fewer programs than this (about 8 per SM of an H100, enough
+# loads in flight to keep HBM busy). Every split writes a float32 partial output of
+# QUERY_HEADS_PER_BLOCK rows, padding included, live pages or not, which the combine reads
+# back: with a split per 128-position block, Qwen3-0.6B at batch 256 and 128 + 512 tokens
+# spent a fifth of its decode bytes on them (`plan --topology h100`). Untuned on a GPU.
+TARGET_PROGRAMS = 1024
 
 
 def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.Array,
                             lens_B: jax.Array, *, interpret: bool = False,
                             kv_tokens_per_block: int = KV_TOKENS_PER_BLOCK,
-                            max_splits: int = MAX_SPLITS) -> jax.Array:
+                            max_splits: int = MAX_SPLITS,
+                            target_programs: int = TARGET_PROGRAMS) -> jax.Array:
   """One query per row over its pages of an interleaved pool.
 
   Args:
@@ -50,7 +59,8 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
       length are loaded a block at a time, then masked).
     lens_B: int32 positions each row attends, [0, lens_B[b]) (0: none; zeros out).
     interpret: run the kernel in Pallas interpret mode (any platform; for tests on CPU).
-    kv_tokens_per_block, max_splits: block sizes (see the module constants).
+    kv_tokens_per_block, max_splits, target_programs: block sizes and how far a row's
+      pages split (see the module constants; `splits`).
 
   Returns:
     out_BNH in q's dtype.
@@ -63,7 +73,7 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
   pages_per_block = max(1, kv_tokens_per_block // c)
   width = table_BM.shape[1]
   blocks = -(-width // pages_per_block)
-  splits = min(max_splits, blocks)
+  splits = num_splits(b, n, x // 2, blocks, max_splits, target_programs)
   per_split = -(-blocks // splits) * pages_per_block
   # Padding columns point at page 0: loaded with the block they fall in, masked by length.
   table_BM = jnp.pad(table_BM.astype(jnp.int32), ((0, 0), (0, splits * per_split - width)))
@@ -76,6 +86,15 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
   out_BNH = jax.vmap(one, (0, None, 0, 0))(q_BNH, kv_QCXH, table_BM,
                                            lens_B.astype(jnp.int32)[:, None])
   return out_BNH.astype(dtype)
+
+
+def num_splits(rows: int, heads: int, kv_heads: int, blocks: int,
+               max_splits: int = MAX_SPLITS, target_programs: int = TARGET_PROGRAMS) -> int:
+  """How many parts a row's `blocks` kv blocks split into: enough for the grid to reach
+  `target_programs` programs, at most `max_splits` and one per block."""
+  groups = -(-(heads // kv_heads) // QUERY_HEADS_PER_BLOCK)
+  programs = rows * kv_heads * groups
+  return max(1, min(max_splits, blocks, -(-target_programs // programs)))
 
 
 def _row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: jax.Array, *,

@@ -40,12 +40,13 @@ def _numpy_attention(q_BNH, kv_QCXH, table_BM, lens_B):
   return out
 
 
-@pytest.mark.parametrize("kv,groups,page,tokens_per_block,splits", [
-    (2, 2, 4, 8, 2),    # GQA; 2 pages a block, several blocks per split, 2 splits
-    (1, 4, 4, 4, 16),   # MQA; one page a block, a split per block
-    (4, 1, 8, 128, 16),  # MHA; the module's block size: one block, one split
+@pytest.mark.parametrize("kv,groups,page,tokens_per_block,splits,target", [
+    (2, 2, 4, 8, 2, 1024),    # GQA; 2 pages a block, several blocks per split, 2 splits
+    (1, 4, 4, 4, 16, 1024),   # MQA; one page a block, a split per block
+    (4, 1, 8, 128, 16, 1024),  # MHA; the module's block size: one block, one split
+    (2, 2, 4, 4, 16, 1),  # a grid big enough already: one split runs all 7 blocks in turn
 ])
-def test_kernel_matches_float64_numpy(kv, groups, page, tokens_per_block, splits):
+def test_kernel_matches_float64_numpy(kv, groups, page, tokens_per_block, splits, target):
   rng = np.random.default_rng(0)
   rows, h, width, pages = 6, 16, 7, 50
   pool = rng.normal(size=(pages, page, 2 * kv, h)).astype(np.float32)
@@ -54,10 +55,22 @@ def test_kernel_matches_float64_numpy(kv, groups, page, tokens_per_block, splits
   lens = np.array([0, 1, page, page + 1, 3 * page + 2, width * page], np.int32)
   q = rng.normal(size=(rows, kv * groups, h)).astype(np.float32)
   fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, interpret=True,
-                                 kv_tokens_per_block=tokens_per_block, max_splits=splits))
+                                 kv_tokens_per_block=tokens_per_block, max_splits=splits,
+                                 target_programs=target))
   got = np.asarray(fn(q, pool, table, lens))
   np.testing.assert_allclose(got, _numpy_attention(q, pool, table, lens), atol=1e-5, rtol=0)
   assert not got[0].any()  # length 0: nothing read, zeros out
+
+
+def test_splits_only_as_far_as_the_grid_needs():
+  """Qwen3-0.6B (16 heads over 8 kv heads), 128 + 512 tokens in 128-position blocks (5):
+  at batch 256 the grid has 2048 programs without splitting, so one split; at batch 64,
+  two; a small batch splits every block."""
+  assert paged_triton.num_splits(256, 16, 8, 5) == 1
+  assert paged_triton.num_splits(64, 16, 8, 5) == 2
+  assert paged_triton.num_splits(4, 16, 8, 5) == 5
+  assert paged_triton.num_splits(1, 64, 8, 40) == 16  # capped at MAX_SPLITS
+  assert paged_triton.num_splits(1, 16, 8, 5, target_programs=1) == 1
 
 
 def _paged_case(shards, rows=8):
