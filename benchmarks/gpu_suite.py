@@ -37,9 +37,11 @@ environment, exit code, seconds, the bench's JSON report and its output tail.
 
 The device machine's working tree has no .git and no install: pass the commit as GIT_COMMIT;
 each bench imports jaxrl_scale from this tree (PYTHONPATH) with the machine's own python3 and
-packages (jax 0.11.2 there in 2026-11, where `--cpu-smoke` passes too). On a GPU of
-less than 100 GiB the 1.7B runs take 2 micro-batches (55.7 GiB of einsum temporaries were
-measured at one on an H200). The suite is sized for the issue's 8 minutes: no run starts
+packages (jax 0.11.2 there in 2026-11, where `--cpu-smoke` passes too). Train runs get 90% of
+the GPU (XLA_PYTHON_CLIENT_MEM_FRACTION=0.9) and are sized by what `gpu_plan.py` predicted
+for them without a GPU (benchmarks/results/gpu_plan_h100.json below 100 GiB of GPU memory,
+gpu_plan_h200.json above): one micro-batch if the prediction leaves 20% of that free, else
+two, else the run is skipped as not fitting rather than spending device time on an OOM. The suite is sized for the issue's 8 minutes: no run starts
 after --budget-s and a run still going at --deadline-s is killed; each has its own limit.
 `--cpu-smoke` runs every variant at tiny shapes on this machine's CPU (the Triton kernel in
 interpret mode, einsum attention for cuDNN), to show none of them crashes.
@@ -205,10 +207,51 @@ def sampler_argv(o: dict, checkpoint: str, smoke: bool) -> list[str]:
           *([] if o.get("hf") else ["--skip-hf"]), "--json"]
 
 
+TRAIN_MEM_FRACTION = 0.9
+MARGIN = 1.2  # the estimate without a GPU came out up to 20% low (docs/gpu.md)
+
+
+def predictions(gpu_mib: int | None) -> dict[tuple[str, int], float]:
+  """{(run, micro-batches): predicted bytes per GPU} from gpu_plan.py's file for this GPU's
+  size; empty when there is none (or no GPU size)."""
+  if gpu_mib is None:
+    return {}
+  path = os.path.join(HERE, "results",
+                      f"gpu_plan_{'h100' if gpu_mib < 100 * 1024 else 'h200'}.json")
+  try:
+    with open(path, encoding="utf-8") as f:
+      rows = json.load(f)["runs"]
+  except (OSError, ValueError, KeyError):
+    return {}
+  return {(r["run"], r["micro_batches"]): float(r["hbm_bytes_per_chip"]) for r in rows
+          if r.get("micro_batches") and r.get("hbm_bytes_per_chip")}
+
+
+def train_size(name: str, big: bool, gpu_mib: int | None,
+               predicted: dict[tuple[str, int], float]) -> tuple[int, str | None]:
+  """(micro-batches, None) for a train run, or (1, why) when it is predicted not to fit."""
+  if gpu_mib is None:
+    return 1, None
+  usable = TRAIN_MEM_FRACTION * gpu_mib * 2**20
+  known = {m: b for (n, m), b in predicted.items() if n == name}
+  if not known:  # no prediction: the 1.7B runs split below 100 GiB, as before the plans
+    return (2 if big and gpu_mib < 100 * 1024 else 1), None
+  for micro in sorted(known):
+    if known[micro] * MARGIN <= usable:
+      return micro, None
+  least = min(known.values())
+  return 1, (f"predicted {least / 2**30:.1f} GiB per GPU (gpu_plan.py), more than "
+             f"{usable / 2**30:.1f} GiB / {MARGIN}")
+
+
 def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
-         only: list[str] | None = None, tokens_dir: str = ".") -> list[dict]:
+         only: list[str] | None = None, tokens_dir: str = ".",
+         predicted: dict[tuple[str, int], float] | None = None) -> list[dict]:
   """The runs, in order: {name, item, bench, argv, env, timeout_s, and the options}.
-  Decode runs save their greedy tokens under `tokens_dir` (tokens_NAME.npy)."""
+  Decode runs save their greedy tokens under `tokens_dir` (tokens_NAME.npy). Train runs are
+  sized by `predicted` (default: `predictions(gpu_mib)`); one predicted not to fit carries
+  `skip` (why)."""
+  predicted = predictions(gpu_mib) if predicted is None else predicted
   runs = []
   for name, item, bench, o in RUNS:
     if only and not any(name.startswith(x) or bench == x for x in only):
@@ -220,7 +263,10 @@ def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
     elif bench == "train":
       big = o["preset"] == "qwen3_1p7b"
       run["rows"] = o["prompts"] * o["gens"]
-      run["micro_batches"] = 2 if big and gpu_mib is not None and gpu_mib < 100 * 1024 else 1
+      run["micro_batches"], why = (1, None) if smoke else train_size(name, big, gpu_mib,
+                                                                      predicted)
+      if why:
+        run["skip"] = why
       run["argv"] = train_argv(o, run["micro_batches"], smoke)
       run["timeout_s"] = TIMEOUT_S["train_1p7b" if big else "train"]
     else:
@@ -228,6 +274,8 @@ def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
           "--save-tokens", os.path.join(os.path.abspath(tokens_dir), f"tokens_{name}.npy")]
       run["timeout_s"] = TIMEOUT_S["sampler"] + (60.0 if o.get("hf") else 0.0)
     run["env"] = {"XLA_FLAGS": o["xla_flags"]} if o.get("xla_flags") else {}
+    if bench == "train" and not smoke:
+      run["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(TRAIN_MEM_FRACTION)
     runs.append(run)
   return runs
 
@@ -357,7 +405,9 @@ def main(argv=None) -> int:
   if args.dry_run:
     for run in runs:
       env = "".join(f"{k}={v} " for k, v in run["env"].items())
-      print(f"{run['name']} (item {run['item']}): {env}{shlex.join(['python3', *run['argv']])}")
+      skip = f"  [skipped: {run['skip']}]" if run.get("skip") else ""
+      print(f"{run['name']} (item {run['item']}): {env}{shlex.join(['python3', *run['argv']])}"
+            f"{skip}")
     return 0
   if smoke:
     args.budget_s = args.deadline_s = float("inf")
@@ -385,6 +435,9 @@ def main(argv=None) -> int:
     if time.perf_counter() - start > args.budget_s:
       log(f"=== {run['name']}: skipped, past the {args.budget_s:.0f} s budget")
       result = {**{k: v for k, v in run.items() if k != "argv"}, "skipped": "budget"}
+    elif run.get("skip"):
+      log(f"=== {run['name']}: skipped, {run['skip']}")
+      result = {**{k: v for k, v in run.items() if k != "argv"}, "skipped": run["skip"]}
     else:
       if run["bench"] == "sampler_bench" and not smoke and not os.path.isdir(checkpoint):
         t = time.perf_counter()

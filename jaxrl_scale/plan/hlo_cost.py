@@ -470,9 +470,16 @@ def _slice_bytes(comp: list[_Inst], comps: dict[str, list[_Inst]],
       users.setdefault(op, []).append(i)
   nested: dict[str, dict[int, float]] = {}
 
-  def read(u: _Inst, name: str) -> float | None:
+  def read(u: _Inst, name: str, depth_: int = 0) -> float | None:
     if u.opcode in ("dynamic-slice", "gather") and u.operands[0] == name:
       return _nbytes(u.shape)  # the rows read (a gather: embedding lookups)
+    if u.opcode in ("slice", "bitcast") and u.operands[0] == name and depth_ < 4:
+      # A static slice (one layer of a stacked pool) or a bitcast of it: what its users
+      # read of it, else (a slice) the slice itself.
+      got = [read(v, u.name, depth_ + 1) for v in users.get(u.name, [])]
+      if got and all(g is not None for g in got):
+        return sum(got)
+      return _nbytes(u.shape) if u.opcode == "slice" else None
     if u.opcode in _IN_PLACE and u.operands[0] == name and u.operands.count(name) == 1:
       return 0.0  # updated in place: only the written slice moves
     if u.opcode == "fusion" and depth < 4:

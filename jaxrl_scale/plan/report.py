@@ -36,6 +36,9 @@ PROGRAMS = ("train_step", "sft_step", "weight_cast", "prefill", "decode")
 # Free HBM below which a program that fits is flagged tight: XLA's own estimate leaves out
 # allocator fragmentation and the runtime's buffers.
 HEADROOM = 0.10
+# On a GPU the estimate is also made without the GPU: at the two shapes measured on an H200
+# it came out 5% and 20% below what the device reported (docs/gpu.md), so more is kept free.
+HEADROOM_GPU = 0.20
 
 
 def _hbm(stats: Any) -> float:
@@ -207,11 +210,14 @@ def table(plan: dict[str, Any]) -> str:
                  f"({dec['bytes_accessed_per_chip'] / GIB:.4g} GiB read a call against "
                  f"{kind['weights'] / GIB:.4g} GiB of weights + {kind['kv_cache'] / GIB:.4g} "
                  f"GiB of live KV)")
+  keep = HEADROOM_GPU if plan.get("platform") == "gpu" else HEADROOM
   tight = [n for n, r in plan["programs"].items()
-           if r.get("fits") and r.get("headroom", 1.0) < HEADROOM]
+           if r.get("fits") and r.get("headroom", 1.0) < keep]
   if tight:
-    lines.append(f"  tight: {', '.join(tight)} leave less than {HEADROOM:.0%} of HBM free; "
-                 "allocator fragmentation and runtime buffers may not fit in that")
+    lines.append(f"  tight: {', '.join(tight)} leave less than {keep:.0%} of HBM free; "
+                 "allocator fragmentation and runtime buffers may not fit in that"
+                 + ("; the GPU estimate has come out up to 20% low" if keep == HEADROOM_GPU
+                    else ""))
   lines.append("fits: yes" if plan["fits"] else "fits: NO")
   return "\n".join(lines)
 
