@@ -136,6 +136,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--deadline-s", type=float, default=470.0,
                  help="a run still going this long after the suite started is killed")
   p.add_argument("--dry-run", action="store_true", help="print the runs and exit")
+  p.add_argument("--gpu-memory-mib", type=int, default=None,
+                 help="with --dry-run: size the train runs for a GPU of this much memory "
+                      "(an H100: 81559, an H200: 143771)")
   p.add_argument("--cpu-smoke", action="store_true",
                  help="every run at tiny shapes on CPU (no budget), to check none crashes")
   args = p.parse_args(argv)
@@ -395,7 +398,7 @@ def run_one(run: dict, log, timeout: float) -> dict:
 def main(argv=None) -> int:
   args = parse_args(argv)
   smoke = args.cpu_smoke
-  device, gpu_mib = ("(dry run)", None) if args.dry_run else (
+  device, gpu_mib = ("(dry run)", args.gpu_memory_mib) if args.dry_run else (
       ("cpu smoke", None) if smoke else gpu_info())
   checkpoint = os.path.join(tempfile.gettempdir(), "gpu_suite_qwen3_0p6b")
   # The greedy tokens stay beside the checkpoint, not under --out: the device tool returns

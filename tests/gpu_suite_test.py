@@ -62,13 +62,45 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   assert {item for _, item, _, _ in gpu_suite.RUNS} == {1, 2, 3, 4, 5, 7}
 
 
-def test_small_gpu_splits_the_1p7b_batch():
+def test_without_predictions_a_small_gpu_splits_the_1p7b_batch():
   checkpoint = "/tmp/ck"
-  h100 = gpu_suite.plan(81559, checkpoint)
+  h100 = gpu_suite.plan(81559, checkpoint, predicted={})
   assert {r["micro_batches"] for r in h100 if r.get("preset") == "qwen3_1p7b"} == {2}
   assert {r["micro_batches"] for r in h100 if r.get("preset") == "qwen3_0p6b"} == {1}
-  h200 = gpu_suite.plan(143771, checkpoint)
+  h200 = gpu_suite.plan(143771, checkpoint, predicted={})
   assert {r["micro_batches"] for r in h200 if r["bench"] == "train_step_bench"} == {1}
+  assert not any(r.get("skip") for r in h100 + h200)
+
+
+def test_train_runs_are_sized_by_the_predictions():
+  """One micro-batch when its prediction leaves 20% of 90% of the GPU free, else two, else
+  the run is skipped with the reason (never started to run out of memory)."""
+  gib = 2**30
+  mib = 81559  # an H100: 90% is 71.7 GiB, so a prediction fits up to 59.7 GiB
+  predicted = {("train_0p6b_32x2048_cudnn_full", 1): 31 * gib,
+               ("train_0p6b_32x2048_cudnn_dots", 1): 110 * gib,
+               ("train_0p6b_32x2048_cudnn_dots", 2): 59 * gib,
+               ("train_0p6b_32x2048_cudnn_full_chunk2048", 1): 87 * gib,
+               ("train_0p6b_32x2048_cudnn_full_chunk2048", 2): 61 * gib}
+  runs = {r["name"]: r for r in gpu_suite.plan(mib, "/tmp/ck", predicted=predicted)}
+  assert runs["train_0p6b_32x2048_cudnn_full"]["micro_batches"] == 1
+  assert runs["train_0p6b_32x2048_cudnn_dots"]["micro_batches"] == 2
+  assert "--micro-batches 2" in " ".join(runs["train_0p6b_32x2048_cudnn_dots"]["argv"])
+  skipped = runs["train_0p6b_32x2048_cudnn_full_chunk2048"]
+  assert "predicted 61.0 GiB" in skipped["skip"] and "71.7 GiB" in skipped["skip"]
+  assert all(r["env"].get("XLA_PYTHON_CLIENT_MEM_FRACTION") == "0.9" for r in runs.values()
+             if r["bench"] == "train_step_bench")
+  assert not any("XLA_PYTHON_CLIENT_MEM_FRACTION" in r["env"] for r in runs.values()
+                 if r["bench"] != "train_step_bench")
+
+
+def test_the_committed_predictions_cover_every_train_run():
+  """benchmarks/results/gpu_plan_{h100,h200}.json (gpu_plan.py) predict every train run at
+  one and two micro-batches, so the suite sizes none of them by the fallback."""
+  names = {name for name, _, bench, _ in gpu_suite.RUNS if bench == "train"}
+  for mib in (81559, 143771):
+    predicted = gpu_suite.predictions(mib)
+    assert {(n, m) for n in names for m in (1, 2)} <= set(predicted), mib
 
 
 def test_unknown_only_is_refused():
