@@ -244,7 +244,13 @@ class Einsum(nnx.Module):
     # bf16 partial sums: the sampler and the trainer were different policies (issue 33;
     # docs/sampler.md, Numerics). TPUs accumulate in float32 anyway; the qwen3_0p6b train
     # step compiled for v5p: bytes accessed +1.4%, FLOPs and temporaries unchanged.
+    # The algorithm says what the operands are: 16-bit, multiplied exactly, summed in float32.
+    # Without it the backward pass multiplied float32 operands: the cotangent of this
+    # float32 output is float32 (of 16-bit values), so autodiff's transposed dots took it
+    # with the 16-bit weights widened, and XLA:GPU ran them as float32 matmuls (TF32, half
+    # the bf16 tensor-core rate; 2/3 of a train step's matmul FLOPs). Same values.
     y = jax.lax.dot_general(x.astype(self.dtype), kernel, dims,
+                            precision=HALF_ALGORITHMS.get(jnp.dtype(self.dtype)),
                             preferred_element_type=jnp.float32).astype(self.dtype)
     if perm is not None:
       y = jnp.transpose(y, perm)
@@ -252,6 +258,12 @@ class Einsum(nnx.Module):
       bias = held(self.bias[...], self.param_dtype).astype(self.dtype)
       y = y + bias.reshape((1,) * (y.ndim - bias.ndim) + bias.shape)
     return y
+
+
+# Dot algorithms of 16-bit operands with float32 sums (what a 16-bit compute dtype's
+# projections run), by compute dtype; none for float32.
+HALF_ALGORITHMS = {jnp.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
+                   jnp.dtype(jnp.float16): jax.lax.DotAlgorithmPreset.F16_F16_F32}
 
 
 @functools.lru_cache(maxsize=None)

@@ -258,8 +258,8 @@ def _passes(inst: _Inst, shapes: dict[str, str],
   """A dot's cost in bf16-peak units per FLOP: 1 for 16-bit operands; for float32 ones
   `f32_cost` at (DEFAULT, HIGH, HIGHEST) precision (a TPU: 1, 3 and 6 bf16 MXU passes)."""
   dtypes = {d for o in inst.operands[:2] for d, _ in _arrays(shapes.get(o, ""))}
-  if "f32" not in dtypes:
-    return 1
+  if "f32" not in dtypes or re.search(r"algorithm=dot_(bf16_bf16|f16_f16)_f32\b", inst.attrs):
+    return 1  # 16-bit operands, or float32 ones the dot's algorithm multiplies as 16-bit
   m = (re.search(r"operand_precision=\{([a-z,]*)\}", inst.attrs)
        or re.search(r'"operand_precision":\[([A-Z",]*)\]', inst.attrs))
   precision = m.group(1).lower() if m else ""

@@ -147,6 +147,10 @@ def test_the_run_compiles_for_an_h100_with_the_gpu_kernels():
       texts[name] = by_name[name].lower().compile().as_text()
   train = texts["train_step"]
   assert "__cudnn$fmhaSoftmax\"" in train and "__cudnn$fmhaSoftmaxBackward" in train
+  # Every matmul at the bf16 tensor-core rate: none multiplies float32 operands (TF32), as
+  # the backward's transposed projections did when the cotangent came in float32.
+  cost = hlo_cost.analyze(train, f32_cost=chips.GPUS["h100"].f32_cost)
+  assert cost.flops > 0 and cost.weighted_flops == pytest.approx(cost.flops)
   decode = texts["decode"]
   kernels = re.findall(r'custom_call_target="__gpu\$xla\.gpu\.triton".*?name = '
                        r'"paged_decode_attention"', decode)
