@@ -45,6 +45,7 @@ def overrides(o: dict, bench: str, micro: int) -> tuple[list[str], str]:
   if bench == "train":
     return common + [
         f"model.preset={o['preset']}", f"model.attention_impl={o['attention']}",
+        "model.param_dtype=bfloat16",  # the suite's --param-dtype
         f"rl.prompts_per_step={o['prompts']}", f"rl.generations_per_prompt={o['gens']}",
         f"sampler.max_new_tokens={o['seq_len'] - PROMPT}",
         f"optim.remat={o.get('remat', 'full')}",

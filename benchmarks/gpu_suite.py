@@ -192,7 +192,8 @@ def train_argv(o: dict, micro: int, smoke: bool) -> list[str]:
     shape = ["--preset", o["preset"], "--seq-len", str(o["seq_len"]), "--prompts",
              str(o["prompts"]), "--generations", str(o["gens"]), "--steps", "3",
              "--matmul-size", "8192", "--logits-chunk", str(o.get("logits_chunk", 512)),
-             "--micro-batches", str(micro), "--dtype", "bfloat16", "--attention", o["attention"]]
+             "--micro-batches", str(micro), "--dtype", "bfloat16", "--param-dtype", "bfloat16",
+             "--attention", o["attention"]]
   return ["train_step_bench.py", *shape, "--remat", o.get("remat", "full"),
           "--matmul-dtype", "bfloat16", *(["--profile"] if o.get("profile") else []), "--json"]
 

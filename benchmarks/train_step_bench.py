@@ -74,6 +74,11 @@ def parse_args() -> argparse.Namespace:
   p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
                  help="model.dtype, the activations (default: the preset's; masters stay "
                       "param_dtype). cuDNN attention needs bfloat16")
+  p.add_argument("--param-dtype", default=None, choices=("float32", "bfloat16"),
+                 help="model.param_dtype, the weights as the model computes with them (the "
+                      "trainer keeps float32 masters either way; default: the preset's). The "
+                      "recipe's configs use bfloat16; with float32 the FP32 LM head multiplies "
+                      "float32 weights at HIGHEST precision (a GPU's CUDA cores)")
   p.add_argument("--matmul-dtype", default="float32", choices=("float32", "bfloat16"),
                  help="dtype of the measured matmul peak (bfloat16: the tensor-core rate)")
   p.add_argument("--profile", action="store_true",
@@ -152,7 +157,8 @@ def main() -> None:
   mesh = jax.make_mesh((args.fsdp, args.tp), ("fsdp", "tp"), axis_types=(AxisType.Auto,) * 2,
                        devices=devices)
   cfg = model_config.preset(args.preset)
-  cfg = dataclasses.replace(cfg, attention_impl=args.attention, dtype=args.dtype or cfg.dtype)
+  cfg = dataclasses.replace(cfg, attention_impl=args.attention, dtype=args.dtype or cfg.dtype,
+                            param_dtype=args.param_dtype or cfg.param_dtype)
   model = sharding.create_sharded_model(cfg, mesh, seed=0)
   num_params = sharding.param_count(nnx_params(model))
   batch = random_batch(np.random.default_rng(0), cfg.vocab_size, args.prompts,
@@ -211,6 +217,7 @@ def main() -> None:
   report = dict(device=devices[0].device_kind, preset=args.preset, rows=rows,
                 seq_len=args.seq_len, micro_batches=args.micro_batches, remat=args.remat,
                 logits_chunk=args.logits_chunk, attention=args.attention, dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
                 params_m=round(num_params / 1e6, 2), compile_s=round(compile_s, 2),
                 model_tflop_per_step=flops / 1e12, median_step_s=step_s,
                 matmul_dtype=args.matmul_dtype, matmul_peak_tflop_s=peak / 1e12,
