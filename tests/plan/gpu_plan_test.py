@@ -168,8 +168,9 @@ def test_the_run_compiles_for_an_h100_with_the_gpu_kernels():
 
 @needs_cuda_plugin
 def test_plan_command_on_gpus(capsys, monkeypatch):
-  """`jaxrl-scale plan ... --topology h100 --json` end to end: every program compiles and
-  fits in the 75% of the H100 JAX preallocates; on two GPUs the roles get one each."""
+  """`jaxrl-scale plan ... --topology h100 --json` end to end (the programs the test above
+  does not compile): they compile and fit in the 75% of the H100 JAX preallocates; on two
+  GPUs the roles get one each."""
   import argparse  # pylint: disable=g-import-not-at-top
 
   from jaxrl_scale.plan import command  # pylint: disable=g-import-not-at-top
@@ -178,23 +179,19 @@ def test_plan_command_on_gpus(capsys, monkeypatch):
   parser = argparse.ArgumentParser()
   command.add_arguments(parser)
   args = parser.parse_args([str(ROOT / "configs" / "cpu_tiny.yaml"), *overrides,
-                            "--topology", "h100", "--json"])
+                            "--topology", "h100", "--json", "--programs", "weight_cast,prefill"])
   assert command.run(args) == 0
   plan = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert plan["platform"] == "gpu" and plan["chip"] == "h100"
   usable = int(0.75 * chips.GPUS["h100"].hbm_bytes)
   assert plan["chip_spec"]["usable_bytes"] == usable
-  assert set(plan["programs"]) == {"train_step", "weight_cast", "prefill", "decode"}
+  assert set(plan["programs"]) == {"weight_cast", "prefill"}
   for row in plan["programs"].values():
     assert row["fits"] and row["hbm_capacity_bytes"] == usable
     assert 0 < row["hbm_bytes_per_chip"] < usable
-  assert plan["programs"]["train_step"]["flops_ratio"] > 1.0  # remat reruns the forward
 
-  two = [a for a in overrides if not a.startswith("mesh.")]
-  args = parser.parse_args([str(ROOT / "configs" / "cpu_tiny.yaml"), *two,
-                            "mesh.trainer_devices=1", "mesh.generator_devices=1",
-                            "--topology", "h100-2", "--json", "--programs", "train_step,decode"])
+  args = parser.parse_args([str(ROOT / "configs" / "cpu_tiny.yaml"), *overrides,
+                            "--topology", "h100-2", "--json", "--programs", "decode"])
   assert command.run(args) == 0
   plan = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-  assert plan["devices"] == 2
-  assert {r["chips"] for r in plan["programs"].values()} == {1}
+  assert plan["devices"] == 2 and plan["programs"]["decode"]["chips"] == 1
