@@ -23,7 +23,7 @@ libtpu's simulated v4 topology lists each of a chip's two TensorCores as its own
 
 NVIDIA GPUs are named `h100`, `h200`, `a100` (one GPU) or `h100-8`, `h100-16` (GPUs in all;
 above 8, hosts of 8). XLA compiles for them without a GPU attached (JAX's CUDA plugin, a
-deviceless topology and a target description: `GPU_TARGET`), with no autotuning: matmul
+deviceless topology and a target description: `gpu_target`), with no autotuning: matmul
 tile choices are XLA's defaults, while fusion, memory and the kernels picked (cuDNN
 attention, the Triton paged decode kernel) are the device's. Figures (dense bf16 tensor-core
 peak, float32 CUDA-core peak, HBM bandwidth) from NVIDIA's datasheets for the SXM parts:
