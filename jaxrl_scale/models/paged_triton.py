@@ -60,7 +60,7 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
     lens_B: int32 positions each row attends, [0, lens_B[b]) (0: none; zeros out).
     interpret: run the kernel in Pallas interpret mode (any platform; for tests on CPU).
     kv_tokens_per_block, max_splits, target_programs: block sizes and how far a row's
-      pages split (see the module constants; `splits`).
+      pages split (see the module constants and `num_splits`).
 
   Returns:
     out_BNH in q's dtype.
