@@ -9,8 +9,9 @@ the run's own code builds it, with JAX's CUDA plugin and no GPU (`plan.chips`): 
 alone on one GPU for the train steps (the bench holds no generator), decode of 256 or 64
 slots at 128 + 512 tokens on the other. It prints what XLA's memory analysis predicts per
 GPU (arguments, temporaries, the total against the share JAX preallocates), whether it fits,
-compiled / model FLOPs and the roofline bound. When a lent GPU runs the suite, its
-train_step_bench reports the device's own temporaries: the two are compared there.
+compiled / model FLOPs and the roofline bounds (the whole program's and kernel by kernel).
+When a lent GPU runs the suite, its train_step_bench reports the device's own temporaries:
+the two are compared there.
 
 This is the compiler's view without autotuning (XLA's default matmul tiles), not a timing:
 the numbers that say how fast a run goes are the suite's, on the device. Each run is its own
@@ -80,7 +81,8 @@ def plan_one(gpu: str, o: dict, bench: str, micro: int) -> dict:
   out.update({k: row.get(k) for k in (
       "fits", "hbm_bytes_per_chip", "hbm_capacity_bytes", "arguments_bytes_per_chip",
       "temporaries_bytes_per_chip", "flops_ratio", "bound_seconds", "bound_by", "mfu_bound",
-      "tokens_per_second", "bytes_over_min", "error")})
+      "kernel_bound_seconds", "mfu_kernel_bound", "tokens_per_second", "bytes_over_min",
+      "error")})
   return out
 
 
@@ -109,7 +111,8 @@ def main(argv=None) -> None:
             f" ({'fits' if r['fits'] else 'DOES NOT FIT'}; arguments "
             f"{r['arguments_bytes_per_chip'] / GIB:.1f}, temporaries "
             f"{r['temporaries_bytes_per_chip'] / GIB:.1f}), FLOPs x {r['flops_ratio']:.2f}, "
-            f"bound {r['bound_seconds']:.3g} s ({r['bound_by']}){extra}; "
+            f"bound {r['bound_seconds']:.3g} s ({r['bound_by']}; "
+            f"{r['kernel_bound_seconds']:.3g} s kernel by kernel){extra}; "
             f"compile {r['seconds']:.0f} s", flush=True)
   if args.json:
     import jax  # pylint: disable=g-import-not-at-top

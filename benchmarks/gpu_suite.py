@@ -41,8 +41,11 @@ packages (jax 0.11.2 there in 2026-11, where `--cpu-smoke` passes too). Train ru
 the GPU (XLA_PYTHON_CLIENT_MEM_FRACTION=0.9) and are sized by what `gpu_plan.py` predicted
 for them without a GPU (benchmarks/results/gpu_plan_h100.json below 100 GiB of GPU memory,
 gpu_plan_h200.json above): one micro-batch if the prediction leaves 20% of that free, else
-two, else the run is skipped as not fitting rather than spending device time on an OOM. The suite is sized for the issue's 8 minutes: no run starts
-after --budget-s and a run still going at --deadline-s is killed; each has its own limit.
+two, else the run is skipped as not fitting rather than spending device time on an OOM.
+The run keeps the plan's temporaries and roofline bounds (`predicted`), and the summary
+sets its measured step against the kernel-by-kernel bound (`step_over_kernel_bound`: how
+far the kernels run from their rooflines). The suite is sized for the issue's 8 minutes:
+no run starts after --budget-s and a run still going at --deadline-s is killed; each has its own limit.
 `--cpu-smoke` runs every variant at tiny shapes on this machine's CPU (the Triton kernel in
 interpret mode, einsum attention for cuDNN), to show none of them crashes.
 """
@@ -215,9 +218,9 @@ TRAIN_MEM_FRACTION = 0.9
 MARGIN = 1.2  # the estimate without a GPU came out up to 20% low (docs/gpu.md)
 
 
-def predictions(gpu_mib: int | None) -> dict[tuple[str, int], float]:
-  """{(run, micro-batches): predicted bytes per GPU} from gpu_plan.py's file for this GPU's
-  size; empty when there is none (or no GPU size)."""
+def planned_rows(gpu_mib: int | None) -> dict[tuple[str, int], dict]:
+  """{(run, micro-batches): gpu_plan.py's row} from its file for this GPU's size; empty when
+  there is none (or no GPU size)."""
   if gpu_mib is None:
     return {}
   path = os.path.join(HERE, "results",
@@ -227,8 +230,26 @@ def predictions(gpu_mib: int | None) -> dict[tuple[str, int], float]:
       rows = json.load(f)["runs"]
   except (OSError, ValueError, KeyError):
     return {}
-  return {(r["run"], r["micro_batches"]): float(r["hbm_bytes_per_chip"]) for r in rows
+  return {(r["run"], r["micro_batches"]): r for r in rows
           if r.get("micro_batches") and r.get("hbm_bytes_per_chip")}
+
+
+def predictions(gpu_mib: int | None) -> dict[tuple[str, int], float]:
+  """{(run, micro-batches): predicted bytes per GPU} (`planned_rows`)."""
+  return {k: float(r["hbm_bytes_per_chip"]) for k, r in planned_rows(gpu_mib).items()}
+
+
+def prediction_of(row: dict | None) -> dict | None:
+  """What the plan said of a train run, to set beside what the GPU measured: temporaries
+  (GiB) and the roofline bounds (s), the whole program's and kernel by kernel."""
+  if not row:
+    return None
+  out = {"temp_gib": round(row["temporaries_bytes_per_chip"] / 2**30, 2)
+         if row.get("temporaries_bytes_per_chip") else None}
+  for key in ("bound_seconds", "kernel_bound_seconds"):
+    if row.get(key):
+      out[key] = round(row[key], 4)
+  return out
 
 
 def train_size(name: str, big: bool, gpu_mib: int | None,
@@ -255,7 +276,9 @@ def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
   Decode runs save their greedy tokens under `tokens_dir` (tokens_NAME.npy). Train runs are
   sized by `predicted` (default: `predictions(gpu_mib)`); one predicted not to fit carries
   `skip` (why)."""
-  predicted = predictions(gpu_mib) if predicted is None else predicted
+  rows = planned_rows(gpu_mib) if predicted is None else {}
+  predicted = ({k: float(r["hbm_bytes_per_chip"]) for k, r in rows.items()}
+               if predicted is None else predicted)
   runs = []
   for name, item, bench, o in RUNS:
     if only and not any(name.startswith(x) or bench == x for x in only):
@@ -271,6 +294,9 @@ def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
                                                                       predicted)
       if why:
         run["skip"] = why
+      planned = prediction_of(rows.get((name, run["micro_batches"])))
+      if planned and not smoke:
+        run["predicted"] = planned
       run["argv"] = train_argv(o, run["micro_batches"], smoke)
       run["timeout_s"] = TIMEOUT_S["train_1p7b" if big else "train"]
     else:
@@ -314,6 +340,7 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
   batch (tok/s, roofline, and with `out_dir` the share of equal greedy tokens), each train
   variant's MFU and step time against its shape's cuDNN remat-full run."""
   by = {r["name"]: r.get("report") or {} for r in runs if r.get("rc") == 0}
+  planned = {r["name"]: r["predicted"] for r in runs if r.get("predicted")}
   out = {}
   for batch in (64, 256):
     kernel, gather = by.get(f"decode_b{batch}_triton"), by.get(f"decode_b{batch}_gather")
@@ -340,6 +367,14 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
                                      "family_ms_per_step") if k in rep}
     if base.get("median_step_s"):
       out[name]["step_over_cudnn_full"] = round(rep["median_step_s"] / base["median_step_s"], 3)
+    pred = planned.get(name)
+    if pred:
+      # The plan's numbers (gpu_plan.py, no GPU) beside the device's: how far the kernels
+      # run from their rooflines, and how close the memory estimate came.
+      out[name]["predicted"] = pred
+      if pred.get("kernel_bound_seconds"):
+        out[name]["step_over_kernel_bound"] = round(
+            rep["median_step_s"] / pred["kernel_bound_seconds"], 3)
   return out
 
 
@@ -410,6 +445,10 @@ def main(argv=None) -> int:
     for run in runs:
       env = "".join(f"{k}={v} " for k, v in run["env"].items())
       skip = f"  [skipped: {run['skip']}]" if run.get("skip") else ""
+      pred = run.get("predicted") or {}
+      if pred.get("kernel_bound_seconds"):
+        skip += (f"  [planned: {pred['temp_gib']} GiB temporaries, step >= "
+                 f"{pred['kernel_bound_seconds']:.3g} s kernel by kernel]")
       print(f"{run['name']} (item {run['item']}): {env}{shlex.join(['python3', *run['argv']])}"
             f"{skip}")
     return 0

@@ -101,6 +101,12 @@ def test_the_committed_predictions_cover_every_train_run():
   for mib in (81559, 143771):
     predicted = gpu_suite.predictions(mib)
     assert {(n, m) for n in names for m in (1, 2)} <= set(predicted), mib
+    # Each train run the suite would time carries the plan's bounds for its micro-batches,
+    # for the summary's step_over_kernel_bound.
+    for run in gpu_suite.plan(mib, "/tmp/ck"):
+      if run["bench"] == "train_step_bench" and not run.get("skip"):
+        pred = run["predicted"]
+        assert pred["kernel_bound_seconds"] >= pred["bound_seconds"] > 0, run["name"]
 
 
 def test_unknown_only_is_refused():
@@ -116,7 +122,8 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
           dict(name="decode_b256_gather", rc=0, report=dict(ours_tok_s=20000.0,
                                                               fraction_of_roofline=0.2)),
           dict(name="decode_b64_triton", rc=1, report=None),
-          dict(name="train_0p6b_32x2048_cudnn_full", rc=0, report=dict(median_step_s=2.0)),
+          dict(name="train_0p6b_32x2048_cudnn_full", rc=0, report=dict(median_step_s=2.0),
+               predicted=dict(temp_gib=27.7, bound_seconds=0.46, kernel_bound_seconds=0.8)),
           dict(name="train_0p6b_32x2048_cudnn_dots", rc=0, report=dict(median_step_s=1.5))]
   tokens = np.zeros((4, 8), np.int32)
   np.save(tmp_path / "tokens_decode_b256_triton.npy", tokens)
@@ -127,6 +134,9 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
   assert got["decode_b256"]["greedy_tokens_equal"] == 30 / 32
   assert "decode_b64" not in got  # its kernel run failed
   assert got["train_0p6b_32x2048_cudnn_dots"]["step_over_cudnn_full"] == 0.75
+  full = got["train_0p6b_32x2048_cudnn_full"]
+  assert full["step_over_kernel_bound"] == 2.5 and full["predicted"]["temp_gib"] == 27.7
+  assert "step_over_kernel_bound" not in got["train_0p6b_32x2048_cudnn_dots"]  # no plan
 
 
 def test_busy_time_is_the_union_of_stream_intervals():

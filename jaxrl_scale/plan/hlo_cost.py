@@ -19,6 +19,13 @@ partitioning), finds each while loop's trip count, and sums:
           in-place dynamic-update-slice or scatter) counts the slice, not the whole buffer;
           the paged attention kernels read one layer's share of their pool operand.
 
+  kernel seconds  (given the chip's peak and HBM bandwidth) the sum over every top-level
+          kernel launch of its own roofline, max(its FLOPs / peak, its bytes / bandwidth):
+          a kernel that is memory-bound cannot lend its idle compute to a compute-bound one,
+          so this is a tighter lower bound on the program's time than max(all FLOPs / peak,
+          all bytes / bandwidth). Collectives and asynchronous copies are left out: they may
+          overlap compute, and their time over the chip interconnect is not modelled.
+
 Each computation's totals are multiplied by how often it runs: a while body by its trip
 count (from `known_trip_count`, else from its condition's `i < N` compare, the counter's
 start value in the loop's initial tuple and its increment in the body: XLA's windowed
@@ -41,6 +48,14 @@ from jaxrl_scale.plan.hlo_text import (  # noqa: F401  (parse: hlo_cost.parse as
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
          "partition-id", "replica-id", "while", "call", "conditional", "opt-barrier",
          "add-dependency", "domain"}
+# Communication and asynchronous transfers: out of the kernel-by-kernel roofline.
+_COMMUNICATION = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                  "ragged-all-to-all", "collective-permute", "collective-broadcast", "send",
+                  "recv"}
+
+
+def _overlapped(op: str) -> bool:
+  return op in _COMMUNICATION or op.endswith(("-start", "-done", "-update"))
 
 
 @dataclasses.dataclass
@@ -52,14 +67,18 @@ class Cost:
   # passes on a TPU, at HIGH as 3 (what the roofline time should charge); the costs per
   # precision are the chip's (`analyze(f32_cost=...)`).
   weighted_flops: float = 0.0
+  # Every kernel's own roofline time, summed (`analyze(rates=...)`; 0 without rates).
+  kernel_seconds: float = 0.0
 
   def __add__(self, other: "Cost") -> "Cost":
     return Cost(self.flops + other.flops, self.bytes + other.bytes,
                 self.unknown_loops + other.unknown_loops,
-                self.weighted_flops + other.weighted_flops)
+                self.weighted_flops + other.weighted_flops,
+                self.kernel_seconds + other.kernel_seconds)
 
   def scaled(self, k: float) -> "Cost":
-    return Cost(self.flops * k, self.bytes * k, self.unknown_loops, self.weighted_flops * k)
+    return Cost(self.flops * k, self.bytes * k, self.unknown_loops, self.weighted_flops * k,
+                self.kernel_seconds * k)
 
 
 def _dot_flops(inst: _Inst, shapes: dict[str, str]) -> float:
@@ -411,9 +430,11 @@ def _dus_root_bytes(comp: list[_Inst], shapes: dict[str, str]) -> float | None:
 class _Analyzer:
 
   def __init__(self, text: str, loops: bool, paged_layers: int = 1, expert_shards: int = 1,
-               f32_cost: tuple[float, float, float] = TPU_F32_COST):
+               f32_cost: tuple[float, float, float] = TPU_F32_COST,
+               rates: tuple[float, float] | None = None):
     self.comps, self.entry = parse(text)
     self.loops = loops
+    self.rates = rates
     self.paged_layers = paged_layers
     self.expert_shards = expert_shards
     self.f32_cost = f32_cost
@@ -429,6 +450,7 @@ class _Analyzer:
     shapes = self.shapes.get(name, {})
     for inst in insts:
       op = inst.opcode
+      weighted_before = total.weighted_flops
       if op in ("dot", "convolution"):
         f = _dot_flops(inst, shapes)
         total.flops += f
@@ -457,7 +479,12 @@ class _Analyzer:
           total.flops += inner.flops
           total.weighted_flops += inner.weighted_flops
       if top_level and op not in _FREE:
-        total.bytes += self._kernel_bytes(inst, shapes)
+        nbytes = self._kernel_bytes(inst, shapes)
+        total.bytes += nbytes
+        if self.rates is not None and not _overlapped(op):
+          peak, bandwidth = self.rates
+          total.kernel_seconds += max((total.weighted_flops - weighted_before) / peak,
+                                      nbytes / bandwidth)
     self.memo[key] = total
     return total
 
@@ -515,12 +542,14 @@ def _trip_count_of(inst: _Inst, comps: dict[str, list[_Inst]],
 
 def analyze(hlo_text: str, loops: bool = True, paged_layers: int = 1,
             expert_shards: int = 1,
-            f32_cost: tuple[float, float, float] = TPU_F32_COST) -> Cost:
+            f32_cost: tuple[float, float, float] = TPU_F32_COST,
+            rates: tuple[float, float] | None = None) -> Cost:
   """FLOPs and bytes of one device's program; `loops=False` counts every body once (as
   XLA's own cost analysis does, for comparison). `paged_layers`: how many layers' pages the
   ragged paged attention kernel's pool operand holds (see `_ragged_paged`).
   `expert_shards`: the mesh's expert-parallel width, by which megablox's estimates are
   divided (see `_custom_flops`). `f32_cost`: the chip's cost of a float32 dot at DEFAULT,
-  HIGH and HIGHEST precision in bf16-peak units (`chips.Chip.f32_cost`; a TPU's by default)."""
-  a = _Analyzer(hlo_text, loops, paged_layers, expert_shards, f32_cost)
+  HIGH and HIGHEST precision in bf16-peak units (`chips.Chip.f32_cost`; a TPU's by default).
+  `rates`: (peak bf16 FLOP/s, HBM bytes/s) of the chip, for `Cost.kernel_seconds`."""
+  a = _Analyzer(hlo_text, loops, paged_layers, expert_shards, f32_cost, rates)
   return a.cost(a.entry)

@@ -10,12 +10,16 @@ Per program and per chip:
   model_flops          6N per trained token, 2N per generated token, attention counted
   bound_seconds        max(FLOPs / peak, bytes / HBM bandwidth): the roofline time of one call
   mfu_bound            model FLOPs / (peak x bound_seconds): the best MFU the program allows
+  kernel_bound_seconds every kernel's own roofline, summed (`hlo_cost`: a memory-bound kernel
+                       cannot lend its idle compute to a compute-bound one): a tighter lower
+                       bound on the call's time; mfu_kernel_bound the MFU it allows
   tokens_per_second    tokens one call processes / bound_seconds, job-wide and per chip (for
                        decode: the roofline of reading the weights and the live KV each step)
   min_bytes_per_chip   (decode) the least a call must read: the weights once per step and
                        every slot's KV at the plan's mean context; bytes_over_min =
                        bytes_accessed / that
-Collectives between chips are not in the roofline (ICI bandwidth is not modelled).
+Collectives between chips are not in the roofline (ICI bandwidth is not modelled); the
+kernel-by-kernel sum leaves them and asynchronous copies out.
 """
 
 from __future__ import annotations
@@ -78,14 +82,16 @@ def measure(program: programs_lib.Program, sl: chips_lib.Slice) -> dict[str, Any
     row.update(compile_seconds=time.perf_counter() - t0, fits=False, error=first,
                hbm_bytes_per_chip=int(need) if need is not None else None,
                compiled_flops_per_chip=None, bytes_accessed_per_chip=None,
-               bound_seconds=None, mfu_bound=None)
+               bound_seconds=None, mfu_bound=None, kernel_bound_seconds=None,
+               mfu_kernel_bound=None)
     return row
   row["compile_seconds"] = time.perf_counter() - t0
   stats = compiled.memory_analysis()
   hbm = _hbm(stats) + program.also_resident
   cost = hlo_cost.analyze(compiled.as_text(), paged_layers=program.paged_layers,
                           expert_shards=int(program.mesh.shape.get(mesh_lib.EXPERT_AXIS, 1)),
-                          f32_cost=chip.f32_cost)
+                          f32_cost=chip.f32_cost,
+                          rates=(chip.peak_flops, chip.hbm_bandwidth))
   t_flops = cost.weighted_flops / chip.peak_flops
   t_bytes = cost.bytes / chip.hbm_bandwidth
   bound = max(t_flops, t_bytes)
@@ -101,6 +107,9 @@ def measure(program: programs_lib.Program, sl: chips_lib.Slice) -> dict[str, Any
       bound_seconds=bound, bound_by="compute" if t_flops >= t_bytes else "memory",
       mfu_bound=(row["model_flops_per_chip"] / (chip.peak_flops * bound)
                  if bound > 0 and program.model_flops else None),
+      kernel_bound_seconds=cost.kernel_seconds,
+      mfu_kernel_bound=(row["model_flops_per_chip"] / (chip.peak_flops * cost.kernel_seconds)
+                        if cost.kernel_seconds > 0 and program.model_flops else None),
       tokens_per_second=(program.tokens * program.groups / bound
                          if bound > 0 and program.tokens else None),
       tokens_per_second_per_chip=(program.tokens / bound / chips
@@ -153,10 +162,13 @@ def _line(name: str, r: dict[str, Any]) -> str:
   if r.get("error"):
     return f"{name}: does not compile: {r['error']}"
   mfu = "-" if r.get("mfu_bound") is None else f"{r['mfu_bound']:.2f}"
+  if r.get("mfu_kernel_bound") is not None:
+    mfu += f" ({r['mfu_kernel_bound']:.2f} kernel by kernel)"
   ratio = "-" if r.get("flops_ratio") is None else f"{r['flops_ratio']:.2f}x"
   return (f"{name}: {_gib(r['hbm_bytes_per_chip'])} of {_gib(r['hbm_capacity_bytes'])} "
           f"({'fits' if r['fits'] else 'DOES NOT FIT'}), compiled/model FLOPs {ratio}, "
-          f"bound {r['bound_seconds']:.3g} s ({r['bound_by']}), MFU bound {mfu}, "
+          f"bound {r['bound_seconds']:.3g} s ({r['bound_by']}; "
+          f"{r['kernel_bound_seconds']:.3g} s kernel by kernel), MFU bound {mfu}, "
           f"compile {r['compile_seconds']:.0f} s")
 
 
@@ -178,6 +190,7 @@ def table(plan: dict[str, Any]) -> str:
                  + (", optim.sequence_parallel" if t.get("sequence_parallel") else ""))
   head = (f"  {'program':<12}{'chips':>6}{'HBM/chip':>12}{'of':>10}{'headroom':>10}"
           f"{'params':>10}{'optim':>10}{'kv':>10}{'temp':>10}{'FLOPs x':>9}{'bound s':>10}"
+          f"{'kernels s':>10}"
           f"{'MFU<=':>7}{'tok/s':>11}{'compile':>9}")
   lines.append(head)
   for name, r in plan["programs"].items():
@@ -193,12 +206,13 @@ def table(plan: dict[str, Any]) -> str:
         f"{g(res.get('optimizer', 0) + r.get('also_resident_bytes_per_chip', 0)):>10}"
         f"{g(res.get('kv_cache')):>10}{g(r.get('temporaries_bytes_per_chip')):>10}"
         f"{'-' if r.get('flops_ratio') is None else format(r['flops_ratio'], '.2f'):>9}"
-        f"{r['bound_seconds']:>10.3g}"
+        f"{r['bound_seconds']:>10.3g}{r['kernel_bound_seconds']:>10.3g}"
         f"{'-' if r.get('mfu_bound') is None else format(r['mfu_bound'], '.2f'):>7}"
         f"{'-' if not r.get('tokens_per_second') else format(r['tokens_per_second'], '.3g'):>11}"
         f"{r['compile_seconds']:>8.0f}s")
-  lines.append(f"  (GiB per chip; 'optim' includes buffers resident beside the program; "
-               f"tok/s job-wide at the roofline bound)")
+  lines.append("  (GiB per chip; 'optim' includes buffers resident beside the program; "
+               "bound s: the whole program's roofline, kernels s: each kernel's summed, the "
+               "tighter; MFU<= and tok/s job-wide at 'bound s')")
   dec = plan["programs"].get("decode", {})
   if dec.get("tokens_per_second_per_chip"):
     lines.append(f"  decode roofline: {dec['tokens_per_second_per_chip']:,.0f} tok/s per chip "

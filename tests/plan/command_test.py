@@ -19,7 +19,7 @@ TINY = ["mesh.trainer_devices=2", "mesh.generator_devices=2", "rl.prompts_per_st
 
 KEYS = {"chips", "hbm_bytes_per_chip", "hbm_capacity_bytes", "fits", "compiled_flops_per_chip",
         "model_flops_per_chip", "bytes_accessed_per_chip", "bound_seconds", "mfu_bound",
-        "compile_seconds"}
+        "kernel_bound_seconds", "mfu_kernel_bound", "compile_seconds"}
 
 
 def test_tiny_recipe_plans_on_v5e(capsys):
@@ -42,6 +42,13 @@ def test_tiny_recipe_plans_on_v5e(capsys):
   res = train["resident_bytes_per_chip"]
   assert 2 * res["params"] <= res["optimizer"] <= 2 * res["params"] + 64
   assert train["compiled_flops_per_chip"] > 0 and train["bound_seconds"] > 0
+  # Each kernel's roofline summed: at least the time of all the FLOPs at peak (every dot
+  # runs in some kernel); the 2-chip gradient all-reduce is left out of it.
+  peak = plan["chip_spec"]["peak_flops"]
+  for row in plan["programs"].values():
+    assert row["kernel_bound_seconds"] >= row["compiled_flops_per_chip"] / peak * (1 - 1e-9)
+  assert train["mfu_kernel_bound"] == pytest.approx(
+      train["model_flops_per_chip"] / peak / train["kernel_bound_seconds"])
   # The generator holds the param_dtype copy of the weights and a KV cache.
   assert plan["programs"]["decode"]["resident_bytes_per_chip"]["kv_cache"] > 0
 

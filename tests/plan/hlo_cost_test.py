@@ -157,6 +157,41 @@ def test_trip_count_follows_the_counter_step():
   assert hlo_cost.analyze(text).flops == 3 * 2 * 4 * 4 * 4
 
 
+KERNELS_HLO = """HloModule m
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %s = f32[] add(%x, %y)
+}
+
+ENTRY %main (a: f32[64,64]) -> (f32[64,64], f32[64,64]) {
+  %a = f32[64,64] parameter(0)
+  %d = f32[64,64] dot(%a, %a), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %e = f32[64,64] exponential(%a)
+  %r = f32[64,64] all-reduce(%e), replica_groups={}, to_apply=%add
+  ROOT %t = (f32[64,64], f32[64,64]) tuple(%d, %r)
+}
+"""
+
+
+def test_kernel_seconds_sum_each_kernels_own_roofline():
+  """A compute-bound matmul and a memory-bound elementwise kernel: their times add (the
+  whole-program max(FLOPs / peak, bytes / bandwidth) hides the second); the all-reduce is
+  communication and stays out; a loop body counts once per iteration."""
+  peak, bandwidth = 1e6, 1e9
+  cost = hlo_cost.analyze(KERNELS_HLO, rates=(peak, bandwidth))
+  dot_flops, exp_bytes = 2 * 64**3, 2 * 64 * 64 * 4
+  assert cost.kernel_seconds == pytest.approx(dot_flops / peak + exp_bytes / bandwidth,
+                                              rel=1e-9)
+  whole = max(cost.weighted_flops / peak, cost.bytes / bandwidth)
+  assert cost.kernel_seconds > whole
+  assert hlo_cost.analyze(KERNELS_HLO).kernel_seconds == 0  # no rates, no times
+  # LOOP_HLO: 7 iterations of a 4x4 matmul (compute-bound here) and the counter's add.
+  loop = hlo_cost.analyze(LOOP_HLO, rates=(peak, bandwidth))
+  assert loop.kernel_seconds == pytest.approx(7 * 2 * 4**3 / peak, rel=1e-3)
+
+
 def test_in_place_cache_writes_count_the_update(tpu_mesh):
   """A decode loop writes one token per row into a loop-carried cache: the bytes moved are
   the tokens written, not the whole cache every step."""
