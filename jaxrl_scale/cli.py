@@ -13,6 +13,7 @@ import sys
 from importlib import metadata
 
 from jaxrl_scale.errors import UserError
+from jaxrl_scale.parallel import xla_flags
 
 # name -> (module, one-line help)
 COMMANDS = {
@@ -73,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   module = importlib.import_module(args._module)
   try:
+    # Before any command opens a TPU backend or topology: libtpu reads its flags once.
+    xla_flags.apply_tpu_flags()
     return int(module.run(args) or 0)
   except UserError as e:
     print(f"jaxrl-scale {args.command}: error: {e}", file=sys.stderr)

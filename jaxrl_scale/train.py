@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
   add_arguments(parser)
   args = parser.parse_args(argv)
   from jaxrl_scale.errors import UserError  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.parallel import xla_flags  # pylint: disable=g-import-not-at-top
   try:
+    xla_flags.apply_tpu_flags()  # before JAX opens a TPU: libtpu reads its flags once
     return run(args)
   except UserError as e:
     print(f"jaxrl-scale train: error: {e}", file=sys.stderr)
