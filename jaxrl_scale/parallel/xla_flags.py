@@ -7,8 +7,8 @@ jaxrl_scale from Python calls it before it touches JAX's devices. A flag already
 LIBTPU_INIT_ARGS keeps the user's value; JAXRL_SCALE_TPU_FLAGS=0 adds none. On other
 platforms libtpu never loads and the variable is not read.
 
-The flags are MaxText's for FSDP-sharded dense training (its xla_flags_library:
-DISABLE_COLLECTIVE_MATMUL and CF_FOR_ALL_GATHER):
+The flag is MaxText's DISABLE_COLLECTIVE_MATMUL (its xla_flags_library), which its FSDP
+dense recipes set:
 
 - `xla_jf_spmd_threshold_for_windowed_einsum_mib=1000000`: no "collective matmul". By
   default XLA's SPMD partitioner splits a matmul whose weights are sharded over the fsdp axis
@@ -17,16 +17,17 @@ DISABLE_COLLECTIVE_MATMUL and CF_FOR_ALL_GATHER):
   read and written once per shard. The recipe's train step (`configs/scalerl_qwen3_8b.yaml`
   on v5p-128, fsdp 16) spent 28 s of its 163 s kernel-by-kernel roofline in those adds
   alone; without the loop each layer's weights are gathered once and multiplied once:
-  163 -> 131 s kernel by kernel (MFU bound 0.63 -> 0.79), 67.04 -> 66.47 GiB per chip.
-- the async-collective-fusion set (`xla_tpu_enable_async_collective_fusion`,
-  `..._fuse_all_gather`, `..._multiple_steps`, `xla_tpu_overlap_compute_collective_tc`,
-  `xla_enable_async_all_gather`): those gathers run as asynchronous collective fusions that
-  overlap the compute (the 8B train step's 44 all-gathers are all inside them; without the
-  set, 18 run synchronously), 66.47 -> 65.98 GiB, 132 s kernel by kernel.
+  163 -> 131 s kernel by kernel (MFU bound 0.63 -> 0.79), 67.04 -> 66.47 GiB per chip. The
+  Scout-shaped MoE train step (v5p-256): bound 75.8 -> 53.7 s; 84.74 -> 85.06 GiB per chip
+  (10% free) with the LM head's shard_map (`rl/logprobs`).
+
+Measured and not set: MaxText's CF_FOR_ALL_GATHER set (asynchronous collective fusions for
+the gathers): with it the 8B step is 65.98 GiB and 132 s kernel by kernel, but the Scout
+step's bound is 61 s instead of 53.7 (111 s with those flags alone).
 
 Those are compile-time effects (`jaxrl-scale plan`, libtpu 0.0.42, 2026-11-27); no TPU has run
 either way yet. Interconnect time is not in the roofline: should a run on a TPU go slower
-with them, JAXRL_SCALE_TPU_FLAGS=0 restores XLA's defaults.
+with the flag, JAXRL_SCALE_TPU_FLAGS=0 restores XLA's defaults.
 """
 
 from __future__ import annotations
@@ -38,11 +39,6 @@ from jaxrl_scale.errors import UserError
 
 TPU_FLAGS: tuple[tuple[str, str], ...] = (
     ("xla_jf_spmd_threshold_for_windowed_einsum_mib", "1000000"),
-    ("xla_tpu_enable_async_collective_fusion", "true"),
-    ("xla_tpu_enable_async_collective_fusion_fuse_all_gather", "true"),
-    ("xla_tpu_enable_async_collective_fusion_multiple_steps", "true"),
-    ("xla_tpu_overlap_compute_collective_tc", "true"),
-    ("xla_enable_async_all_gather", "true"),
 )
 SWITCH = "JAXRL_SCALE_TPU_FLAGS"
 

@@ -19,6 +19,10 @@ partitioning), finds each while loop's trip count, and sums:
           in-place dynamic-update-slice or scatter) counts the slice, not the whole buffer;
           the paged attention kernels read one layer's share of their pool operand.
 
+  collective bytes  the largest array of every collective (all-gather, all-reduce,
+          reduce-scatter, all-to-all, collective-permute; inside fusions too), loop bodies
+          times their trip counts: the traffic over the chip interconnect, which the roofline
+          does not charge.
   kernel seconds  (given the chip's peak and HBM bandwidth) the sum over every top-level
           kernel launch of its own roofline, max(its FLOPs / peak, its bytes / bandwidth):
           a kernel that is memory-bound cannot lend its idle compute to a compute-bound one,
@@ -58,6 +62,15 @@ def _overlapped(op: str) -> bool:
   return op in _COMMUNICATION or op.endswith(("-start", "-done", "-update"))
 
 
+def _collective_bytes(inst: _Inst, shapes: dict[str, str]) -> float:
+  """The largest array a collective (or its -start) touches; 0 for anything else."""
+  if inst.opcode.removesuffix("-start") not in _COMMUNICATION:
+    return 0.0
+  sizes = [_DTYPE_BYTES[d] * math.prod(dims) for text in [inst.shape] + [
+      shapes.get(o, "") for o in inst.operands] for d, dims in _arrays(text) if dims]
+  return float(max(sizes, default=0))
+
+
 @dataclasses.dataclass
 class Cost:
   flops: float = 0.0
@@ -69,16 +82,21 @@ class Cost:
   weighted_flops: float = 0.0
   # Every kernel's own roofline time, summed (`analyze(rates=...)`; 0 without rates).
   kernel_seconds: float = 0.0
+  # The largest array of every collective (an all-gather's result, a reduce-scatter's
+  # operand, an all-reduce's data), inside fusions too: what crosses the chip interconnect,
+  # to within the algorithm's factor.
+  collective_bytes: float = 0.0
 
   def __add__(self, other: "Cost") -> "Cost":
     return Cost(self.flops + other.flops, self.bytes + other.bytes,
                 self.unknown_loops + other.unknown_loops,
                 self.weighted_flops + other.weighted_flops,
-                self.kernel_seconds + other.kernel_seconds)
+                self.kernel_seconds + other.kernel_seconds,
+                self.collective_bytes + other.collective_bytes)
 
   def scaled(self, k: float) -> "Cost":
     return Cost(self.flops * k, self.bytes * k, self.unknown_loops, self.weighted_flops * k,
-                self.kernel_seconds * k)
+                self.kernel_seconds * k, self.collective_bytes * k)
 
 
 def _dot_flops(inst: _Inst, shapes: dict[str, str]) -> float:
@@ -451,6 +469,7 @@ class _Analyzer:
     for inst in insts:
       op = inst.opcode
       weighted_before = total.weighted_flops
+      total.collective_bytes += _collective_bytes(inst, shapes)
       if op in ("dot", "convolution"):
         f = _dot_flops(inst, shapes)
         total.flops += f
@@ -478,6 +497,7 @@ class _Analyzer:
           inner = self.cost(c, top_level=False)
           total.flops += inner.flops
           total.weighted_flops += inner.weighted_flops
+          total.collective_bytes += inner.collective_bytes
       if top_level and op not in _FREE:
         nbytes = self._kernel_bytes(inst, shapes)
         total.bytes += nbytes

@@ -19,7 +19,8 @@ Per program and per chip:
                        every slot's KV at the plan's mean context; bytes_over_min =
                        bytes_accessed / that
 Collectives between chips are not in the roofline (ICI bandwidth is not modelled); the
-kernel-by-kernel sum leaves them and asynchronous copies out.
+kernel-by-kernel sum leaves them and asynchronous copies out. `collective_bytes_per_chip`
+adds up the largest array of every collective a call runs (`hlo_cost`).
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ def measure(program: programs_lib.Program, sl: chips_lib.Slice) -> dict[str, Any
       mfu_bound=(row["model_flops_per_chip"] / (chip.peak_flops * bound)
                  if bound > 0 and program.model_flops else None),
       kernel_bound_seconds=cost.kernel_seconds,
+      collective_bytes_per_chip=cost.collective_bytes,
       mfu_kernel_bound=(row["model_flops_per_chip"] / (chip.peak_flops * cost.kernel_seconds)
                         if cost.kernel_seconds > 0 and program.model_flops else None),
       tokens_per_second=(program.tokens * program.groups / bound
@@ -169,6 +171,7 @@ def _line(name: str, r: dict[str, Any]) -> str:
           f"({'fits' if r['fits'] else 'DOES NOT FIT'}), compiled/model FLOPs {ratio}, "
           f"bound {r['bound_seconds']:.3g} s ({r['bound_by']}; "
           f"{r['kernel_bound_seconds']:.3g} s kernel by kernel), MFU bound {mfu}, "
+          f"collectives {_gib(r.get('collective_bytes_per_chip'))} a call, "
           f"compile {r['compile_seconds']:.0f} s")
 
 

@@ -19,7 +19,8 @@ TINY = ["mesh.trainer_devices=2", "mesh.generator_devices=2", "rl.prompts_per_st
 
 KEYS = {"chips", "hbm_bytes_per_chip", "hbm_capacity_bytes", "fits", "compiled_flops_per_chip",
         "model_flops_per_chip", "bytes_accessed_per_chip", "bound_seconds", "mfu_bound",
-        "kernel_bound_seconds", "mfu_kernel_bound", "compile_seconds"}
+        "kernel_bound_seconds", "mfu_kernel_bound", "collective_bytes_per_chip",
+        "compile_seconds"}
 
 
 def test_tiny_recipe_plans_on_v5e(capsys):
@@ -47,6 +48,8 @@ def test_tiny_recipe_plans_on_v5e(capsys):
   peak = plan["chip_spec"]["peak_flops"]
   for row in plan["programs"].values():
     assert row["kernel_bound_seconds"] >= row["compiled_flops_per_chip"] / peak * (1 - 1e-9)
+  # Two trainer chips: the gradients cross between them.
+  assert train["collective_bytes_per_chip"] > 0
   assert train["mfu_kernel_bound"] == pytest.approx(
       train["model_flops_per_chip"] / peak / train["kernel_bound_seconds"])
   # The generator holds the param_dtype copy of the weights and a KV cache.

@@ -187,6 +187,9 @@ def test_kernel_seconds_sum_each_kernels_own_roofline():
   whole = max(cost.weighted_flops / peak, cost.bytes / bandwidth)
   assert cost.kernel_seconds > whole
   assert hlo_cost.analyze(KERNELS_HLO).kernel_seconds == 0  # no rates, no times
+  # The all-reduce's array is what crosses the interconnect; nothing else is a collective.
+  assert cost.collective_bytes == 64 * 64 * 4
+  assert hlo_cost.analyze(LOOP_HLO).collective_bytes == 0
   # LOOP_HLO: 7 iterations of a 4x4 matmul (compute-bound here) and the counter's add.
   loop = hlo_cost.analyze(LOOP_HLO, rates=(peak, bandwidth))
   assert loop.kernel_seconds == pytest.approx(7 * 2 * 4**3 / peak, rel=1e-3)
