@@ -173,9 +173,10 @@ def _sharded_chunked_head(logits_fn, spec: str, h_BTD: jax.Array, w: jax.Array,
   and the transpose of the gather reduce-scatters them once: the step's collectives 8.79 ->
   2.35 TiB per chip (`plan`'s collective bytes), for 66.47 -> 75.33 GiB per chip (the local
   float32 gradient and the gathered weights live through the loop), 131 -> 132 s kernel by
-  kernel. Scout-shaped on v5p-256 (fsdp 4 x expert 4 x tp 8): 85.06 GiB, bound 53.7 s. With 'tp' > 1 the vocabulary stays split
-  over it (Megatron's vocab-parallel cross-entropy): the max, the normaliser and the
-  target's logit are combined over 'tp' (`_logprobs_of`), and dh's slices added.
+  kernel. Scout-shaped on v5p-256 (fsdp 4 x expert 4 x tp 8): 85.06 GiB, bound 53.7 s.
+  With 'tp' > 1 the vocabulary stays split over it (Megatron's vocab-parallel
+  cross-entropy): the max, the normaliser and the target's logit are combined over 'tp'
+  (`_logprobs_of`), and dh's slices added.
   """
   if activation_sharding is None or not activation_sharding.spec:
     return None

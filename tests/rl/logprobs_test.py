@@ -98,17 +98,10 @@ def test_chunked_head_backward_reruns_only_the_matmul():
 
   # The layers' RMSNorm and softmax have no max over a [.., V] axis; count them all the
   # same by comparing with the unchunked head, whose autodiff keeps the forward's max.
+  # (The chunked head's values and gradients against the unchunked ones: train_step_test.)
   counts = {c: _reduce_max_count(jax.make_jaxpr(jax.grad(functools.partial(
       objective, chunk=c)))(params).jaxpr) for c in (0, 4)}
   assert counts[4] == counts[0], counts
-  values = [jax.jit(jax.value_and_grad(objective), static_argnums=1)(params, c)
-            for c in (0, 4)]
-  (v0, g0), (v4, g4) = values
-  np.testing.assert_allclose(float(v4), float(v0), rtol=1e-5)
-  for a, c in zip(jax.tree.leaves(g0), jax.tree.leaves(g4)):
-    scale = float(jnp.max(jnp.abs(a.astype(jnp.float32)))) or 1.0
-    np.testing.assert_allclose(np.asarray(c, np.float32), np.asarray(a, np.float32),
-                               atol=2e-2 * scale)
 
 
 def _in_loop_collectives(compiled_text: str) -> list[tuple[str, str]]:
