@@ -183,7 +183,8 @@ def _sharded_chunked_head(logits_fn, spec: str, h_BTD: jax.Array, w: jax.Array,
   mesh = activation_sharding.mesh
   rows = activation_sharding.spec[0]
   row_axes = (rows,) if isinstance(rows, str) else tuple(rows or ())
-  vocab = w.shape[spec.split(",")[1].split("->")[0].index("V")]
+  w_axes = spec.split(",")[1].split("->")[0]  # "VD" (tied embedding) or "DV"
+  vocab = w.shape[w_axes.index("V")]
   tp = "tp" if mesh.shape.get("tp", 1) > 1 and "tp" not in row_axes else None
   if not row_axes or (tp is not None and vocab % mesh.shape[tp]):
     return None
@@ -191,7 +192,6 @@ def _sharded_chunked_head(logits_fn, spec: str, h_BTD: jax.Array, w: jax.Array,
     # Every device along such an axis would compute the same rows, and the transpose
     # would add their (equal) gradients.
     return None
-  w_axes = spec.split(",")[1].split("->")[0]
   # The model dim of w comes in split over the row axes (as FSDP keeps it) and is gathered
   # inside, so the transpose reduce-scatters the gradient straight to that split.
   d_axis = w_axes.index("D")
