@@ -98,10 +98,11 @@ def fp32_logits(h_BTD: jax.Array, w: jax.Array, spec: str, param_dtype: Any) -> 
   The backward's cotangent g is float32. For bfloat16 it is split exactly into three
   bfloat16 pieces (hi + mid + lo: 3 x 8 significant bits, bfloat16 having float32's
   exponent range), each of whose products with the 16-bit operand is again exact, so
-  dh = g w and dw = h^T g are float32 sums of exact products: three passes, the three
-  nonzero terms of the six HIGHEST runs. float16's backward (too narrow an exponent range
-  for the pieces) is the float32 matmul at HIGHEST precision, and so is all of the head for
-  any other pair of dtypes.
+  dw = h^T g (float32, for the float32 master) is a float32 sum of exact products: three
+  passes, the three nonzero terms of the six HIGHEST runs. dh = g w, returned in bfloat16,
+  takes the two largest pieces (two passes): the third lies under bfloat16's rounding.
+  float16's backward (too narrow an exponent range for the pieces) is the float32 matmul
+  at HIGHEST precision, and so is all of the head for any other pair of dtypes.
   """
   narrow = jnp.dtype(h_BTD.dtype)
   if narrow.itemsize == 2 and jnp.issubdtype(narrow, jnp.floating) and (
@@ -153,14 +154,21 @@ def _exact_16bit_logits_bwd(spec, res, g):
   inputs, out = spec.split("->")
   lhs, rhs = inputs.split(",")
   g_K = bf16_pieces(g)
-  # dh: one matmul per piece, summed smallest first. Contracting the pieces side by side in
-  # one matmul (w read once) gave the [3, B, T, D] float32 result and its operands their own
-  # buffers: +5.1 GB of temporaries on the qwen3_0p6b train step compiled for an H100
-  # (32 x 2048, vocab 151936); the 8B recipe on v5p-128 is the same either way.
+  # dh: one matmul per piece, summed smallest first, of the two largest pieces only. dh is
+  # returned in bfloat16: the third piece's share (under 2^-16 of the sum of the terms'
+  # magnitudes) lies under that rounding (2^-9 of dh) except where the V terms cancel to
+  # far below their magnitudes, and the bfloat16 backward of the layers below rounds every
+  # cotangent at 2^-9 of those magnitudes. One of the head's eight matmuls a chunk fewer:
+  # compiled for an H100, qwen3_0p6b 32 x 2048 703 -> 682 ms kernel by kernel, qwen3_1p7b
+  # 16 x 4096 1548 -> 1506.
+  # Contracting the pieces side by side in one matmul (w read once) gave the [3, B, T, D]
+  # float32 result and its operands their own buffers: +5.1 GB of temporaries on the
+  # qwen3_0p6b train step compiled for an H100; the 8B recipe on v5p-128 is the same
+  # either way.
   w16 = w.astype(h_BTD.dtype)
   dh_K = [jnp.einsum(f"{out},{rhs}->{lhs}", g_K[i], w16, preferred_element_type=jnp.float32)
-          for i in range(3)]
-  dh = (dh_K[2] + dh_K[1]) + dh_K[0]
+          for i in range(2)]
+  dh = dh_K[1] + dh_K[0]
   # dw: one matmul per piece, each as the float32 head's (so it is split over the devices
   # as that one was: contracting the pieces in one matmul, XLA:TPU built the whole [V, D]
   # on every chip, +4.6 GiB on the 8B recipe), summed smallest first.

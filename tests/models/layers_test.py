@@ -169,8 +169,8 @@ def _dots(fn, *args):
 def test_fp32_logits_gradients_are_the_float32_matmuls(dtype):
   """Through the trainer's float32 master: dh and dw against float64 NumPy, as close as the
   float32 HIGHEST matmul's (the old head's) gradients are; bfloat16's backward runs as
-  bf16 matmuls (three pieces of the float32 cotangent), float16's as the float32 matmul;
-  float32 activations keep the float32 matmul both ways."""
+  bf16 matmuls (pieces of the float32 cotangent: three for dw, two for the bfloat16 dh),
+  float16's as the float32 matmul; float32 activations keep the float32 matmul both ways."""
   h, master, _ = _head_inputs(dtype, seed=1)
   r = np.random.default_rng(2).standard_normal((3, 5, 96)) * np.exp(
       np.random.default_rng(4).uniform(-8, 0, (3, 5, 96)))  # cotangents of many sizes
@@ -192,6 +192,15 @@ def test_fp32_logits_gradients_are_the_float32_matmuls(dtype):
     err = np.abs(np.asarray(got, np.float64) - ref).max()
     old_err = np.abs(np.asarray(old_got, np.float64) - ref).max()
     assert err <= 2 * old_err + 1e-7 * np.abs(ref).max(), (err, old_err)
+  if dtype == jnp.bfloat16:
+    # dh from the cotangent's two largest pieces: the correctly rounded bfloat16 of the
+    # exact dh nearly everywhere; off it by bfloat16's rounding plus at most 2^-16 of the
+    # terms' magnitudes (the third piece's share), which shows only where they cancel.
+    rounded = np.asarray(jnp.asarray(dh64, jnp.bfloat16), np.float64)
+    got = np.asarray(g_new[0], np.float64)
+    assert np.mean(got == rounded) >= 0.99, np.mean(got == rounded)
+    terms = np.einsum("btv,vd->btd", np.abs(r64), np.abs(w64))
+    assert np.all(np.abs(got - dh64) <= 2.0 ** -8 * np.abs(dh64) + 2.0 ** -16 * terms)
   # dw stays float32: float32-accurate.
   np.testing.assert_allclose(np.asarray(g_new[1], np.float64), dw64,
                              atol=1e-6 * np.abs(dw64).max(), rtol=0)
