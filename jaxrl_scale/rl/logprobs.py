@@ -197,10 +197,10 @@ def _sharded_chunked_head(logits_fn, spec: str, h_BTD: jax.Array, w: jax.Array,
   all-reduces of 2.4 GB and 3072 all-gathers of 1.2 GB a step, 7 TiB over the chip
   interconnect per chip. Here each device gathers the weights once a micro-batch (its
   vocabulary slice over 'tp', like the TP logits), adds its chunks' gradients locally,
-  and the transpose of the gather reduce-scatters them once: the step's collectives 8.79 ->
-  2.35 TiB per chip (`plan`'s collective bytes), for 66.47 -> 75.33 GiB per chip (the local
-  float32 gradient and the gathered weights live through the loop), 131 -> 132 s kernel by
-  kernel. Scout-shaped on v5p-256 (fsdp 4 x expert 4 x tp 8): 85.06 GiB, bound 53.7 s.
+  and the transpose of the gather reduce-scatters them once a micro-batch (`_gathered`):
+  the step's collectives 8.79 -> 2.45 TiB per chip (`plan`'s collective bytes), for 66.47 ->
+  70.88 GiB per chip (the local float32 gradient and the gathered weights live through the
+  loop). Scout-shaped on v5p-256 (fsdp 4 x expert 4 x tp 8): 85.38 GiB, bound 53.6 s.
   With 'tp' > 1 the vocabulary stays split over it (Megatron's vocab-parallel
   cross-entropy): the max, the normaliser and the target's logit are combined over 'tp'
   (`_logprobs_of`), and dh's slices added.
