@@ -142,8 +142,13 @@ def fused_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   shifting each row left by its first real index (the padding wraps to the end), and the
   output is shifted back. That needs each row's real tokens to be contiguous (left and/or
   right padding, as every caller builds them; a hole inside a row would be attended). The
-  shift runs under `lax.cond` only when some row is left-padded: the trainer's and
-  prefill's batches are right-padded and skip it.
+  shift runs only when some row is left-padded: the trainer's and prefill's batches are
+  right-padded and skip it. The `lax.cond` holds the whole kernel in each branch, not the
+  shifts alone: a branch that hands its operand through unchanged gets a copy (XLA gives a
+  conditional's results their own buffers), so the shift-only conds copied q, k, v, the
+  output and the gradients on every right-padded step: 27 ms of the qwen3_0p6b train step's
+  0.696 s kernel by kernel, compiled for an H100 (`plan`). What remains is one copy each of
+  q, k, v, which the forward's cond hands to the backward as the kernel's residuals.
 
   Queries keep every position (query lengths are T), so a right-padding query attends all
   of its row's real keys, as in `einsum_attention`. A left-padding query (no visible key)
@@ -171,14 +176,18 @@ def fused_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   lens_B = jnp.maximum(jnp.sum(mask_BT, axis=1, dtype=jnp.int32), 1)
   left = jnp.any(first_B > 0)
 
-  qkv = jax.lax.cond(left, lambda xs: tuple(_shift_rows(x, first_B) for x in xs),
-                     lambda xs: xs, (q_BTNH, k_BTKH, v_BTKH))
-  if sharding is not None:
-    qkv = tuple(jax.lax.with_sharding_constraint(x, _fused_spec(sharding, k)) for x in qkv)
-  out_BTNH = jax.nn.dot_product_attention(
-      *qkv, scale=h ** -0.5, is_causal=True, key_value_seq_lengths=lens_B,
-      implementation=implementation)
-  out_BTNH = jax.lax.cond(left, lambda x: _shift_rows(x, t - first_B), lambda x: x, out_BTNH)
+  def attend(qkv):
+    if sharding is not None:
+      qkv = tuple(jax.lax.with_sharding_constraint(x, _fused_spec(sharding, k)) for x in qkv)
+    return jax.nn.dot_product_attention(
+        *qkv, scale=h ** -0.5, is_causal=True, key_value_seq_lengths=lens_B,
+        implementation=implementation)
+
+  def shifted(qkv):
+    out_BTNH = attend(tuple(_shift_rows(x, first_B) for x in qkv))
+    return _shift_rows(out_BTNH, t - first_B)
+
+  out_BTNH = jax.lax.cond(left, shifted, attend, (q_BTNH, k_BTKH, v_BTKH))
   return out_BTNH.astype(q_BTNH.dtype)
 
 

@@ -33,7 +33,10 @@ partitioning), finds each while loop's trip count, and sums:
 Each computation's totals are multiplied by how often it runs: a while body by its trip
 count (from `known_trip_count`, else from its condition's `i < N` compare, the counter's
 start value in the loop's initial tuple and its increment in the body: XLA's windowed
-einsum loops count in steps of 2), everything else once per call.
+einsum loops count in steps of 2), everything else once per call. A conditional runs one
+of its branches, chosen by the data at run time: it is charged its cheapest (kernel by
+kernel, then bytes), which keeps every total a lower bound (both were summed before, and a
+conditional printed with `true_computation=` / `false_computation=` was charged nothing).
 
 Convolutions are counted by their valid window taps: on TPU, XLA writes many dots as
 convolutions with a window over a whole head dimension padded on both sides, and charging
@@ -488,9 +491,14 @@ class _Analyzer:
         for b in body:
           total = total + self.cost(b, top_level=True).scaled(trip)
         continue
-      if op in ("call", "conditional"):
-        for c in _called(inst.attrs, "to_apply") + _called(inst.attrs, "branch_computations"):
+      if op == "call":
+        for c in _called(inst.attrs, "to_apply"):
           total = total + self.cost(c, top_level=True)
+        continue
+      if op == "conditional":
+        branches = [self.cost(c, top_level=True) for c in _branches(inst)]
+        if branches:
+          total = total + min(branches, key=_cheapness)
         continue
       if op == "fusion" or op == "custom-call":
         for c in _called(inst.attrs, "calls") + _called(inst.attrs, "called_computations"):
@@ -540,6 +548,19 @@ class _Analyzer:
         if dus is not None:
           out = dus
     return out + sum(reads)
+
+
+def _branches(inst: _Inst) -> list[str]:
+  """The computations a conditional may run: `branch_computations={...}` (an index), or
+  `true_computation=`, `false_computation=` (a predicate; XLA prints either form)."""
+  return (_called(inst.attrs, "branch_computations") + _called(inst.attrs, "true_computation")
+          + _called(inst.attrs, "false_computation"))
+
+
+def _cheapness(cost: Cost) -> tuple[float, float, float]:
+  """The order in which a conditional's cheapest branch is picked: its kernel-by-kernel
+  time, then bytes, then FLOPs (without rates the time is 0 for every branch)."""
+  return (cost.kernel_seconds, cost.bytes, cost.weighted_flops)
 
 
 def _trip_count_of(inst: _Inst, comps: dict[str, list[_Inst]],

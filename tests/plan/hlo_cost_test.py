@@ -195,6 +195,44 @@ def test_kernel_seconds_sum_each_kernels_own_roofline():
   assert loop.kernel_seconds == pytest.approx(7 * 2 * 4**3 / peak, rel=1e-3)
 
 
+COND_HLO = """HloModule m
+
+%costly (p: f32[64,64]) -> f32[64,64] {
+  %p = f32[64,64] parameter(0)
+  ROOT %d = f32[64,64] dot(%p, %p), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%cheap (p: f32[64,64]) -> f32[64,64] {
+  %p = f32[64,64] parameter(0)
+  ROOT %c = f32[64,64] copy(%p)
+}
+
+ENTRY %main (a: f32[64,64], b: pred[], i: s32[]) -> (f32[64,64], f32[64,64]) {
+  %a = f32[64,64] parameter(0)
+  %b = pred[] parameter(1)
+  %i = s32[] parameter(2)
+  %x = f32[64,64] conditional(%b, %a, %a), true_computation=%costly, false_computation=%cheap
+  %y = f32[64,64] conditional(%i, %a, %a), branch_computations={%cheap, %costly}
+  ROOT %t = (f32[64,64], f32[64,64]) tuple(%x, %y)
+}
+"""
+
+
+def test_a_conditional_is_charged_its_cheapest_branch():
+  """Both ways XLA prints a conditional (a predicate with true / false computations, an
+  index with branch computations): each runs one branch, and the bound charges the
+  cheaper (a copy here, not the matmul). Summing the branches charged the matmul; the
+  predicate form was charged nothing."""
+  peak, bandwidth = 1e6, 1e9
+  cost = hlo_cost.analyze(COND_HLO, rates=(peak, bandwidth))
+  copy_bytes = 2 * 64 * 64 * 4
+  assert cost.flops == 0
+  assert cost.bytes == 2 * copy_bytes
+  assert cost.kernel_seconds == pytest.approx(2 * copy_bytes / bandwidth, rel=1e-9)
+  # Without rates the branches are compared by bytes: the same choice.
+  assert hlo_cost.analyze(COND_HLO).bytes == 2 * copy_bytes
+
+
 def test_in_place_cache_writes_count_the_update(tpu_mesh):
   """A decode loop writes one token per row into a loop-carried cache: the bytes moved are
   the tokens written, not the whole cache every step."""
