@@ -122,13 +122,13 @@ def test_cudnn_attention_is_charged_its_matmuls_by_hand():
 
 
 @needs_cuda_plugin
-def test_left_padding_cond_holds_the_kernel_and_copies_nothing():
+def test_left_padding_cond_holds_the_kernel_and_copies_only_its_residuals():
   """`attention.fused_attention` compiled for an H100 (forward and gradient): the cond that
   makes left padding right runs the whole kernel in each branch, so the branch every
-  right-padded batch takes (the trainer's, prefill's) is the kernel alone. With the shift
-  alone under its conds, the identity branches copied q, k, v, the output and the
-  gradients (XLA gives a conditional's results their own buffers): on the qwen3_0p6b
-  train step 27 ms of 0.696 s kernel by kernel (`plan`)."""
+  right-padded batch takes (the trainer's, prefill's) copies only the q, k, v it hands to
+  the backward. With the shifts alone under their conds, the identity branches copied q,
+  k, v, the output and the gradients (XLA gives a conditional's results their own
+  buffers): on the qwen3_0p6b train step 27 ms of 0.696 s kernel by kernel (`plan`)."""
   from jaxrl_scale.models import attention  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.plan import hlo_text  # pylint: disable=g-import-not-at-top
   b, t, n, k, h = 2, 256, 4, 2, 64

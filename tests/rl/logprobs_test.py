@@ -187,12 +187,12 @@ def test_sharded_head_reduces_its_weight_gradient_in_every_micro_batch():
       return acc + jax.grad(loss)(w), None
     return jax.lax.scan(body, jnp.zeros_like(w), (h_MBTD, targets_MBT))[0]
 
-  w_sharding = NamedSharding(mesh, P(None, "fsdp"))
-  by_rows = NamedSharding(mesh, P(None, "fsdp"))
-  args = (jax.ShapeDtypeStruct((v, d), jnp.float32, sharding=w_sharding),
-          jax.ShapeDtypeStruct((micro, rows, t, d), jnp.bfloat16, sharding=by_rows),
-          jax.ShapeDtypeStruct((micro, rows, t), jnp.int32, sharding=by_rows))
-  text = jax.jit(step, out_shardings=w_sharding).lower(*args).compile().as_text()
+  # Axis 1 over 'fsdp': w's model dim (as FSDP keeps it), h's and the targets' rows.
+  split = NamedSharding(mesh, P(None, "fsdp"))
+  args = (jax.ShapeDtypeStruct((v, d), jnp.float32, sharding=split),
+          jax.ShapeDtypeStruct((micro, rows, t, d), jnp.bfloat16, sharding=split),
+          jax.ShapeDtypeStruct((micro, rows, t), jnp.int32, sharding=split))
+  text = jax.jit(step, out_shardings=split).lower(*args).compile().as_text()
   comps, entry = hlo_text.parse(text)
   kinds = ("all-reduce", "reduce-scatter", "all-gather")
   after_loop = [i.shape for i in comps[entry] if i.opcode.replace("-start", "") in kinds]
