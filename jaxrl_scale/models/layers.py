@@ -95,12 +95,14 @@ def fp32_logits(h_BTD: jax.Array, w: jax.Array, spec: str, param_dtype: Any) -> 
   matmul at HIGHEST precision takes six MXU passes on a TPU and runs on CUDA cores (no
   tensor cores) on a GPU.
 
-  The backward's cotangent g is float32. For bfloat16 it is split exactly into three
+  The backward's cotangent g is float32. For bfloat16 it splits exactly into three
   bfloat16 pieces (hi + mid + lo: 3 x 8 significant bits, bfloat16 having float32's
-  exponent range), each of whose products with the 16-bit operand is again exact, so
-  dw = h^T g (float32, for the float32 master) is a float32 sum of exact products: three
-  passes, the three nonzero terms of the six HIGHEST runs. dh = g w, returned in bfloat16,
-  takes the two largest pieces (two passes): the third lies under bfloat16's rounding.
+  exponent range), each of whose products with the 16-bit operand is again exact. dh = g w
+  and dw = h^T g both run as two bf16 passes, over hi and mid, summed in float32: lo is
+  under 2^-16 of g. dh is returned in bfloat16, whose rounding (2^-9) that lies under; dw
+  (float32, for the float32 master) is then within about 3e-6 of the exact gradient
+  (relative, in norm, on RL-shaped cotangents), where the float32 matmul is within 3e-7
+  and a bfloat16 cotangent, as every other weight gradient of a bf16 model gets, 2e-3.
   float16's backward (too narrow an exponent range for the pieces) is the float32 matmul
   at HIGHEST precision, and so is all of the head for any other pair of dtypes.
   """
@@ -116,9 +118,10 @@ def _fp32_einsum(spec: str, h: jax.Array, w: jax.Array) -> jax.Array:
                     precision=jax.lax.Precision.HIGHEST)
 
 
-def bf16_pieces(x: jax.Array) -> jax.Array:
-  """float32 x as [3, ...] bfloat16 pieces, largest first, whose float32 sum is x (exact
-  but for x within 2^16 of float32's smallest normal number, where pieces go subnormal).
+def bf16_pieces(x: jax.Array, n: int = 3) -> jax.Array:
+  """float32 x as [n, ...] bfloat16 pieces, largest first. All three (n=3) sum back to x in
+  float32 (exactly but for x within 2^16 of float32's smallest normal number, where pieces
+  go subnormal); the first two to x within 2^-16 of x (round to nearest twice).
 
   The rounding is `reduce_precision`, not a float32 -> bfloat16 -> float32 round trip: XLA
   may drop such a pair as a no-op ("excess precision", on by default; XLA:GPU's
@@ -126,7 +129,7 @@ def bf16_pieces(x: jax.Array) -> jax.Array:
   hi = rounded(x, jnp.bfloat16)
   rest = x - hi
   mid = rounded(rest, jnp.bfloat16)
-  return jnp.stack([hi, mid, rest - mid]).astype(jnp.bfloat16)  # each exactly bfloat16
+  return jnp.stack([hi, mid, rest - mid][:n]).astype(jnp.bfloat16)  # each exactly bf16
 
 
 def rounded(x: jax.Array, dtype: Any) -> jax.Array:
@@ -153,28 +156,25 @@ def _exact_16bit_logits_bwd(spec, res, g):
     return vjp(g)
   inputs, out = spec.split("->")
   lhs, rhs = inputs.split(",")
-  g_K = bf16_pieces(g)
-  # dh: one matmul per piece, summed smallest first, of the two largest pieces only. dh is
-  # returned in bfloat16: the third piece's share (under 2^-16 of the sum of the terms'
-  # magnitudes) lies under that rounding (2^-9 of dh) except where the V terms cancel to
-  # far below their magnitudes, and the bfloat16 backward of the layers below rounds every
-  # cotangent at 2^-9 of those magnitudes. One of the head's eight matmuls a chunk fewer:
-  # compiled for an H100, qwen3_0p6b 32 x 2048 703 -> 682 ms kernel by kernel, qwen3_1p7b
-  # 16 x 4096 1548 -> 1506.
-  # Contracting the pieces side by side in one matmul (w read once) gave the [3, B, T, D]
-  # float32 result and its operands their own buffers: +5.1 GB of temporaries on the
-  # qwen3_0p6b train step compiled for an H100; the 8B recipe on v5p-128 is the same
-  # either way.
+  g_K = bf16_pieces(g, 2)
+  # Two pieces, for dh and dw alike: the head's [tokens, V] matmuls a chunk are the forward,
+  # its recompute (`rl/logprobs.py`) and these four. dh dropped the third piece first (it
+  # is returned in bf16: 703 -> 682 ms on the qwen3_0p6b 32 x 2048 train step compiled for
+  # an H100), dw next (its relative error 3e-7 -> 3e-6, `tests/models/layers_test.py`;
+  # 669 -> 641 ms and 4.6 GiB fewer temporaries, the cotangent's pieces written once fewer
+  # as well; qwen3_1p7b 16 x 4096 1.49 -> 1.44 s; the 8B recipe on v5p-128 130 -> 127 s).
+  # One matmul per piece, summed smallest first. Contracting the pieces side by side in one
+  # matmul (w read once) gave the [K, B, T, D] float32 dh and its operands their own
+  # buffers: +5.1 GB of temporaries on the qwen3_0p6b train step compiled for an H100; for
+  # dw, XLA:TPU built the whole [V, D] on every chip (+4.6 GiB on the 8B recipe), and
+  # XLA:GPU wrote the stacked pieces with a separate concatenate (+35 ms, +4.6 GiB on the
+  # 0.6B step). Each dw matmul is the float32 head's, so it is split over the devices as
+  # that one was.
   w16 = w.astype(h_BTD.dtype)
-  dh_K = [jnp.einsum(f"{out},{rhs}->{lhs}", g_K[i], w16, preferred_element_type=jnp.float32)
-          for i in range(2)]
-  dh = dh_K[1] + dh_K[0]
-  # dw: one matmul per piece, each as the float32 head's (so it is split over the devices
-  # as that one was: contracting the pieces in one matmul, XLA:TPU built the whole [V, D]
-  # on every chip, +4.6 GiB on the 8B recipe), summed smallest first.
-  dw_K = [jnp.einsum(f"{lhs},{out}->{rhs}", h_BTD, g_K[i], preferred_element_type=jnp.float32)
-          for i in range(3)]
-  dw = (dw_K[2] + dw_K[1]) + dw_K[0]
+  dh = (jnp.einsum(f"{out},{rhs}->{lhs}", g_K[1], w16, preferred_element_type=jnp.float32)
+        + jnp.einsum(f"{out},{rhs}->{lhs}", g_K[0], w16, preferred_element_type=jnp.float32))
+  dw = (jnp.einsum(f"{lhs},{out}->{rhs}", h_BTD, g_K[1], preferred_element_type=jnp.float32)
+        + jnp.einsum(f"{lhs},{out}->{rhs}", h_BTD, g_K[0], preferred_element_type=jnp.float32))
   return dh.astype(h_BTD.dtype), dw.astype(w.dtype)
 
 

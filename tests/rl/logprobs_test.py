@@ -64,10 +64,28 @@ def test_recomputed_head_matches_float64_by_hand(temperature):
                                atol=4e-3 * np.abs(want).max(), rtol=4e-3)
 
 
+def test_max_and_sum_exp_matches_float64():
+  """The one-pass (max, sum of exp(z - max)) against float64 NumPy, over logits spanning
+  60 nats, rows holding -inf entries and a row of -inf but one; the max exactly."""
+  rng = np.random.default_rng(7)
+  z = rng.standard_normal((5, 3, 1031)) * 12
+  z[1, 2, rng.choice(1031, 900, replace=False)] = -np.inf
+  z[4, 0] = -np.inf
+  z[4, 0, 17] = 3.5
+  z32 = jnp.asarray(z, jnp.float32)
+  m, s = jax.jit(logprobs.max_and_sum_exp)(z32)
+  z64 = np.asarray(z32, np.float64)
+  want_m = z64.max(-1)
+  np.testing.assert_array_equal(np.asarray(m, np.float64), want_m)
+  want_s = np.exp(z64 - want_m[..., None]).sum(-1)
+  np.testing.assert_allclose(np.asarray(s, np.float64), want_s, rtol=2e-6)
+  assert float(s[4, 0]) == 1.0
+
+
 def _reduce_max_count(jaxpr) -> int:
   n = 0
   for eqn in jaxpr.eqns:
-    n += eqn.primitive.name == "reduce_max"
+    n += eqn.primitive.name in ("reduce_max", "reduce")  # `max_and_sum_exp`: a "reduce"
     for value in eqn.params.values():
       for sub in value if isinstance(value, (tuple, list)) else (value,):
         sub = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
