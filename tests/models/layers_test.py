@@ -228,3 +228,46 @@ def test_fp32_logits_gradients_are_the_float32_matmuls(dtype):
   wide = lambda h, w: layers.fp32_logits(h, w, "BTD,VD->BTV", jnp.float32)
   assert [d for d, _ in _dots(wide, h32, master)] == [("float32", "float32")]
   assert "HIGHEST" in _dots(wide, h32, master)[0][1]
+
+
+def _silu64(x):
+  return x / (1 + np.exp(-x))
+
+
+@pytest.mark.parametrize("t", [1, 40])
+def test_mlp_is_swiglu_and_runs_gate_and_up_as_one_matmul_over_many_tokens(t):
+  """SwiGLU against float64 NumPy (bf16 compute: within bf16 rounding), value and input
+  gradient. Over more tokens than the hidden size (2 x 40 > 64) gate and up are one matmul
+  of their kernels side by side, so the gradient holds 6 matmuls (gate-up, down; down's two
+  transposes; gate-up's two), not 9; over few (decode: 2 rows of 1) the kernels are
+  multiplied where they lie (no stacked copy)."""
+  from jaxrl_scale.models import config  # pylint: disable=g-import-not-at-top
+  cfg = config.tiny_qwen3()
+  cfg = type(cfg)(**{**cfg.__dict__, "dtype": "bfloat16", "param_dtype": "bfloat16"})
+  mlp = layers.MLP(cfg, rngs=nnx.Rngs(3))
+  graphdef, state = nnx.split(mlp)
+  x = jnp.asarray(np.random.default_rng(5).normal(size=(2, t, cfg.hidden_size)), jnp.bfloat16)
+  r = jnp.asarray(np.random.default_rng(6).normal(size=(2, t, cfg.hidden_size)), jnp.float32)
+  f = lambda st, x_: jnp.sum(nnx.merge(graphdef, st)(x_).astype(jnp.float32) * r)  # noqa: E731
+
+  k = {n: np.asarray(getattr(mlp, n).kernel[...], np.float64)
+       for n in ("gate_proj", "up_proj", "down_proj")}
+  x64, r64 = np.asarray(x, np.float64), np.asarray(r, np.float64)
+  a, b = x64 @ k["gate_proj"], x64 @ k["up_proj"]
+  want = (_silu64(a) * b) @ k["down_proj"]
+  got = np.asarray(nnx.merge(graphdef, state)(x), np.float64)
+  np.testing.assert_allclose(got, want, atol=0.03 * np.abs(want).max(), rtol=0.02)
+  # d/dx: dy = r W_down^T; da = dy * b * silu'(a); db = dy * silu(a).
+  dy = r64 @ k["down_proj"].T
+  sig = 1 / (1 + np.exp(-a))
+  dx = (dy * b * sig * (1 + a * (1 - sig))) @ k["gate_proj"].T + (dy * _silu64(a)) @ k[
+      "up_proj"].T
+  got_dx = np.asarray(jax.grad(f, argnums=1)(state, x), np.float64)
+  np.testing.assert_allclose(got_dx, dx, atol=0.03 * np.abs(dx).max(), rtol=0.02)
+
+  n_dots = len(_dots(jax.grad(f, argnums=(0, 1)), state, x))
+  jaxpr = str(jax.make_jaxpr(lambda st, x_: nnx.merge(graphdef, st)(x_))(state, x))
+  if t == 1:
+    assert n_dots == 9 and "concatenate" not in jaxpr, n_dots
+  else:
+    assert n_dots == 6, n_dots
