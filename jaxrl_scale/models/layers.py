@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
-from jaxrl_scale.models import moe
+from jaxrl_scale.models import attention, moe
 from jaxrl_scale.models.config import ModelConfig, RopeScaling
 
 # (q_BTNH, k_BTKH, v_BTKH) -> (out_BTNH, aux); see `Attention.__call__`.
@@ -392,21 +392,25 @@ class MLP(nnx.Module):
     self.up_proj = Einsum("BTD,DF->BTF", (d, f), ("embed", "mlp"), **kw)
     self.down_proj = Einsum("BTF,FD->BTD", (f, d), ("mlp", "embed"), **kw)
 
-  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+  def __call__(self, x_BTD: jax.Array, sharding: jax.sharding.NamedSharding | None = None,
+               *, stack: bool | None = None) -> jax.Array:
+    """`stack`: gate and up as one matmul over their kernels side by side ([D, 2, F]; the
+    same sums). None: on GPUs (`attention.platform(sharding)`) when the tokens outnumber
+    the hidden size. XLA:GPU then writes the backward's [B, T, 2, F] cotangent in one
+    elementwise pass (not a pass per half) and takes dx in one matmul (not two and an add):
+    compiled for an H100, the qwen3_0p6b 32 x 2048 train step 630 -> 621 ms kernel by
+    kernel, qwen3_1p7b 16 x 4096 1.431 -> 1.413 s. Not with few tokens (decode): the stacked
+    kernel is a copy of both, and decode's bytes are the weights' (Qwen3-0.6B decode at
+    batch 64 on an H100: 1.26x -> 1.37x the least bytes a step reads). Not on TPUs, where
+    XLA already fuses the SwiGLU around the separate matmuls and the stacked [B, T, 2, F]
+    output costs memory for no time (the 8B recipe on v5p-128: train step +0.75 GiB,
+    prefill +1.77 GiB a chip, the same bounds)."""
     gate, up = self.gate_proj, self.up_proj
-    b, t, d = x_BTD.shape
-    if b * t <= d:
-      # Few tokens (decode): the stacked kernel below, a copy of both kernels, would cost
-      # more than it saves on the [B, T, F] activations, and decode's bytes are the weights'
-      # (compiled for an H100, Qwen3-0.6B decode at batch 64: 1.26x -> 1.37x the least
-      # bytes a step reads).
+    if stack is None:
+      b, t, d = x_BTD.shape
+      stack = b * t > d and attention.platform(sharding) == "gpu"
+    if not stack:
       return self.down_proj(jax.nn.silu(gate(x_BTD)) * up(x_BTD))
-    # gate and up as one matmul over their kernels side by side ([D, 2, F]; the same sums):
-    # its backward is then one elementwise pass writing both halves of the [B, T, 2, F]
-    # cotangent (not a pass per half) and one matmul for dx (not two and an add). Compiled
-    # for an H100: the qwen3_0p6b 32 x 2048 train step 630 -> 621 ms kernel by kernel,
-    # qwen3_1p7b 16 x 4096 1.431 -> 1.413 s; the 8B recipe on v5p-128 the same time,
-    # +0.75 GiB (70.88 -> 71.63 GiB a chip).
     kernel_D2F = jnp.stack([gate.compute_kernel(), up.compute_kernel()], axis=1)
     gu_BT2F = jax.lax.dot_general(
         x_BTD.astype(gate.dtype), kernel_D2F, (((2,), (0,)), ((), ())),
@@ -456,14 +460,15 @@ class DecoderLayer(nnx.Module):
     x_BTD = residual(x_BTD, attn_BTD)
     h_BTD = self.post_attention_layernorm(x_BTD)
     if self.moe is None:
-      return residual(x_BTD, self.mlp(h_BTD)), aux, None, None
+      return residual(x_BTD, self.mlp(h_BTD, sharding)), aux, None, None
     sparse = lambda h: self.moe.apply(h, mask_BT, sharding, recorded_BTK,  # noqa: E731
                                       recorded_BT, replay)
     if self.mlp is None:
       y_BTD, stats, experts_BTK = sparse(h_BTD)
     else:
       b, t, _ = h_BTD.shape
-      dense = lambda h: (self.mlp(h), moe.RouterStats.zeros(self.num_experts),  # noqa: E731
+      dense = lambda h: (self.mlp(h, sharding),  # noqa: E731
+                         moe.RouterStats.zeros(self.num_experts),
                          jnp.zeros((b, t, self.moe.top_k), jnp.int32))
       y_BTD, stats, experts_BTK = jax.lax.cond(jnp.asarray(self.sparse)[layer], sparse, dense,
                                                h_BTD)

@@ -208,7 +208,7 @@ class MoE(nnx.Module):
     else:
       y_ND = local(x_ND, weights_NK, experts_NK, *params)
     if self.shared_expert is not None:
-      y_ND = y_ND + self.shared_expert(x_ND[None])[0]
+      y_ND = y_ND + self.shared_expert(x_ND[None], sharding)[0]
 
     # A segment sum, not a one-hot: [N, K, E] floats would be 268 MB at 64k tokens, top-8
     # of 128 experts.

@@ -234,13 +234,13 @@ def _silu64(x):
   return x / (1 + np.exp(-x))
 
 
-@pytest.mark.parametrize("t", [1, 40])
-def test_mlp_is_swiglu_and_runs_gate_and_up_as_one_matmul_over_many_tokens(t):
+@pytest.mark.parametrize("stack", [False, True])
+def test_mlp_is_swiglu_with_gate_and_up_stacked_or_not(stack):
   """SwiGLU against float64 NumPy (bf16 compute: within bf16 rounding), value and input
-  gradient. Over more tokens than the hidden size (2 x 40 > 64) gate and up are one matmul
-  of their kernels side by side, so the gradient holds 6 matmuls (gate-up, down; down's two
-  transposes; gate-up's two), not 9; over few (decode: 2 rows of 1) the kernels are
-  multiplied where they lie (no stacked copy)."""
+  gradient, both ways. Stacked, gate and up are one matmul of their kernels side by side,
+  so the gradient holds 6 matmuls (gate-up, down; down's two transposes; gate-up's two),
+  not 9. (Which way runs where: `test_mlp_stacks_gate_and_up_on_gpus_over_many_tokens`.)"""
+  t = 40
   from jaxrl_scale.models import config  # pylint: disable=g-import-not-at-top
   cfg = config.tiny_qwen3()
   cfg = type(cfg)(**{**cfg.__dict__, "dtype": "bfloat16", "param_dtype": "bfloat16"})
@@ -248,14 +248,15 @@ def test_mlp_is_swiglu_and_runs_gate_and_up_as_one_matmul_over_many_tokens(t):
   graphdef, state = nnx.split(mlp)
   x = jnp.asarray(np.random.default_rng(5).normal(size=(2, t, cfg.hidden_size)), jnp.bfloat16)
   r = jnp.asarray(np.random.default_rng(6).normal(size=(2, t, cfg.hidden_size)), jnp.float32)
-  f = lambda st, x_: jnp.sum(nnx.merge(graphdef, st)(x_).astype(jnp.float32) * r)  # noqa: E731
+  f = lambda st, x_: jnp.sum(  # noqa: E731
+      nnx.merge(graphdef, st)(x_, stack=stack).astype(jnp.float32) * r)
 
   k = {n: np.asarray(getattr(mlp, n).kernel[...], np.float64)
        for n in ("gate_proj", "up_proj", "down_proj")}
   x64, r64 = np.asarray(x, np.float64), np.asarray(r, np.float64)
   a, b = x64 @ k["gate_proj"], x64 @ k["up_proj"]
   want = (_silu64(a) * b) @ k["down_proj"]
-  got = np.asarray(nnx.merge(graphdef, state)(x), np.float64)
+  got = np.asarray(nnx.merge(graphdef, state)(x, stack=stack), np.float64)
   np.testing.assert_allclose(got, want, atol=0.03 * np.abs(want).max(), rtol=0.02)
   # d/dx: dy = r W_down^T; da = dy * b * silu'(a); db = dy * silu(a).
   dy = r64 @ k["down_proj"].T
@@ -265,9 +266,27 @@ def test_mlp_is_swiglu_and_runs_gate_and_up_as_one_matmul_over_many_tokens(t):
   got_dx = np.asarray(jax.grad(f, argnums=1)(state, x), np.float64)
   np.testing.assert_allclose(got_dx, dx, atol=0.03 * np.abs(dx).max(), rtol=0.02)
 
-  n_dots = len(_dots(jax.grad(f, argnums=(0, 1)), state, x))
-  jaxpr = str(jax.make_jaxpr(lambda st, x_: nnx.merge(graphdef, st)(x_))(state, x))
-  if t == 1:
-    assert n_dots == 9 and "concatenate" not in jaxpr, n_dots
-  else:
-    assert n_dots == 6, n_dots
+  assert len(_dots(jax.grad(f, argnums=(0, 1)), state, x)) == (6 if stack else 9)
+
+
+def test_mlp_stacks_gate_and_up_on_gpus_over_many_tokens():
+  """By default the kernels are stacked only on GPUs (compiled here for an H100 with no GPU)
+  and only over more tokens than the hidden size (64): not in decode, not on CPU or TPU."""
+  from jaxrl_scale.models import config  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.plan import chips  # pylint: disable=g-import-not-at-top
+  cfg = config.tiny_qwen3()
+  mlp = layers.MLP(cfg, rngs=nnx.Rngs(3))
+  graphdef, state = nnx.split(mlp)
+
+  def stacks(t: int, sharding) -> bool:  # two matmuls (gate-up, down), not three
+    x = jax.ShapeDtypeStruct((2, t, cfg.hidden_size), jnp.float32)
+    return len(_dots(lambda st, x_: nnx.merge(graphdef, st)(x_, sharding), state, x)) == 2
+
+  assert not stacks(40, None)  # CPU
+  try:
+    gpu = chips.topology_devices(chips.resolve("h100-2"))
+  except Exception as e:  # pylint: disable=broad-except
+    pytest.skip(f"no deviceless CUDA topology here: {e}")
+  mesh = jax.sharding.Mesh(np.array(gpu[:1]), ("fsdp",))
+  on_gpu = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+  assert stacks(40, on_gpu) and not stacks(1, on_gpu)
