@@ -39,7 +39,8 @@ MASKED = float(np.finfo(np.float32).min)
 
 def causal_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
                      mask_BT: jax.Array, *, impl: str = "auto",
-                     sharding: jax.sharding.NamedSharding | None = None) -> jax.Array:
+                     sharding: jax.sharding.NamedSharding | None = None,
+                     right_padded: bool = False) -> jax.Array:
   """Causal GQA attention of T queries over the same T keys.
 
   Args:
@@ -50,6 +51,9 @@ def causal_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
     impl: "auto", "einsum", "splash" or "cudnn".
     sharding: the sharding of q_BTNH (batch rows on its first mesh axis). Required by
       "splash"; "auto" picks by its devices' platform (`auto_impl`).
+    right_padded: the caller has made every row's real tokens start at position 0
+      (`Transformer.hidden_states_with_stats`); "cudnn" then skips its left-padding cond
+      (`fused_attention`). A left-padded row would be attended wrongly.
 
   Returns:
     out_BTNH in q's dtype.
@@ -65,7 +69,7 @@ def causal_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
     if why:
       raise ValueError(f"attention impl 'cudnn': {why}")
     return fused_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT, implementation="cudnn",
-                           sharding=sharding)
+                           sharding=sharding, right_padded=right_padded)
   if sharding is None:
     raise ValueError("attention impl 'splash' needs the activations' sharding (a NamedSharding)")
   return splash_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT, sharding=sharding)
@@ -133,7 +137,8 @@ def cudnn_unsupported(dtype, head_dim: int, devices: Sequence = ()) -> str:
 
 def fused_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
                     mask_BT: jax.Array, *, implementation: str,
-                    sharding: jax.sharding.NamedSharding | None = None) -> jax.Array:
+                    sharding: jax.sharding.NamedSharding | None = None,
+                    right_padded: bool = False) -> jax.Array:
   """`causal_attention` through `jax.nn.dot_product_attention` ("cudnn" on GPUs; "xla" is
   the same call on any platform, which is how the CPU tests check this code).
 
@@ -148,7 +153,9 @@ def fused_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   conditional's results their own buffers), so the shift-only conds copied q, k, v, the
   output and the gradients on every right-padded step: 27 ms of the qwen3_0p6b train step's
   0.696 s kernel by kernel, compiled for an H100 (`plan`). What remains is one copy each of
-  q, k, v, which the forward's cond hands to the backward as the kernel's residuals.
+  q, k, v, which the forward's cond hands to the backward as the kernel's residuals; a
+  caller that has made its rows right-padded itself says so (`right_padded`) and gets no
+  cond at all (the train step: `Transformer.hidden_states_with_stats`).
 
   Queries keep every position (query lengths are T), so a right-padding query attends all
   of its row's real keys, as in `einsum_attention`. A left-padding query (no visible key)
@@ -165,14 +172,14 @@ def fused_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
     sharding: the activations' sharding; q, k and v are pinned to rows over its batch axes
       and heads over 'tp' where that divides the kv heads, the only splits cuDNN's
       partitioner accepts (none over T or H).
+    right_padded: no row is left-padded (the caller's promise): no cond, no shift.
   """
   b, t, n, h = q_BTNH.shape
   k = k_BTKH.shape[2]
   if n % k:
     raise ValueError(f"query heads {n} are not a multiple of kv heads {k}")
   mask_BT = mask_BT.astype(jnp.bool_)
-  any_B = jnp.any(mask_BT, axis=1)
-  first_B = jnp.where(any_B, jnp.argmax(mask_BT, axis=1), 0).astype(jnp.int32)
+  first_B = first_real(mask_BT)
   lens_B = jnp.maximum(jnp.sum(mask_BT, axis=1, dtype=jnp.int32), 1)
   left = jnp.any(first_B > 0)
 
@@ -184,15 +191,26 @@ def fused_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
         implementation=implementation)
 
   def shifted(qkv):
-    out_BTNH = attend(tuple(_shift_rows(x, first_B) for x in qkv))
-    return _shift_rows(out_BTNH, t - first_B)
+    out_BTNH = attend(tuple(rotate_rows(x, first_B) for x in qkv))
+    return rotate_rows(out_BTNH, t - first_B)
 
-  out_BTNH = jax.lax.cond(left, shifted, attend, (q_BTNH, k_BTKH, v_BTKH))
+  if right_padded:
+    out_BTNH = attend((q_BTNH, k_BTKH, v_BTKH))
+  else:
+    out_BTNH = jax.lax.cond(left, shifted, attend, (q_BTNH, k_BTKH, v_BTKH))
   return out_BTNH.astype(q_BTNH.dtype)
 
 
-def _shift_rows(x_BT: jax.Array, by_B: jax.Array) -> jax.Array:
-  """Row b rotated left by by_B[b] along axis 1 (position p takes p + by_B[b], mod T)."""
+def first_real(mask_BT: jax.Array) -> jax.Array:
+  """Each row's first real position (0 for a row with none), int32 [B]."""
+  mask_BT = mask_BT.astype(jnp.bool_)
+  return jnp.where(jnp.any(mask_BT, axis=1), jnp.argmax(mask_BT, axis=1), 0).astype(jnp.int32)
+
+
+def rotate_rows(x_BT: jax.Array, by_B: jax.Array) -> jax.Array:
+  """Row b rotated left by by_B[b] along axis 1 (position p takes p + by_B[b], mod T):
+  with by_B = `first_real(mask)`, every row's real tokens start at 0 (left padding moves to
+  the end); rotating by T - by_B undoes it."""
   t = x_BT.shape[1]
   index_BT = (jnp.arange(t, dtype=jnp.int32)[None, :] + by_B[:, None]) % t
   index = index_BT.reshape(index_BT.shape + (1,) * (x_BT.ndim - 2))

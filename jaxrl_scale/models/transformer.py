@@ -212,6 +212,21 @@ class Transformer(nnx.Module):
     policy = _remat_policy(remat)
     pin = _pinner(activation_sharding)
     mask_BT = mask_BT.astype(jnp.bool_)
+    align = self._aligns_rows(activation_sharding)
+    if align:
+      # cuDNN's attention takes right padding only: rotate left-padded rows so that every
+      # row's real tokens start at 0, once here rather than in every layer (where the cond
+      # that skips the shift for right-padded batches copied q, k and v as the kernel's
+      # residuals: `attention.fused_attention`), and rotate the hidden states back below.
+      # Each position keeps its token, RoPE position, mask and routing record; causal order
+      # among a row's real tokens is unchanged.
+      first_B = attention.first_real(mask_BT)
+      left = jnp.any(first_B > 0)
+      rows = (tokens_BT, positions_BT, mask_BT, recorded_BTLK, recorded_BT)
+      rotate = lambda xs: jax.tree.map(  # noqa: E731
+          lambda x: attention.rotate_rows(x, first_B), xs)
+      tokens_BT, positions_BT, mask_BT, recorded_BTLK, recorded_BT = jax.lax.cond(
+          left, rotate, lambda xs: xs, rows)
     x_BTD = self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype))
     x_BTD = _pinner(residual_sharding or activation_sharding)(x_BTD)
     recorded_L = None
@@ -220,12 +235,26 @@ class Transformer(nnx.Module):
     x_BTD, (_, stats_L, _) = self._scan(x_BTD, positions_BT, mask_BT, policy,
                                         activation_sharding, recorded_L=recorded_L,
                                         recorded_BT=recorded_BT, replay=replay,
-                                        residual_sharding=residual_sharding)
+                                        residual_sharding=residual_sharding,
+                                        right_padded=align)
     # The final norm runs on the split sequence; the LM head gets whole rows again.
     h_BTD = self.norm(x_BTD)
     if residual_sharding is not None:
       h_BTD = _pinner(_whole_rows(residual_sharding, activation_sharding))(h_BTD)
+    if align:
+      t = h_BTD.shape[1]
+      h_BTD = jax.lax.cond(left, lambda h: attention.rotate_rows(h, t - first_B),
+                           lambda h: h, pin(h_BTD))
     return pin(h_BTD), None if stats_L is None else stats_L.sum_layers()
+
+  def _aligns_rows(self, activation_sharding: jax.sharding.NamedSharding | None) -> bool:
+    """Whether the full-sequence attention is cuDNN's (`attention.auto_impl`), which takes
+    right padding only: `hidden_states_with_stats` then right-aligns the rows itself."""
+    impl = self.cfg.attention_impl
+    if impl == "auto":
+      impl = attention.auto_impl(activation_sharding, jnp.dtype(self.cfg.dtype),
+                                 self.cfg.head_dim)
+    return impl == "cudnn"
 
   def sparse_layers(self) -> tuple[int, ...]:
     """Indices of the layers whose MLP is a mixture of experts (the layer axis of routing
@@ -389,14 +418,16 @@ class Transformer(nnx.Module):
             write: Callable[..., jax.Array] | None = None, prefix_in_loop: bool = True,
             recorded_L: jax.Array | None = None, recorded_BT: jax.Array | None = None,
             replay: bool = False, record: bool = False,
-            residual_sharding: jax.sharding.NamedSharding | None = None) -> tuple[Any, Any]:
+            residual_sharding: jax.sharding.NamedSharding | None = None,
+            right_padded: bool = False) -> tuple[Any, Any]:
     """Runs the stacked layers with one scanned (optionally remat'd) layer body. The carry
     is x_BTD, or (x_BTD, pool) with `write` (see `prefill_into`); the stacked outputs are
     (each layer's keys and values when keep_kv, else None; router stats or None; each
     layer's experts_BTK or None), except with `write` (each layer's experts_BTK when
     `record`, else None). recorded_L [L, B, T, K], recorded_BT, replay: routing replay
     (`hidden_states_with_stats`). residual_sharding: where the carry x_BTD lives between
-    layers (sequence parallelism, `hidden_states`); None: `activation_sharding`."""
+    layers (sequence parallelism, `hidden_states`); None: `activation_sharding`.
+    right_padded: no row of mask_BT is left-padded (`attention.causal_attention`)."""
     graphdef, state_L = nnx.split(self.layers)
     pin = _pinner(activation_sharding)
     gather = lambda x: x  # noqa: E731
@@ -426,7 +457,8 @@ class Transformer(nnx.Module):
       def attend(q_BTNH, k_BTKH, v_BTKH):
         if prefix is None:
           out_BTNH = attention.causal_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT, impl=impl,
-                                                sharding=activation_sharding)
+                                                sharding=activation_sharding,
+                                                right_padded=right_padded)
         else:  # the T queries come after the prefix's S keys
           pk_BSKH, pv_BSKH = prefix.layer(pool, i) if prefix_in_loop else prefix_kv
           out_BTNH = attention.einsum_attention(

@@ -97,7 +97,7 @@ def test_left_shift_is_skipped_when_no_row_is_left_padded(monkeypatch):
   q, k, v = random_qkv(2, T, 4, 2, 8, jnp.float32, seed=5)
   left = jnp.asarray(row_masks(T, [(4, 8), (0, 12)]))
   right = jnp.asarray(row_masks(T, [(0, 8), (0, 12)]))
-  monkeypatch.setattr(attention, "_shift_rows", lambda x_BT, by_B: x_BT)
+  monkeypatch.setattr(attention, "rotate_rows", lambda x_BT, by_B: x_BT)
   out_right = attention.fused_attention(q, k, v, right, implementation="xla")
   vis = visible_BT(np.asarray(right))
   np.testing.assert_allclose(np.asarray(out_right)[vis],

@@ -154,6 +154,49 @@ def test_padding_does_not_leak_into_real_tokens(qwen3_model_cfg):
   assert np.abs(out_nomask[0, 3:] - ref).max() > 1e-3
 
 
+def test_rows_right_aligned_for_cudnn_give_the_same_states_and_grads(qwen3_model_cfg,
+                                                                     monkeypatch):
+  """Where the attention is cuDNN's (right padding only) `hidden_states` rotates left-padded
+  rows to start at 0 and the states back (`Transformer._aligns_rows`), and the attention
+  skips its own left-padding shift. Forced here on CPU, the attention being the cuDNN
+  path's code through JAX's XLA implementation (`attention.fused_attention`): left, right
+  and both-sides padded rows give the same hidden states at their real tokens, and the
+  same gradients, as the unaligned model, whose attention shifts left-padded rows itself.
+  Without the rotation (or rotated back wrongly) the left-padded rows fail it."""
+  model, cfg = qwen3_model_cfg
+  from jaxrl_scale.models import attention  # pylint: disable=g-import-not-at-top
+  fused = attention.fused_attention
+  monkeypatch.setattr(attention, "causal_attention",
+                      lambda q, k, v, m, impl, sharding, right_padded: fused(
+                          q, k, v, m, implementation="xla", right_padded=right_padded))
+  rng = np.random.default_rng(8)
+  tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (3, L)), jnp.int32)
+  mask = np.zeros((3, L), bool)
+  mask[0, 4:] = True  # left-padded
+  mask[1, :7] = True  # right-padded
+  mask[2, 2:10] = True  # both
+  pos = jnp.asarray(np.maximum(np.cumsum(mask, axis=1) - 1, 0), jnp.int32)
+  mask = jnp.asarray(mask)
+  graphdef, state = nnx.split(model)
+  probe = jnp.asarray(rng.normal(size=(3, L, cfg.hidden_size)), jnp.float32)
+
+  def run(aligned: bool):
+    monkeypatch.setattr(transformer.Transformer, "_aligns_rows", lambda self, s: aligned)
+
+    def loss(st):
+      h = nnx.merge(graphdef, st).hidden_states(tokens, pos, mask)
+      return jnp.sum(jnp.where(mask[:, :, None], h.astype(jnp.float32) * probe, 0.0)), h
+    (_, h), grads = jax.value_and_grad(loss, has_aux=True)(state)
+    return np.asarray(h, np.float32), grads
+
+  h_plain, g_plain = run(False)
+  h_aligned, g_aligned = run(True)
+  real = np.asarray(mask)
+  np.testing.assert_allclose(h_aligned[real], h_plain[real], atol=1e-5, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g_aligned), jax.tree.leaves(g_plain)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
+
+
 def test_dtype_policy_and_fp32_logits(tiny_model):
   base = config.tiny_qwen3()
   tokens = jnp.asarray(_seqs(base, 1, L))

@@ -175,8 +175,10 @@ def _tiny_gpu_run():
 @needs_cuda_plugin
 def test_the_run_compiles_for_an_h100_with_the_gpu_kernels():
   """The CPU demo's run with a bf16 Qwen3 policy, every program compiled for one H100: the
-  train step runs cuDNN's fused attention forward and backward, decode the Triton paged
-  kernel on every layer, and the kernel is charged one layer's pool per call."""
+  train step runs cuDNN's fused attention forward and backward, outside any conditional
+  (the model right-aligns its rows once, `Transformer._aligns_rows`, so no layer carries
+  the left-padding cond, whose right-padded branch copied q, k and v), decode the Triton
+  paged kernel on every layer, and the kernel is charged one layer's pool per call."""
   from jaxrl_scale.plan import programs  # pylint: disable=g-import-not-at-top
   cfg, mcfg, _ = _tiny_gpu_run()
   devices = chips.topology_devices(chips.resolve("h100"))
@@ -188,6 +190,11 @@ def test_the_run_compiles_for_an_h100_with_the_gpu_kernels():
       texts[name] = by_name[name].lower().compile().as_text()
   train = texts["train_step"]
   assert "__cudnn$fmhaSoftmax\"" in train and "__cudnn$fmhaSoftmaxBackward" in train
+  from jaxrl_scale.plan import hlo_text  # pylint: disable=g-import-not-at-top
+  comps, _ = hlo_text.parse(train)
+  in_branches = [i.name for insts in comps.values() for c in insts if c.opcode == "conditional"
+                 for br in hlo_cost._branches(c) for i in comps[br] if "__cudnn$fmha" in i.attrs]
+  assert not in_branches, in_branches
   # Every matmul at the bf16 tensor-core rate: none multiplies float32 operands (TF32), as
   # the backward's transposed projections did when the cotangent came in float32.
   cost = hlo_cost.analyze(train, f32_cost=chips.GPUS["h100"].f32_cost)
