@@ -18,7 +18,8 @@ garbage, never NaN; callers ignore it.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -58,10 +59,7 @@ def causal_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   Returns:
     out_BTNH in q's dtype.
   """
-  if impl not in IMPLS:
-    raise ValueError(f"attention impl {impl!r} is not one of {', '.join(IMPLS)}")
-  if impl == "auto":
-    impl = auto_impl(sharding, q_BTNH.dtype, q_BTNH.shape[-1])
+  impl = resolved_impl(impl, sharding, q_BTNH.dtype, q_BTNH.shape[-1])
   if impl == "einsum":
     return einsum_attention(q_BTNH, k_BTKH, v_BTKH, mask_BT)
   if impl == "cudnn":
@@ -119,6 +117,14 @@ def auto_impl(sharding: jax.sharding.NamedSharding | None, dtype, head_dim: int)
   if where == "gpu" and not cudnn_unsupported(dtype, head_dim, _devices(sharding)):
     return "cudnn"
   return "einsum"
+
+
+def resolved_impl(impl: str, sharding: jax.sharding.NamedSharding | None, dtype,
+                  head_dim: int) -> str:
+  """`impl`, with "auto" resolved by `auto_impl`."""
+  if impl not in IMPLS:
+    raise ValueError(f"attention impl {impl!r} is not one of {', '.join(IMPLS)}")
+  return auto_impl(sharding, dtype, head_dim) if impl == "auto" else impl
 
 
 def cudnn_unsupported(dtype, head_dim: int, devices: Sequence = ()) -> str:
@@ -199,6 +205,24 @@ def fused_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array,
   else:
     out_BTNH = jax.lax.cond(left, shifted, attend, (q_BTNH, k_BTKH, v_BTKH))
   return out_BTNH.astype(q_BTNH.dtype)
+
+
+def right_aligned(mask_BT: jax.Array, rows: Any) -> tuple[Any, Callable[[jax.Array], jax.Array]]:
+  """(`rows`, a pytree of [B, T, ...] arrays, with each row rotated so that its real tokens
+  (`mask_BT`) start at 0, and `undo`, which rotates a [B, T, ...] array back): what
+  `Transformer.hidden_states_with_stats` does once before the layers when the attention
+  is cuDNN's, which takes right padding only, instead of the shift in every layer
+  (`fused_attention`, whose cond copied q, k and v as the kernel's residuals on every
+  right-padded batch). Each position keeps its token, RoPE position, mask and routing
+  record, so causal order among a row's real tokens is unchanged. Both rotations are conds:
+  nothing moves when no row is left-padded."""
+  first_B = first_real(mask_BT)
+  left = jnp.any(first_B > 0)
+  t = mask_BT.shape[1]
+  rotate = lambda xs: jax.tree.map(lambda x: rotate_rows(x, first_B), xs)  # noqa: E731
+  undo = lambda x: jax.lax.cond(  # noqa: E731
+      left, lambda y: rotate_rows(y, t - first_B), lambda y: y, x)
+  return jax.lax.cond(left, rotate, lambda xs: xs, rows), undo
 
 
 def first_real(mask_BT: jax.Array) -> jax.Array:

@@ -213,20 +213,10 @@ class Transformer(nnx.Module):
     pin = _pinner(activation_sharding)
     mask_BT = mask_BT.astype(jnp.bool_)
     align = self._aligns_rows(activation_sharding)
-    if align:
-      # cuDNN's attention takes right padding only: rotate left-padded rows so that every
-      # row's real tokens start at 0, once here rather than in every layer (where the cond
-      # that skips the shift for right-padded batches copied q, k and v as the kernel's
-      # residuals: `attention.fused_attention`), and rotate the hidden states back below.
-      # Each position keeps its token, RoPE position, mask and routing record; causal order
-      # among a row's real tokens is unchanged.
-      first_B = attention.first_real(mask_BT)
-      left = jnp.any(first_B > 0)
-      rows = (tokens_BT, positions_BT, mask_BT, recorded_BTLK, recorded_BT)
-      rotate = lambda xs: jax.tree.map(  # noqa: E731
-          lambda x: attention.rotate_rows(x, first_B), xs)
-      tokens_BT, positions_BT, mask_BT, recorded_BTLK, recorded_BT = jax.lax.cond(
-          left, rotate, lambda xs: xs, rows)
+    if align:  # cuDNN takes right padding only: once here, not in every layer
+      (tokens_BT, positions_BT, mask_BT, recorded_BTLK, recorded_BT), undo = (
+          attention.right_aligned(mask_BT, (tokens_BT, positions_BT, mask_BT, recorded_BTLK,
+                                            recorded_BT)))
     x_BTD = self.embed_tokens(tokens_BT).astype(jnp.dtype(self.cfg.dtype))
     x_BTD = _pinner(residual_sharding or activation_sharding)(x_BTD)
     recorded_L = None
@@ -242,19 +232,14 @@ class Transformer(nnx.Module):
     if residual_sharding is not None:
       h_BTD = _pinner(_whole_rows(residual_sharding, activation_sharding))(h_BTD)
     if align:
-      t = h_BTD.shape[1]
-      h_BTD = jax.lax.cond(left, lambda h: attention.rotate_rows(h, t - first_B),
-                           lambda h: h, pin(h_BTD))
+      h_BTD = undo(pin(h_BTD))
     return pin(h_BTD), None if stats_L is None else stats_L.sum_layers()
 
   def _aligns_rows(self, activation_sharding: jax.sharding.NamedSharding | None) -> bool:
-    """Whether the full-sequence attention is cuDNN's (`attention.auto_impl`), which takes
-    right padding only: `hidden_states_with_stats` then right-aligns the rows itself."""
-    impl = self.cfg.attention_impl
-    if impl == "auto":
-      impl = attention.auto_impl(activation_sharding, jnp.dtype(self.cfg.dtype),
-                                 self.cfg.head_dim)
-    return impl == "cudnn"
+    """Whether the attention is cuDNN's (right padding only): then `hidden_states_with_stats`
+    right-aligns the rows itself (`attention.right_aligned`)."""
+    return attention.resolved_impl(self.cfg.attention_impl, activation_sharding,
+                                   jnp.dtype(self.cfg.dtype), self.cfg.head_dim) == "cudnn"
 
   def sparse_layers(self) -> tuple[int, ...]:
     """Indices of the layers whose MLP is a mixture of experts (the layer axis of routing
