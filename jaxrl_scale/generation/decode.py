@@ -31,7 +31,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_scale.generation import sampling
-from jaxrl_scale.models import paged_attention, sharding, transformer
+from jaxrl_scale.models import kv_cache, paged_attention, sharding, transformer
 from jaxrl_scale.models.config import ModelConfig
 
 NEVER = 2**30  # force_at value of a sequence that is never interrupted
@@ -45,7 +45,7 @@ RUNNING, END_EOS, END_LENGTH = 0, 1, 2
 class SlotState:
   """Everything a slot carries between decode steps (all leading dims are S)."""
 
-  cache: transformer.PagedKVCache
+  cache: kv_cache.PagedKVCache
   token_S: jax.Array  # int32: next token to feed
   pos_S: jax.Array  # int32: its slot / RoPE position
   num_gen_S: jax.Array  # int32: tokens generated so far
@@ -160,7 +160,7 @@ def empty_state(cfg: ModelConfig, num_slots: int, shards: int, pages_per_shard: 
   s = num_slots
   zeros_i = jnp.zeros((s,), jnp.int32)
   return SlotState(
-      cache=transformer.init_pages(cfg, shards, pages_per_shard, page_size, cache_dtype),
+      cache=kv_cache.init_pages(cfg, shards, pages_per_shard, page_size, cache_dtype),
       token_S=zeros_i, pos_S=zeros_i, num_gen_S=zeros_i,
       active_S=jnp.zeros((s,), jnp.bool_), seed_S=zeros_i,
       temperature_S=jnp.ones((s,), jnp.float32), top_k_S=zeros_i,
@@ -203,7 +203,7 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   prefix = None
   if start:
     src_u = jnp.clip(adm.src_slot_u, 0, num_slots - 1)
-    prefix = transformer.PromptPrefix(
+    prefix = kv_cache.PromptPrefix(
         shard_B=src_u // (num_slots // shards),
         pages_BM=table_SM[src_u, :min(-(-start // page), width)], length=jnp.int32(start))
 
@@ -236,7 +236,7 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
                            activation_sharding=act_sharding, prefix=prefix,
                            prefix_in_loop=not _on_cpu(mesh), record_routing=record_routing)
   pool = out[1]
-  cache = transformer.PagedKVCache(kv=pool)
+  cache = kv_cache.PagedKVCache(kv=pool)
 
   # Only rows whose prompt is complete take their slot state (the others' slots stay
   # inactive until a later piece).
@@ -356,7 +356,7 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
 
   state, (tok, lp, forced, valid, end, *routing) = jax.lax.scan(body, state, None,
                                                                 length=num_steps)
-  state = dataclasses.replace(state, cache=transformer.PagedKVCache(kv=state.cache.kv))
+  state = dataclasses.replace(state, cache=kv_cache.PagedKVCache(kv=state.cache.kv))
   return state, ChunkOutput(tokens_NS=tok, logprobs_NS=lp, forced_NS=forced, valid_NS=valid,
                             end_NS=end, routing_NSLK=routing[0] if routing else None)
 

@@ -4,7 +4,8 @@
   layers       RMSNorm, RoPE, GQA attention projections, paged KV attention, SwiGLU MLP
   attention    full-sequence causal attention: einsum path and the Pallas TPU kernel
   transformer  Transformer (stacked, scanned layers; full-sequence, prefill and paged
-               decode paths; remat policies), PagedKVCache, init_pages
+               decode paths; remat policies)
+  kv_cache     the sampler's page pool: PagedKVCache, PromptPrefix, init_pages
   sharding     logical-axis rules, create_sharded_model, page pool shardings
   hf_io        load_hf_model / save_hf_model (safetensors, sharded, no unsharded copy)
   tokenizer    built-in byte tokenizer and Hugging Face tokenizers

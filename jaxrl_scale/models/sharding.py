@@ -24,7 +24,7 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl_scale.models import transformer
+from jaxrl_scale.models import kv_cache, transformer
 from jaxrl_scale.models.config import ModelConfig
 
 Rules = Mapping[str, str | tuple[str, ...] | None]
@@ -122,7 +122,7 @@ def shard_model(model: transformer.Transformer, mesh: Mesh,
   return nnx.merge(graphdef, state)
 
 
-def cache_shardings(cfg: ModelConfig, mesh: Mesh) -> transformer.PagedKVCache:
+def cache_shardings(cfg: ModelConfig, mesh: Mesh) -> kv_cache.PagedKVCache:
   """Shardings for a page pool [L, D, P + 1, C, 2K, H] on `mesh`: its D shards over 'data'
   (D is the data axis size), kv heads over 'tp' (when it divides them; each device then
   holds whole key/value pairs)."""
@@ -130,7 +130,7 @@ def cache_shardings(cfg: ModelConfig, mesh: Mesh) -> transformer.PagedKVCache:
   head_axis = "tp" if "tp" in mesh.shape and cfg.num_kv_heads % mesh.shape["tp"] == 0 else None
   kv = NamedSharding(mesh, PartitionSpec(None, "data" if data > 1 else None, None, None,
                                          head_axis, None))
-  return transformer.PagedKVCache(kv=kv)
+  return kv_cache.PagedKVCache(kv=kv)
 
 
 def param_count(state: Any) -> int:

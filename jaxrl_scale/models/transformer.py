@@ -21,17 +21,14 @@ Full-sequence path (trainer)
   returning each layer's keys (RoPE applied) and values (what a KV cache holds for them).
   `prefill_into(tokens_BT, positions_BT, mask_BT, pool, write) -> (h_BTD, pool)` is the same
   pass writing each layer's keys and values into a page pool as it goes (`write`, inside the
-  layer loop), so no layer stack of them is ever held; with `prefix=PromptPrefix(...)` the
+  layer loop), so no layer stack of them is ever held; with `prefix=kv_cache.PromptPrefix(...)` the
   T tokens continue prompts whose earlier positions are already in that pool (chunked
   prefill): every query also attends to those.
 
 Paged KV-cache path (sampler decode)
-  `cache = init_pages(cfg, shards=D, pages=P, page_size=C)` is a pool of P pages per data
-  shard (plus a null page), each holding C positions of every layer's keys and values:
-  kv of shape [L, D, P + 1, C, 2K, H], the key of kv head k at 2k and its value at 2k + 1
-  (`paged_attention.interleave_kv`; the layout of JAX's TPU ragged paged attention kernel).
-  Which pages a row holds is the caller's page table (generation/pages.py), passed to
-  every call.
+  The pool is `kv_cache.init_pages(cfg, shards=D, pages=P, page_size=C)`: kv of shape
+  [L, D, P + 1, C, 2K, H] (models/kv_cache.py). Which pages a row holds is the caller's page
+  table (generation/pages.py), passed to every call.
   `logits_B1V, cache = model.decode(tokens_B1, pos_B, active_B, cache, table_BM,
   view_pages=V, mesh=M)` feeds one token per row at position pos_B: it is written into the
   row's page for that position (not for inactive rows) and attends to the row's positions
@@ -49,78 +46,14 @@ logits"; the paper traces a large gain in the asymptote to this).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl_scale.models import attention, layers, moe, paged_attention
+from jaxrl_scale.models import attention, kv_cache, layers, moe, paged_attention
 from jaxrl_scale.models.config import ModelConfig
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class PagedKVCache:
-  """Keys/values of every layer in pages: [L, D, P + 1, C, 2K, H] (the last page is null;
-  keys at even heads, values at odd).
-
-  `views`, inside one chunk of decode steps only (see `Transformer.decode`): per layer, the
-  rows' first pages gathered into dense (k_BKHS, v_BKSH) (`paged_attention.paged_view`), which
-  the steps read and append to instead of gathering the pages every step."""
-
-  kv: jax.Array
-  views: tuple[tuple[jax.Array, jax.Array], ...] | None = None
-
-  @property
-  def page_size(self) -> int:
-    return self.kv.shape[3]
-
-  @property
-  def pages_per_shard(self) -> int:
-    return self.kv.shape[2] - 1
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class PromptPrefix:
-  """The earlier positions [0, length) of B prompts, held in the page pool a `prefill_into`
-  writes to, for a prefill that continues them (chunked prefill): row b's positions are in
-  the pages pages_BM[b] of data shard shard_B[b] of the pool [L, D, P + 1, C, 2K, H]
-  (`PagedKVCache.kv`); pages_BM covers at least `length` positions."""
-
-  shard_B: jax.Array  # int32
-  pages_BM: jax.Array  # int32 local page ids in position order
-  length: jax.Array  # int32 scalar: positions before the prefill's tokens, same in every row
-
-  def layer(self, kv: jax.Array, layer: Any) -> tuple[jax.Array, jax.Array]:
-    """Layer `layer`'s prefix in pool `kv` as dense (k_BSKH, v_BSKH), S = M * C."""
-    l, d, p, c, x, h = kv.shape
-    b, m = self.pages_BM.shape
-    kv_BSXH = kv[layer][self.shard_B[:, None], self.pages_BM].reshape(b, m * c, x, h)
-    return kv_BSXH[:, :, 0::2], kv_BSXH[:, :, 1::2]
-
-  def read(self, kv: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Every layer's prefix in pool `kv`: (k_LBSKH, v_LBSKH), one layer's gather at a time
-    (one gather over all layers made the TPU compiler relay the whole pool out)."""
-    ks, vs = zip(*(self.layer(kv, i) for i in range(kv.shape[0])))
-    return jnp.stack(ks), jnp.stack(vs)
-
-  def valid(self, size: int) -> jax.Array:
-    """[B, size]: which of the dense prefix's positions hold the prefix."""
-    b = self.pages_BM.shape[0]
-    return jnp.broadcast_to(jnp.arange(size, dtype=jnp.int32)[None, :] < self.length,
-                            (b, size))
-
-
-def init_pages(cfg: ModelConfig, shards: int, pages: int, page_size: int,
-               dtype: str | None = None) -> PagedKVCache:
-  """An empty page pool (zeros); dtype defaults to cfg.dtype. Trace it under jit with
-  out_shardings (`sharding.cache_shardings`) to create it on a mesh."""
-  dt = jnp.dtype(dtype or cfg.dtype)
-  shape = (cfg.num_layers, shards, pages + 1, page_size, 2 * cfg.num_kv_heads, cfg.head_dim)
-  return PagedKVCache(kv=jnp.zeros(shape, dt))
 
 
 class Embedder(nnx.Module):
@@ -261,10 +194,10 @@ class Transformer(nnx.Module):
     return jnp.moveaxis(experts_LBTK[jnp.asarray(self.sparse_layers())], 0, 2)
 
   def decode(self, tokens_B1: jax.Array, pos_B: jax.Array, active_B: jax.Array,
-             cache: PagedKVCache, table_BM: jax.Array, *, view_pages: int,
+             cache: kv_cache.PagedKVCache, table_BM: jax.Array, *, view_pages: int,
              mesh: jax.sharding.Mesh | None = None, layer_states: list[Any] | None = None,
              record_routing: bool = False,
-             ) -> tuple[jax.Array, PagedKVCache] | tuple[jax.Array, PagedKVCache, jax.Array]:
+             ) -> tuple[jax.Array, kv_cache.PagedKVCache] | tuple[jax.Array, kv_cache.PagedKVCache, jax.Array]:
     """One token per row through the paged cache: (logits_B1V, updated cache), and with
     `record_routing` (an MoE model) the experts each row's token went to in each sparse
     layer, experts_BLK int32 (L = len(`sparse_layers()`)).
@@ -306,7 +239,7 @@ class Transformer(nnx.Module):
                                                  None if views is None else views[i])
         new_views.append(view)
         experts.append(experts_B1K)
-      cache = PagedKVCache(kv=pool, views=None if views is None else tuple(new_views))
+      cache = kv_cache.PagedKVCache(kv=pool, views=None if views is None else tuple(new_views))
       experts_LB1K = jnp.stack(experts) if record_routing else None
     else:
       def body(carry, xs):
@@ -315,19 +248,19 @@ class Transformer(nnx.Module):
 
       (x_B1D, pool), experts_LB1K = jax.lax.scan(body, (x_B1D, cache.kv),
                                                  (state_L, jnp.arange(self.cfg.num_layers)))
-      cache = PagedKVCache(kv=pool)
+      cache = kv_cache.PagedKVCache(kv=pool)
     logits_B1V = self.logits(self.norm(x_B1D))
     if not record_routing:
       return logits_B1V, cache
     return logits_B1V, cache, self._sparse_records(experts_LB1K)[:, 0]
 
-  def with_views(self, cache: PagedKVCache, table_BM: jax.Array, view_pages: int, *,
-                 mesh: jax.sharding.Mesh | None = None) -> PagedKVCache:
+  def with_views(self, cache: kv_cache.PagedKVCache, table_BM: jax.Array, view_pages: int, *,
+                 mesh: jax.sharding.Mesh | None = None) -> kv_cache.PagedKVCache:
     """`cache` carrying every layer's `paged_attention.paged_view` of the rows' first
     `view_pages` pages, for a chunk of `decode(layer_states=...)` steps whose rows all stay
-    within those pages (drop the views with `PagedKVCache(kv=cache.kv)` after the chunk; the
+    within those pages (drop the views with `kv_cache.PagedKVCache(kv=cache.kv)` after the chunk; the
     pool itself is kept up to date by every step)."""
-    return PagedKVCache(kv=cache.kv, views=tuple(
+    return kv_cache.PagedKVCache(kv=cache.kv, views=tuple(
         paged_attention.paged_view(cache.kv, i, table_BM, view_pages, mesh=mesh)
         for i in range(self.cfg.num_layers)))
 
@@ -360,7 +293,7 @@ class Transformer(nnx.Module):
   def prefill_into(self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array,
                    pool: jax.Array, write: Callable[..., jax.Array], *,
                    activation_sharding: jax.sharding.NamedSharding | None = None,
-                   prefix: PromptPrefix | None = None, prefix_in_loop: bool = True,
+                   prefix: kv_cache.PromptPrefix | None = None, prefix_in_loop: bool = True,
                    record_routing: bool = False,
                    ) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, jax.Array]:
     """`prefill` writing each layer's keys and values into `pool` inside the layer loop.
@@ -399,7 +332,7 @@ class Transformer(nnx.Module):
 
   def _scan(self, carry: Any, positions_BT: jax.Array, mask_BT: jax.Array,
             policy: Callable | None, activation_sharding: jax.sharding.NamedSharding | None,
-            keep_kv: bool = False, prefix: PromptPrefix | None = None,
+            keep_kv: bool = False, prefix: kv_cache.PromptPrefix | None = None,
             write: Callable[..., jax.Array] | None = None, prefix_in_loop: bool = True,
             recorded_L: jax.Array | None = None, recorded_BT: jax.Array | None = None,
             replay: bool = False, record: bool = False,

@@ -12,7 +12,7 @@ from flax import nnx
 from jaxrl_scale.config import SamplerConfig
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import decode, engine, records
-from jaxrl_scale.models import sharding, transformer
+from jaxrl_scale.models import kv_cache, sharding
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.parallel import transfer
 
@@ -149,7 +149,7 @@ def _prefill_pages(model, tokens_1T, t, cache):
   # Keys at even heads, values at odd: [L, T, K, 2, H] -> pages [L, M, C, 2K, H].
   kv_LTK2H = jnp.stack([k_L1TKH[:, 0], v_L1TKH[:, 0]], axis=3)
   pages_LMCXH = kv_LTK2H.reshape(l, width // _PAGE, _PAGE, 2 * kv, h)
-  return transformer.PagedKVCache(kv=cache.kv.at[:, 0, :width // _PAGE].set(pages_LMCXH))
+  return kv_cache.PagedKVCache(kv=cache.kv.at[:, 0, :width // _PAGE].set(pages_LMCXH))
 
 
 @jax.jit
@@ -164,7 +164,7 @@ def _continue_greedy(model_a, model_b, prompt, tokens, k, n, width=32):
   t = len(inputs)
   padded = jnp.asarray([inputs + [0] * (width - t)])  # one compiled shape for every prompt
   pages = (width + n) // _PAGE
-  cache = transformer.init_pages(model_a.cfg, shards=1, pages=pages, page_size=_PAGE)
+  cache = kv_cache.init_pages(model_a.cfg, shards=1, pages=pages, page_size=_PAGE)
   table = jnp.arange(pages, dtype=jnp.int32)[None]
   cache = _prefill_pages(model_a, padded, t, cache)
   out, last = [], tokens[k - 1]

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from jaxrl_scale.models import config, sharding, transformer
+from jaxrl_scale.models import config, kv_cache, sharding
 
 
 def _mesh(shape, axes=("fsdp", "tp")):
@@ -54,7 +54,7 @@ def test_sharded_paged_decode_matches_full_forward(tiny_model):
   mesh = _mesh((2, 2), ("data", "tp"))
   model = sharding.shard_model(tiny_model("tiny_llama"), mesh)
   shardings = sharding.cache_shardings(cfg, mesh)
-  cache = jax.jit(lambda: transformer.init_pages(cfg, shards=2, pages=3, page_size=2),
+  cache = jax.jit(lambda: kv_cache.init_pages(cfg, shards=2, pages=3, page_size=2),
                   out_shardings=shardings)()
   assert cache.kv.shape == (cfg.num_layers, 2, 4, 2, 2 * cfg.num_kv_heads, cfg.head_dim)
   assert cache.kv.sharding.spec == P(None, "data", None, None, "tp", None)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl_scale.models import config, transformer
+from jaxrl_scale.models import config, kv_cache, transformer
 
 # Every test uses the same shapes (sequences of L, pools of ROWS rows, prefill buckets of
 # BUCKET) so that each model compiles each path once.
@@ -50,7 +50,7 @@ class Pages:
 
   def __init__(self, model, cfg, seed=0):
     self.model = model
-    self.cache = transformer.init_pages(cfg, shards=1, pages=PAGES, page_size=PAGE)
+    self.cache = kv_cache.init_pages(cfg, shards=1, pages=PAGES, page_size=PAGE)
     order = np.random.default_rng(seed).permutation(PAGES)
     self.table = order[:ROWS * (L // PAGE)].reshape(ROWS, L // PAGE).astype(np.int32)
 
@@ -63,7 +63,7 @@ class Pages:
         page, off = self.table[b, t // PAGE], t % PAGE
         kv[:, 0, page, off, 0::2] = np.asarray(k_LBTKH)[:, b, t]
         kv[:, 0, page, off, 1::2] = np.asarray(v_LBTKH)[:, b, t]
-    self.cache = transformer.PagedKVCache(kv=jnp.asarray(kv))
+    self.cache = kv_cache.PagedKVCache(kv=jnp.asarray(kv))
     return np.asarray(nnx.jit(lambda m, x: m.logits(x))(self.model, h))
 
   def decode(self, rows: dict[int, tuple[int, int]]) -> np.ndarray:
@@ -412,14 +412,14 @@ def test_prefill_into_continues_a_prefix_in_the_pages(model_cfg, in_loop):
     pos_BT = jnp.broadcast_to(start + jnp.arange(length), (ROWS, length))
     prefix = None
     if start:
-      prefix = transformer.PromptPrefix(
+      prefix = kv_cache.PromptPrefix(
           shard_B=jnp.zeros((ROWS,), jnp.int32), pages_BM=jnp.asarray(table)[:, :start // PAGE],
           length=jnp.int32(start))
     return model.prefill_into(jnp.asarray(seqs)[:, start:start + length], pos_BT,
                               jnp.ones((ROWS, length), bool), pool, write_at(start),
                               prefix=prefix, prefix_in_loop=in_loop)
 
-  pool = transformer.init_pages(cfg, shards=1, pages=PAGES, page_size=PAGE).kv
+  pool = kv_cache.init_pages(cfg, shards=1, pages=PAGES, page_size=PAGE).kv
   h_first, pool = piece(model, pool, 0, 8)
   h_second, pool = piece(model, pool, 8, L - 8)
   np.testing.assert_allclose(h_first, np.asarray(h_full)[:, :8], atol=1e-5, rtol=0)
