@@ -9,7 +9,9 @@ issue item):
 
 - the decode kernel's numbers on the device first (paged_decode_check: the Triton kernel
   against the gather and a float32 attention, bf16 and float32, at Qwen3-0.6B's attention
-  shape; the tests can only run it in interpret mode on CPU).
+  shape, with each read's time and GB/s of live KV; the tests can only run it in interpret
+  mode on CPU); after the two remat-full train steps, its block sizes and warps timed at
+  batch 64 and 256 (`--sweep`: what to set `paged_triton`'s defaults to).
 - decode (sampler_bench): a random Qwen3-0.6B-shaped checkpoint (hidden 1024, 28 layers,
   16 heads of 128, 8 kv heads, MLP 3072, vocab 151936, tied; written once with
   transformers, in bfloat16), bf16, 128 prompt + 512 new tokens, at batch 256 and 64, with
@@ -96,6 +98,7 @@ RUNS = [
     ("train_0p6b_32x2048_cudnn_full", 7, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           profile=True)),
+    ("decode_kernel_sweep", 2, "check", dict(sweep=True)),
     ("train_0p6b_32x2048_cudnn_dots", 3, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           remat="dots")),
@@ -124,7 +127,8 @@ RUNS = [
 ]
 BENCHES = {"train": "train_step_bench", "sampler": "sampler_bench",
            "check": "paged_decode_check"}
-TIMEOUT_S = {"train_1p7b": 200.0, "train": 130.0, "sampler": 120.0, "check": 90.0}
+TIMEOUT_S = {"train_1p7b": 200.0, "train": 130.0, "sampler": 120.0, "check": 90.0,
+             "sweep": 120.0}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -285,8 +289,9 @@ def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
       continue
     run = dict(name=name, item=item, bench=BENCHES[bench], **o)
     if bench == "check":
-      run["argv"] = ["paged_decode_check.py", *(["--quick"] if smoke else []), "--json"]
-      run["timeout_s"] = TIMEOUT_S["check"]
+      run["argv"] = ["paged_decode_check.py", *(["--quick"] if smoke else []),
+                     *(["--sweep"] if o.get("sweep") else []), "--json"]
+      run["timeout_s"] = TIMEOUT_S["sweep" if o.get("sweep") else "check"]
     elif bench == "train":
       big = o["preset"] == "qwen3_1p7b"
       run["rows"] = o["prompts"] * o["gens"]
@@ -336,12 +341,22 @@ def last_json(text: str) -> dict | None:
 
 
 def summary(runs: list[dict], out_dir: str | None = None) -> dict:
-  """The comparisons the issue asks for, from whatever ran: decode kernel vs gather per
-  batch (tok/s, roofline, and with `out_dir` the share of equal greedy tokens), each train
-  variant's MFU and step time against its shape's cuDNN remat-full run."""
+  """The comparisons the issue asks for, from whatever ran: the decode kernel's accuracy and
+  read bandwidth beside the gather's, its fastest block configuration per batch; decode
+  kernel vs gather per batch (tok/s, roofline, and with `out_dir` the share of equal greedy
+  tokens), each train variant's MFU and step time against its shape's cuDNN remat-full run."""
   by = {r["name"]: r.get("report") or {} for r in runs if r.get("rc") == 0}
   planned = {r["name"]: r["predicted"] for r in runs if r.get("predicted")}
   out = {}
+  check = by.get("decode_kernel_check", {}).get("bfloat16")
+  if check:
+    out["decode_kernel_bf16"] = {k: check[k] for k in (
+        "triton_vs_gather", "triton_vs_f32", "triton_us", "gather_us", "triton", "gather")
+        if k in check}
+  swept = by.get("decode_kernel_sweep", {}).get("sweep")
+  if swept:
+    out["decode_kernel_sweep"] = dict(defaults=swept.get("defaults"), best=swept.get("best"),
+                                      errors=sum("error" in r for r in swept.get("runs", [])))
   for batch in (64, 256):
     kernel, gather = by.get(f"decode_b{batch}_triton"), by.get(f"decode_b{batch}_gather")
     if kernel and gather and gather.get("ours_tok_s"):

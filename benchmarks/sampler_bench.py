@@ -71,7 +71,7 @@ import gpu_profile  # benchmarks/ is on sys.path when run
 from train_step_bench import matmul_peak
 
 # Peak HBM bandwidth (GB/s) of common accelerators, for the roofline line; --hbm-gbps wins.
-_PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "TPU v4": 1200.0,
+PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "TPU v4": 1200.0,
               "TPU v5e": 819.0, "TPU v5p": 2765.0, "TPU v6e": 1640.0}
 
 
@@ -318,7 +318,7 @@ def _roofline(sampler, model_cfg, args, step_seconds: float, live_len: float,
   peak = args.hbm_gbps
   if peak is None:
     kind = device.device_kind
-    peak = next((v for k, v in _PEAK_GBPS.items() if k.lower() in kind.lower()), None)
+    peak = next((v for k, v in PEAK_GBPS.items() if k.lower() in kind.lower()), None)
   if peak is None:
     return f"roofline: unknown peak bandwidth for {device.device_kind}; pass --hbm-gbps", {}
   # Every weight is read once per step, except an untied input embedding: a gather of the

@@ -34,9 +34,15 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
                         "--dry-run"], capture_output=True, text=True, timeout=60, check=True)
   lines = out.stdout.strip().splitlines()
-  assert len(lines) == len(gpu_suite.RUNS) == 16
+  assert len(lines) == len(gpu_suite.RUNS) == 17
   assert lines[0].startswith("decode_kernel_check (item 2)")
-  assert "paged_decode_check.py" in lines[0]
+  assert "paged_decode_check.py" in lines[0] and "--sweep" not in lines[0]
+  # The kernel's block sizes are timed once the two headline train steps have run.
+  names = [x.split(" ")[0] for x in lines]
+  sweep = names.index("decode_kernel_sweep")
+  assert "paged_decode_check.py --sweep" in lines[sweep]
+  assert sweep > max(names.index("train_1p7b_16x4096_cudnn_full"),
+                     names.index("train_0p6b_32x2048_cudnn_full"))
   assert lines[1].startswith("decode_b256_triton (item 2)") and "--profile" in lines[1]
   decode = [x for x in lines if "sampler_bench.py" in x]
   assert len(decode) == 6 and all("--save-tokens" in x for x in decode)
@@ -252,3 +258,6 @@ def test_cpu_smoke_runs_every_variant(tmp_path):
   # The tokens stayed out of $OUT, but the kernel/gather comparison still read them.
   assert suite["summary"]["decode_b256"]["greedy_tokens_equal"] == 1.0
   assert suite["summary"]["decode_b64"]["greedy_tokens_equal"] == 1.0
+  assert suite["summary"]["decode_kernel_bf16"]["triton_vs_f32"] < 0.05
+  swept = suite["summary"]["decode_kernel_sweep"]
+  assert swept["errors"] == 0 and set(swept["best"]) == {"4"}

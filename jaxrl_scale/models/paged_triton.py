@@ -42,13 +42,20 @@ QUERY_HEADS_PER_BLOCK = 16
 # back: with a split per 128-position block, Qwen3-0.6B at batch 256 and 128 + 512 tokens
 # spent a fifth of its decode bytes on them (`plan --topology h100`). Untuned on a GPU.
 TARGET_PROGRAMS = 1024
+# Triton's launch parameters for the kernel (JAX's wrapper: 8 warps, 2 stages). Untuned on a
+# GPU; benchmarks/paged_decode_check.py --sweep times the kernel over these and the block
+# sizes above.
+NUM_WARPS = 8
+NUM_STAGES = 2
 
 
 def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.Array,
                             lens_B: jax.Array, *, interpret: bool = False,
                             kv_tokens_per_block: int = KV_TOKENS_PER_BLOCK,
                             max_splits: int = MAX_SPLITS,
-                            target_programs: int = TARGET_PROGRAMS) -> jax.Array:
+                            target_programs: int = TARGET_PROGRAMS,
+                            num_warps: int = NUM_WARPS,
+                            num_stages: int = NUM_STAGES) -> jax.Array:
   """One query per row over its pages of an interleaved pool.
 
   Args:
@@ -61,6 +68,7 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
     interpret: run the kernel in Pallas interpret mode (any platform; for tests on CPU).
     kv_tokens_per_block, max_splits, target_programs: block sizes and how far a row's
       pages split (see the module constants and `num_splits`).
+    num_warps, num_stages: Triton's launch parameters (`NUM_WARPS`, `NUM_STAGES`).
 
   Returns:
     out_BNH in q's dtype.
@@ -82,7 +90,7 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
   dtype = q_BNH.dtype
   q_BNH = (q_BNH.astype(jnp.float32) * h ** -0.5).astype(kv_QCXH.dtype)
   one = functools.partial(_row, pages_per_block=pages_per_block, splits=splits,
-                          interpret=interpret)
+                          interpret=interpret, num_warps=num_warps, num_stages=num_stages)
   out_BNH = jax.vmap(one, (0, None, 0, 0))(q_BNH, kv_QCXH, table_BM,
                                            lens_B.astype(jnp.int32)[:, None])
   return out_BNH.astype(dtype)
@@ -98,7 +106,8 @@ def num_splits(rows: int, heads: int, kv_heads: int, blocks: int,
 
 
 def _row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: jax.Array, *,
-         pages_per_block: int, splits: int, interpret: bool) -> jax.Array:
+         pages_per_block: int, splits: int, interpret: bool, num_warps: int,
+         num_stages: int) -> jax.Array:
   """One row (vmapped over rows, as JAX's `paged_attention_unbatched`)."""
   n, h = q_NH.shape
   q_pages, c, x, _ = kv_QCXH.shape
@@ -137,7 +146,7 @@ def _row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: jax.Arr
                  jax.ShapeDtypeStruct((splits, k, gp), jnp.float32),
                  jax.ShapeDtypeStruct((splits, k, gp), jnp.float32)],
       interpret=interpret,
-      compiler_params=plgpu.CompilerParams(num_warps=8, num_stages=2),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       name="paged_decode_attention",
   )(q_KGH, kv_QCXH, None, kv_QCXH, None, table_M.reshape(splits, per_split), len_1)
   o_SKGH, l_SKG, m_SKG = o_SKGH[:, :, :g], l_SKG[:, :, :g], m_SKG[:, :, :g]

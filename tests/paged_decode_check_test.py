@@ -1,0 +1,66 @@
+"""benchmarks/paged_decode_check.py on CPU (interpret mode, tiny shapes): its timing loop
+and its block-size sweep. The numbers that matter come from a GPU (benchmarks/gpu_suite.py)."""
+
+import os
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import paged_decode_check  # noqa: E402  (benchmarks/ is not a package)
+
+
+def test_read_seconds_chains_every_step_and_hands_the_carry_on():
+  """The loop runs `reps` chained steps per call (a counter in the carry sees each one, over
+  the compile call and every timed call), and the carry goes from call to call."""
+  counter = jnp.zeros((), jnp.int32)
+  seen = []
+
+  def step(carry, inc):
+    seen.append(1)  # traced once
+    return carry + inc
+
+  sec, last = paged_decode_check.read_seconds(step, counter, (jnp.int32(1),), reps=7,
+                                             repeats=3)
+  assert sec > 0 and len(seen) == 1
+  assert int(last) == 7 * (1 + 3)  # the compile call and three timed calls, 7 steps each
+  sec, (n, x) = paged_decode_check.read_seconds(
+      lambda c, inc: (c[0] + inc, c[1] * 2), (jnp.zeros((), jnp.int32), jnp.ones(3)),
+      (jnp.int32(2),), reps=5, repeats=2)
+  assert int(n) == 2 * 5 * 3 and float(x[0]) == 2.0 ** 15
+
+
+def test_sweep_checks_every_configuration_against_float32_and_picks_the_fastest():
+  rng = np.random.default_rng(0)
+  report = paged_decode_check.sweep(rng, [4], 24, (4, 2, 16, 4), reps=2, repeats=1,
+                                    peak=None, interpret=True)
+  configs = paged_decode_check.sweep_configs(4)
+  assert len(report["runs"]) == len(configs) == 8
+  # Block sizes of 4, 8 and 16 pages, 4 and 8 warps, and the split target both ways.
+  assert {c["kv_tokens_per_block"] for c in configs} == {16, 32, 64, 128}
+  assert {c["num_warps"] for c in configs} == {4, 8}
+  assert all("error" not in r and r["max_abs_vs_f32"] < 0.02 for r in report["runs"])
+  best = report["best"]["4"]
+  assert best["us"] == min(r["us"] for r in report["runs"])
+  assert report["defaults"]["num_warps"] in (4, 8)
+
+
+def test_a_wrong_kernel_shows_in_the_sweep(monkeypatch):
+  """A configuration whose output is wrong is reported with its error against float32, not
+  hidden behind its time."""
+  from jaxrl_scale.models import paged_triton
+
+  real = paged_triton.triton_decode_attention
+
+  def broken(q, kv, table, lens, **kw):
+    out = real(q, kv, table, lens, **kw)
+    return out * 2 if kw.get("num_warps") == 4 else out
+
+  monkeypatch.setattr(paged_triton, "triton_decode_attention", broken)
+  rng = np.random.default_rng(1)
+  report = paged_decode_check.sweep(rng, [4], 24, (4, 2, 16, 4), reps=1, repeats=1,
+                                    peak=None, interpret=True)
+  errs = {r["num_warps"]: r["max_abs_vs_f32"] for r in report["runs"]}
+  assert errs[4] > 0.1 > errs[8]
