@@ -81,8 +81,8 @@ def plan_one(gpu: str, o: dict, bench: str, micro: int) -> dict:
   out.update({k: row.get(k) for k in (
       "fits", "hbm_bytes_per_chip", "hbm_capacity_bytes", "arguments_bytes_per_chip",
       "temporaries_bytes_per_chip", "flops_ratio", "bound_seconds", "bound_by", "mfu_bound",
-      "kernel_bound_seconds", "mfu_kernel_bound", "tokens_per_second", "bytes_over_min",
-      "error")})
+      "kernel_bound_seconds", "kernel_bound_seconds_by_family", "mfu_kernel_bound",
+      "tokens_per_second", "bytes_over_min", "error")})
   return out
 
 

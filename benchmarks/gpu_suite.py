@@ -245,7 +245,7 @@ def predictions(gpu_mib: int | None) -> dict[tuple[str, int], float]:
 
 def prediction_of(row: dict | None) -> dict | None:
   """What the plan said of a train run, to set beside what the GPU measured: temporaries
-  (GiB) and the roofline bounds (s), the whole program's and kernel by kernel."""
+  (GiB) and the roofline bounds (s), the whole program's and kernel by kernel (ms by family)."""
   if not row:
     return None
   out = {"temp_gib": round(row["temporaries_bytes_per_chip"] / 2**30, 2)
@@ -253,6 +253,9 @@ def prediction_of(row: dict | None) -> dict | None:
   for key in ("bound_seconds", "kernel_bound_seconds"):
     if row.get(key):
       out[key] = round(row[key], 4)
+  if row.get("kernel_bound_seconds_by_family"):
+    out["kernel_bound_ms_by_family"] = {
+        f: round(t * 1e3, 3) for f, t in row["kernel_bound_seconds_by_family"].items()}
   return out
 
 
@@ -390,6 +393,11 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
       if pred.get("kernel_bound_seconds"):
         out[name]["step_over_kernel_bound"] = round(
             rep["median_step_s"] / pred["kernel_bound_seconds"], 3)
+      # Per family where the step was profiled: which kernels run far from their rooflines.
+      fam, bound = rep.get("family_ms_per_step") or {}, pred.get("kernel_bound_ms_by_family") or {}
+      ratios = {f: round(fam[f] / bound[f], 3) for f in bound if bound[f] > 0 and f in fam}
+      if ratios:
+        out[name]["family_over_kernel_bound"] = ratios
   return out
 
 

@@ -113,6 +113,10 @@ def test_the_committed_predictions_cover_every_train_run():
       if run["bench"] == "train_step_bench" and not run.get("skip"):
         pred = run["predicted"]
         assert pred["kernel_bound_seconds"] >= pred["bound_seconds"] > 0, run["name"]
+        by_family = pred["kernel_bound_ms_by_family"]
+        assert {"matmul", "attention"} <= set(by_family), run["name"]
+        assert sum(by_family.values()) == pytest.approx(
+            pred["kernel_bound_seconds"] * 1e3, rel=1e-3), run["name"]
 
 
 def test_unknown_only_is_refused():
@@ -128,8 +132,12 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
           dict(name="decode_b256_gather", rc=0, report=dict(ours_tok_s=20000.0,
                                                               fraction_of_roofline=0.2)),
           dict(name="decode_b64_triton", rc=1, report=None),
-          dict(name="train_0p6b_32x2048_cudnn_full", rc=0, report=dict(median_step_s=2.0),
-               predicted=dict(temp_gib=27.7, bound_seconds=0.46, kernel_bound_seconds=0.8)),
+          dict(name="train_0p6b_32x2048_cudnn_full", rc=0,
+               report=dict(median_step_s=2.0, family_ms_per_step={
+                   "matmul": 900.0, "attention": 300.0, "other": 700.0, "copy": 100.0}),
+               predicted=dict(temp_gib=27.7, bound_seconds=0.46, kernel_bound_seconds=0.8,
+                              kernel_bound_ms_by_family={"matmul": 450.0, "attention": 100.0,
+                                                         "other": 250.0})),
           dict(name="train_0p6b_32x2048_cudnn_dots", rc=0, report=dict(median_step_s=1.5))]
   tokens = np.zeros((4, 8), np.int32)
   np.save(tmp_path / "tokens_decode_b256_triton.npy", tokens)
@@ -142,6 +150,8 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
   assert got["train_0p6b_32x2048_cudnn_dots"]["step_over_cudnn_full"] == 0.75
   full = got["train_0p6b_32x2048_cudnn_full"]
   assert full["step_over_kernel_bound"] == 2.5 and full["predicted"]["temp_gib"] == 27.7
+  # Each profiled family against its share of the bound (no bound for copies: no ratio).
+  assert full["family_over_kernel_bound"] == {"matmul": 2.0, "attention": 3.0, "other": 2.8}
   assert "step_over_kernel_bound" not in got["train_0p6b_32x2048_cudnn_dots"]  # no plan
 
 

@@ -84,7 +84,7 @@ def measure(program: programs_lib.Program, sl: chips_lib.Slice) -> dict[str, Any
                hbm_bytes_per_chip=int(need) if need is not None else None,
                compiled_flops_per_chip=None, bytes_accessed_per_chip=None,
                bound_seconds=None, mfu_bound=None, kernel_bound_seconds=None,
-               mfu_kernel_bound=None)
+               kernel_bound_seconds_by_family=None, mfu_kernel_bound=None)
     return row
   row["compile_seconds"] = time.perf_counter() - t0
   stats = compiled.memory_analysis()
@@ -109,6 +109,8 @@ def measure(program: programs_lib.Program, sl: chips_lib.Slice) -> dict[str, Any
       mfu_bound=(row["model_flops_per_chip"] / (chip.peak_flops * bound)
                  if bound > 0 and program.model_flops else None),
       kernel_bound_seconds=cost.kernel_seconds,
+      kernel_bound_seconds_by_family={
+          f: cost.family_seconds[f] for f in hlo_cost.FAMILIES if f in cost.family_seconds},
       collective_bytes_per_chip=cost.collective_bytes,
       mfu_kernel_bound=(row["model_flops_per_chip"] / (chip.peak_flops * cost.kernel_seconds)
                         if cost.kernel_seconds > 0 and program.model_flops else None),
@@ -216,6 +218,11 @@ def table(plan: dict[str, Any]) -> str:
   lines.append("  (GiB per chip; 'optim' includes buffers resident beside the program; "
                "bound s: the whole program's roofline, kernels s: each kernel's summed, the "
                "tighter; MFU<= and tok/s job-wide at 'bound s')")
+  for name, r in plan["programs"].items():
+    fam = r.get("kernel_bound_seconds_by_family")
+    if fam and r.get("kernel_bound_seconds"):
+      lines.append(f"  {name} kernels s by family: " + ", ".join(
+          f"{f} {t:.3g} ({t / r['kernel_bound_seconds']:.0%})" for f, t in fam.items()))
   dec = plan["programs"].get("decode", {})
   if dec.get("tokens_per_second_per_chip"):
     lines.append(f"  decode roofline: {dec['tokens_per_second_per_chip']:,.0f} tok/s per chip "

@@ -195,6 +195,58 @@ def test_kernel_seconds_sum_each_kernels_own_roofline():
   assert loop.kernel_seconds == pytest.approx(7 * 2 * 4**3 / peak, rel=1e-3)
 
 
+FAMILIES_HLO = """HloModule m
+
+%body (p: (s32[], f32[64,64])) -> (s32[], f32[64,64]) {
+  %p = (s32[], f32[64,64]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[64,64] get-tuple-element(%p), index=1
+  %d = f32[64,64] dot(%x, %x), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %e = f32[64,64] exponential(%d)
+  %c = f32[64,64] copy(%e)
+  %f = f32[64,64] custom-call(%c), custom_call_target="__cudnn$fmhaSoftmax"
+  %g = f32[64,64] custom-call(%f), custom_call_target="__gpu$xla.gpu.triton", backend_config={name = "paged_decode_attention"}
+  %h = f32[64,64] custom-call(%g), custom_call_target="__gpu$xla.gpu.triton", backend_config={name = "rms_norm"}
+  %one = s32[] constant(1)
+  %n = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[64,64]) tuple(%n, %h)
+}
+
+%cond (p: (s32[], f32[64,64])) -> pred[] {
+  %p = (s32[], f32[64,64]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %k = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %k), direction=LT
+}
+
+ENTRY %main (a: f32[64,64]) -> f32[64,64] {
+  %a = f32[64,64] parameter(0)
+  %z = s32[] constant(0)
+  %t = (s32[], f32[64,64]) tuple(%z, %a)
+  %w = (s32[], f32[64,64]) while(%t), condition=%cond, body=%body
+  ROOT %r = f32[64,64] get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_kernel_seconds_split_by_family():
+  """Each kernel's roofline time goes to its family, loop iterations included: the dot to
+  matmul; cuDNN's attention and the Triton paged kernel (by the kernel name it carries) to
+  attention; the copy to copy; the exponential, the loop counter and a Triton kernel of
+  another name to other. The families add up to the kernel-by-kernel bound."""
+  peak, bandwidth = 1e6, 1e9
+  cost = hlo_cost.analyze(FAMILIES_HLO, rates=(peak, bandwidth))
+  move = 2 * 64 * 64 * 4 / bandwidth  # read and write one f32[64, 64]
+  counter = 3 * 4 / bandwidth  # the s32 add: two operands read, one written
+  want = {"matmul": 3 * 2 * 64**3 / peak, "attention": 3 * 2 * move, "copy": 3 * move,
+          "other": 3 * (2 * move + counter)}
+  assert set(cost.family_seconds) == set(want) == set(hlo_cost.FAMILIES)
+  for f, t in want.items():
+    assert cost.family_seconds[f] == pytest.approx(t, rel=1e-9), f
+  assert sum(cost.family_seconds.values()) == pytest.approx(cost.kernel_seconds, rel=1e-12)
+  assert hlo_cost.analyze(FAMILIES_HLO).family_seconds == {}  # no rates, no times
+
+
 COND_HLO = """HloModule m
 
 %costly (p: f32[64,64]) -> f32[64,64] {
