@@ -114,7 +114,9 @@ def test_the_committed_predictions_cover_every_train_run():
         pred = run["predicted"]
         assert pred["kernel_bound_seconds"] >= pred["bound_seconds"] > 0, run["name"]
         by_family = pred["kernel_bound_ms_by_family"]
-        assert {"matmul", "attention"} <= set(by_family), run["name"]
+        # cuDNN's fused attention is its own family; the einsum baseline's is matmuls.
+        assert "matmul" in by_family, run["name"]
+        assert ("attention" in by_family) == (run["attention"] == "cudnn"), run["name"]
         assert sum(by_family.values()) == pytest.approx(
             pred["kernel_bound_seconds"] * 1e3, rel=1e-3), run["name"]
 
