@@ -19,8 +19,8 @@ TINY = ["mesh.trainer_devices=2", "mesh.generator_devices=2", "rl.prompts_per_st
 
 KEYS = {"chips", "hbm_bytes_per_chip", "hbm_capacity_bytes", "fits", "compiled_flops_per_chip",
         "model_flops_per_chip", "bytes_accessed_per_chip", "bound_seconds", "mfu_bound",
-        "kernel_bound_seconds", "mfu_kernel_bound", "collective_bytes_per_chip",
-        "compile_seconds"}
+        "kernel_bound_seconds", "kernel_bound_seconds_by_family", "mfu_kernel_bound",
+        "collective_bytes_per_chip", "compile_seconds"}
 
 
 def test_tiny_recipe_plans_on_v5e(capsys):
@@ -48,6 +48,11 @@ def test_tiny_recipe_plans_on_v5e(capsys):
   peak = plan["chip_spec"]["peak_flops"]
   for row in plan["programs"].values():
     assert row["kernel_bound_seconds"] >= row["compiled_flops_per_chip"] / peak * (1 - 1e-9)
+    # ... and split by kernel family, which adds up to it.
+    assert sum(row["kernel_bound_seconds_by_family"].values()) == pytest.approx(
+        row["kernel_bound_seconds"])
+  # The train step's splash kernels and matmuls each have their family.
+  assert {"matmul", "attention"} <= set(train["kernel_bound_seconds_by_family"])
   # Two trainer chips: the gradients cross between them.
   assert train["collective_bytes_per_chip"] > 0
   assert train["mfu_kernel_bound"] == pytest.approx(
@@ -151,6 +156,10 @@ def test_decode_row_counts_the_minimum_bytes(capsys):
   text = report.table(plan)
   assert f"decode bytes: {row['bytes_over_min']:.2f}x the minimum per chip" in text
   assert "train step: optim.remat none, optim.micro_batch_prompts 4" in text
+  fam = row["kernel_bound_seconds_by_family"]
+  assert "  decode kernels s by family: " + ", ".join(
+      f"{f} {t:.3g} ({t / row['kernel_bound_seconds']:.0%})" for f, t in fam.items()) in text
+  assert list(fam) == [f for f in ("matmul", "attention", "copy", "other") if f in fam]
 
 
 def test_advice_tells_a_compiler_refusal_from_a_shortfall():
