@@ -5,13 +5,16 @@
     python benchmarks/gpu_suite.py --cpu-smoke                            # every variant, tiny
 
 The variants, most important first (a budget cut drops the tail; `RUNS` has each one's
-issue item):
+issue item): the decode kernel's check, then one run for each of the issue's four targets
+(decode with the Triton kernel at batch 256, the two headline train steps, decode at batch
+64), then the kernel's block-size sweep, then the comparisons (the gather, remat, flags,
+logits chunk, command buffers, the einsum baselines, transformers).
 
 - the decode kernel's numbers on the device first (paged_decode_check: the Triton kernel
   against the gather and a float32 attention, bf16 and float32, at Qwen3-0.6B's attention
   shape, with each read's time and GB/s of live KV; the tests can only run it in interpret
-  mode on CPU); after the two remat-full train steps, its block sizes and warps timed at
-  batch 64 and 256 (`--sweep`: what to set `paged_triton`'s defaults to).
+  mode on CPU); after the targets' runs, its block sizes and warps timed at batch 64 and
+  256 (`--sweep`: what to set `paged_triton`'s defaults to).
 - decode (sampler_bench): a random Qwen3-0.6B-shaped checkpoint (hidden 1024, 28 layers,
   16 heads of 128, 8 kv heads, MLP 3072, vocab 151936, tied; written once with
   transformers, in bfloat16), bf16, 128 prompt + 512 new tokens, at batch 256 and 64, with
@@ -91,14 +94,15 @@ CUBLAS_GEMM = "--xla_gpu_enable_triton_gemm=false"
 RUNS = [
     ("decode_kernel_check", 2, "check", {}),
     ("decode_b256_triton", 2, "sampler", dict(batch=256, decode="triton", profile=True)),
-    ("decode_b256_gather", 2, "sampler", dict(batch=256, decode="gather", profile=True)),
     ("train_1p7b_16x4096_cudnn_full", 7, "train",
      dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
           profile=True)),
     ("train_0p6b_32x2048_cudnn_full", 7, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           profile=True)),
+    ("decode_b64_triton", 2, "sampler", dict(batch=64, decode="triton")),
     ("decode_kernel_sweep", 2, "check", dict(sweep=True)),
+    ("decode_b256_gather", 2, "sampler", dict(batch=256, decode="gather", profile=True)),
     ("train_0p6b_32x2048_cudnn_dots", 3, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           remat="dots")),
@@ -108,7 +112,6 @@ RUNS = [
     ("train_0p6b_32x2048_cudnn_full_cublas", 5, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           xla_flags=CUBLAS_GEMM)),
-    ("decode_b64_triton", 2, "sampler", dict(batch=64, decode="triton")),
     ("decode_b64_gather", 2, "sampler", dict(batch=64, decode="gather")),
     ("train_0p6b_32x2048_cudnn_attention", 3, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
