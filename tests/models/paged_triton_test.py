@@ -155,7 +155,13 @@ def test_lowers_for_cuda_to_one_triton_call_on_the_pool_itself():
           jax.ShapeDtypeStruct((rows, width), jnp.int32),
           jax.ShapeDtypeStruct((rows,), jnp.int32))
   fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, interpret=False))
-  text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  # The target GPU named, as `plan` does with its deviceless topology: from jax 0.11 Pallas'
+  # Triton lowering asks the abstract mesh for it when no GPU is attached (0.10 assumed sm90).
+  h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132,
+                                     platform="gpu")
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",),
+                                                                abstract_device=h100)):
+    text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   calls = [x for x in text.splitlines() if "custom_call @__gpu$xla.gpu.triton" in x]
   assert len(calls) == 1
   operands = calls[0].split("triton(")[1].split(")")[0].split(", ")
