@@ -13,16 +13,18 @@ on CPU; this is the same check compiled for the GPU, where the tests cannot run.
 
 A read is timed as --reps reads chained inside one jitted loop (each read's queries are the
 last one's output, so none can be skipped or hoisted), median of --repeats calls after a
-compile, divided by --reps: one read alone would time the dispatch, not a kernel of tens of
+first, divided by --reps: one read alone would time the dispatch, not a kernel of tens of
 microseconds. Beside each time: the live keys and values the read must load (each row's
 positions, every kv head) over that time, in GB/s and as a fraction of the device's HBM
 bandwidth (sampler_bench's table; CPU: none).
 
---sweep, instead of the above: the bf16 Triton read at each batch of --sweep-batches (default 64 and 256, the
-GPU suite's decode batches) for every block configuration in `sweep_configs` (KV positions
-per kernel step, Triton warps, how far a row's pages split), each checked against the gather
-and timed as above; the fastest per batch is printed and kept in the JSON ("best"), next to
-the module's defaults (`paged_triton.KV_TOKENS_PER_BLOCK`, `NUM_WARPS`, `TARGET_PROGRAMS`).
+--sweep, instead of the above: the bf16 Triton read at each batch of --sweep-batches
+(default 64 and 256, the GPU suite's decode batches) for every block configuration in
+`sweep_configs` (KV positions per kernel step, Triton warps and pipeline stages, how far a
+row's pages split), each compiled once, one read checked against a float32 attention, then
+timed as above; the fastest per batch is printed and kept in the JSON ("best"), next to
+the module's defaults (`paged_triton.KV_TOKENS_PER_BLOCK`, `NUM_WARPS`, `NUM_STAGES`,
+`TARGET_PROGRAMS`).
 """
 
 from __future__ import annotations
@@ -43,34 +45,44 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def sweep_configs(page: int) -> list[dict]:
   """The Triton kernel's block configurations --sweep times: 4, 8 and 16 pages per kernel
-  step with 4 and 8 warps (rows' pages split as by default), then the default block with no
-  split at all and with splits up to a grid 4x the default's target."""
+  step with 4 and 8 warps and 1 and 2 software-pipeline stages (rows' pages split as by
+  default; each stage holds a block of keys and one of values in shared memory), then the
+  default block with no split at all and with splits up to a grid 4x the default's target."""
   from jaxrl_scale.models import paged_triton  # pylint: disable=g-import-not-at-top
 
-  out = [dict(kv_tokens_per_block=page * n, num_warps=w, target_programs=paged_triton.TARGET_PROGRAMS)
-         for n in (4, 8, 16) for w in (4, 8)]
+  out = [dict(kv_tokens_per_block=page * n, num_warps=w, num_stages=st,
+              target_programs=paged_triton.TARGET_PROGRAMS)
+         for n in (4, 8, 16) for w in (4, 8) for st in (1, 2)]
   out += [dict(kv_tokens_per_block=paged_triton.KV_TOKENS_PER_BLOCK,
-               num_warps=paged_triton.NUM_WARPS, target_programs=t)
+               num_warps=paged_triton.NUM_WARPS, num_stages=paged_triton.NUM_STAGES,
+               target_programs=t)
           for t in (1, 4 * paged_triton.TARGET_PROGRAMS)]
   return out
 
 
-def read_seconds(step, carry, consts: tuple, reps: int, repeats: int) -> tuple[float, object]:
-  """(seconds per `step(carry, *consts) -> carry`, the last carry): `reps` steps chained in
-  one jitted loop, median of `repeats` calls after a compile, over reps. The carry is donated
-  (a pool written in the loop is updated in place, not copied per call) and handed from call
-  to call; the caller's `carry` is consumed."""
+def chained(step):
+  """jit of (carry, n, *consts) -> carry: `step(carry, *consts) -> carry` n times in one
+  loop (n traced: one compile for any count). The carry is donated: a pool written in the
+  loop is updated in place, not copied per call."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  def loop(carry, *consts):
-    return jax.lax.fori_loop(0, reps, lambda i, c: step(c, *consts), carry)
+  def loop(carry, n, *consts):
+    return jax.lax.fori_loop(0, n, lambda i, c: step(c, *consts), carry)
 
-  fn = jax.jit(loop, donate_argnums=0)
-  carry = jax.block_until_ready(fn(carry, *consts))
+  return jax.jit(loop, donate_argnums=0)
+
+
+def read_seconds(fn, carry, consts: tuple, reps: int, repeats: int) -> tuple[float, object]:
+  """(seconds per step of `fn = chained(step)`, the last carry): `reps` steps a call, median
+  of `repeats` calls after a first (the compile, if any), over reps. The carry is handed
+  from call to call; the caller's `carry` is consumed."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  carry = jax.block_until_ready(fn(carry, reps, *consts))
   seconds = []
   for _ in range(repeats):
     t = time.perf_counter()
-    carry = jax.block_until_ready(fn(carry, *consts))
+    carry = jax.block_until_ready(fn(carry, reps, *consts))
     seconds.append(time.perf_counter() - t)
   return statistics.median(seconds) / reps, carry
 
@@ -108,9 +120,10 @@ def pool_for(rng, batch: int, max_len: int, page: int, k: int, h: int, dtype):
 
 
 def sweep(rng, batches: list[int], max_len: int, shape: tuple, reps: int, repeats: int,
-          peak: float | None, interpret: bool) -> dict:
-  """--sweep: the bf16 Triton read per block configuration (see the module docstring)."""
-  import jax  # pylint: disable=g-import-not-at-top
+          peak: float | None, interpret: bool, configs: list[dict] | None = None) -> dict:
+  """--sweep: the bf16 Triton read per block configuration (`configs`, default
+  `sweep_configs`; see the module docstring). Each configuration compiles once: one read
+  is checked against a float32 attention, then `reps` chained reads are timed."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   from jaxrl_scale.models import paged_attention, paged_triton  # pylint: disable=g-import-not-at-top
@@ -125,15 +138,16 @@ def sweep(rng, batches: list[int], max_len: int, shape: tuple, reps: int, repeat
     live = float((pos + 1).sum()) * 2 * k * h * 2  # bf16 keys and values of live positions
     ref = np.asarray(paged_attention.gather_decode_attention(
         q.astype(jnp.float32), pages_QCXH[jnp.asarray(table)].astype(jnp.float32), lens))
-    for cfg in sweep_configs(page):
+    consts = (pages_QCXH, jnp.asarray(table), lens)
+    for cfg in configs or sweep_configs(page):
       read = functools.partial(paged_triton.triton_decode_attention, interpret=interpret,
                                **cfg)
       row = dict(batch=batch, **cfg)
       try:
-        out = jax.jit(read)(q, pages_QCXH, jnp.asarray(table), lens)
+        fn = chained(lambda q, *rest, read=read: read(q, *rest).astype(q.dtype))
+        out = fn(jnp.array(q), 1, *consts)  # one read
         row["max_abs_vs_f32"] = float(np.abs(np.asarray(out.astype(jnp.float32)) - ref).max())
-        sec, _ = read_seconds(lambda q, *rest: read(q, *rest).astype(q.dtype), jnp.array(q),
-                              (pages_QCXH, jnp.asarray(table), lens), reps, repeats)
+        sec, _ = read_seconds(fn, jnp.array(q), consts, reps, repeats)
         row.update(us=round(sec * 1e6, 2), **bandwidth(live, sec, peak))
       except Exception as e:  # pylint: disable=broad-except
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -148,7 +162,7 @@ def sweep(rng, batches: list[int], max_len: int, shape: tuple, reps: int, repeat
       best[str(batch)] = min(timed, key=lambda r: r["us"])
       print(f"  fastest at batch {batch}: {best[str(batch)]}", flush=True)
   defaults = dict(kv_tokens_per_block=paged_triton.KV_TOKENS_PER_BLOCK,
-                  num_warps=paged_triton.NUM_WARPS,
+                  num_warps=paged_triton.NUM_WARPS, num_stages=paged_triton.NUM_STAGES,
                   target_programs=paged_triton.TARGET_PROGRAMS)
   return dict(defaults=defaults, reps=reps, runs=rows, best=best)
 
@@ -202,7 +216,7 @@ def main() -> int:
         out, pool, _ = fn(carry[0], k_new, v_new, carry[1], jnp.int32(0), table, pos, write)
         return out.astype(carry[0].dtype), pool
 
-      times[impl], _ = read_seconds(step, (jnp.array(q), jnp.array(pool)),
+      times[impl], _ = read_seconds(chained(step), (jnp.array(q), jnp.array(pool)),
                                  (jnp.asarray(table), jnp.asarray(pos), jnp.asarray(write)),
                                  reps, args.repeats)
     # A float32 reference over the written pool (the gather's write; the same for both).

@@ -14,37 +14,43 @@ import paged_decode_check  # noqa: E402  (benchmarks/ is not a package)
 
 def test_read_seconds_chains_every_step_and_hands_the_carry_on():
   """The loop runs `reps` chained steps per call (a counter in the carry sees each one, over
-  the compile call and every timed call), and the carry goes from call to call."""
-  counter = jnp.zeros((), jnp.int32)
+  the first call and every timed call), and the carry goes from call to call; the step
+  count is traced, so one compile serves one step and many."""
   seen = []
 
   def step(carry, inc):
     seen.append(1)  # traced once
     return carry + inc
 
-  sec, last = paged_decode_check.read_seconds(step, counter, (jnp.int32(1),), reps=7,
-                                             repeats=3)
+  fn = paged_decode_check.chained(step)
+  assert int(fn(jnp.zeros((), jnp.int32), 1, jnp.int32(5))) == 5
+  sec, last = paged_decode_check.read_seconds(fn, jnp.zeros((), jnp.int32), (jnp.int32(1),),
+                                              reps=7, repeats=3)
   assert sec > 0 and len(seen) == 1
-  assert int(last) == 7 * (1 + 3)  # the compile call and three timed calls, 7 steps each
+  assert int(last) == 7 * (1 + 3)  # the first call and three timed calls, 7 steps each
   sec, (n, x) = paged_decode_check.read_seconds(
-      lambda c, inc: (c[0] + inc, c[1] * 2), (jnp.zeros((), jnp.int32), jnp.ones(3)),
-      (jnp.int32(2),), reps=5, repeats=2)
+      paged_decode_check.chained(lambda c, inc: (c[0] + inc, c[1] * 2)),
+      (jnp.zeros((), jnp.int32), jnp.ones(3)), (jnp.int32(2),), reps=5, repeats=2)
   assert int(n) == 2 * 5 * 3 and float(x[0]) == 2.0 ** 15
 
 
 def test_sweep_checks_every_configuration_against_float32_and_picks_the_fastest():
-  rng = np.random.default_rng(0)
-  report = paged_decode_check.sweep(rng, [4], 24, (4, 2, 16, 4), reps=2, repeats=1,
-                                    peak=None, interpret=True)
   configs = paged_decode_check.sweep_configs(4)
-  assert len(report["runs"]) == len(configs) == 8
-  # Block sizes of 4, 8 and 16 pages, 4 and 8 warps, and the split target both ways.
+  # Blocks of 4, 8 and 16 pages, 4 and 8 warps, 1 and 2 stages, the split target both ways.
+  assert len(configs) == 3 * 2 * 2 + 2
   assert {c["kv_tokens_per_block"] for c in configs} == {16, 32, 64, 128}
   assert {c["num_warps"] for c in configs} == {4, 8}
+  assert {c["num_stages"] for c in configs} == {1, 2}
+  assert len({tuple(sorted(c.items())) for c in configs}) == len(configs)
+  rng = np.random.default_rng(0)
+  some = configs[:2] + configs[-1:]
+  report = paged_decode_check.sweep(rng, [4], 24, (4, 2, 16, 4), reps=2, repeats=1,
+                                    peak=None, interpret=True, configs=some)
+  assert len(report["runs"]) == 3
   assert all("error" not in r and r["max_abs_vs_f32"] < 0.02 for r in report["runs"])
   best = report["best"]["4"]
   assert best["us"] == min(r["us"] for r in report["runs"])
-  assert report["defaults"]["num_warps"] in (4, 8)
+  assert report["defaults"]["num_stages"] in (1, 2)
 
 
 def test_a_wrong_kernel_shows_in_the_sweep(monkeypatch):
@@ -60,7 +66,9 @@ def test_a_wrong_kernel_shows_in_the_sweep(monkeypatch):
 
   monkeypatch.setattr(paged_triton, "triton_decode_attention", broken)
   rng = np.random.default_rng(1)
+  configs = [c for c in paged_decode_check.sweep_configs(4) if c["num_stages"] == 2][:2]
+  assert {c["num_warps"] for c in configs} == {4, 8}
   report = paged_decode_check.sweep(rng, [4], 24, (4, 2, 16, 4), reps=1, repeats=1,
-                                    peak=None, interpret=True)
+                                    peak=None, interpret=True, configs=configs)
   errs = {r["num_warps"]: r["max_abs_vs_f32"] for r in report["runs"]}
   assert errs[4] > 0.1 > errs[8]
