@@ -13,7 +13,7 @@ logits chunk, command buffers, the einsum baselines, transformers).
 - the decode kernel's numbers on the device first (paged_decode_check: the Triton kernel
   against the gather and a float32 attention, bf16 and float32, at Qwen3-0.6B's attention
   shape, with each read's time and GB/s of live KV; the tests can only run it in interpret
-  mode on CPU); after the targets' runs, its block sizes and warps timed at batch 64 and
+  mode on CPU); after the targets' runs, its block sizes, warps and stages timed at batch 64 and
   256 (`--sweep`: what to set `paged_triton`'s defaults to).
 - decode (sampler_bench): a random Qwen3-0.6B-shaped checkpoint (hidden 1024, 28 layers,
   16 heads of 128, 8 kv heads, MLP 3072, vocab 151936, tied; written once with
