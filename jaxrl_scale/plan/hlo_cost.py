@@ -29,6 +29,7 @@ partitioning), finds each while loop's trip count, and sums:
           so this is a tighter lower bound on the program's time than max(all FLOPs / peak,
           all bytes / bandwidth). Collectives and asynchronous copies are left out: they may
           overlap compute, and their time over the chip interconnect is not modelled.
+          Split by kernel family (`family`: matmul, attention, copy, other) as well.
 
 Each computation's totals are multiplied by how often it runs: a while body by its trip
 count (from `known_trip_count`, else from its condition's `i < N` compare, the counter's
