@@ -88,6 +88,7 @@ def test_dense_same_loss_and_grads_and_the_saved_residual_is_split():
   assert part > 0 and whole == 0
 
 
+@pytest.mark.slow  # the dense case above runs by default (14 s each on 2 cores)
 def test_moe_same_loss_and_grads_and_the_saved_residual_is_split():
   # Weights of std 0.3 so that routing varies between tokens; the middle layer is dense
   # (the interleave's per-layer choice runs under the split carry too).
