@@ -126,7 +126,8 @@ def sweep(rng, batches: list[int], max_len: int, shape: tuple, reps: int, repeat
   is checked against a float32 attention, then `reps` chained reads are timed."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-  from jaxrl_scale.models import paged_attention, paged_triton  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from jaxrl_scale.models import paged_attention, paged_triton
 
   n, k, h, page = shape
   rows, best = [], {}

@@ -197,7 +197,8 @@ class Transformer(nnx.Module):
              cache: kv_cache.PagedKVCache, table_BM: jax.Array, *, view_pages: int,
              mesh: jax.sharding.Mesh | None = None, layer_states: list[Any] | None = None,
              record_routing: bool = False,
-             ) -> tuple[jax.Array, kv_cache.PagedKVCache] | tuple[jax.Array, kv_cache.PagedKVCache, jax.Array]:
+             ) -> (tuple[jax.Array, kv_cache.PagedKVCache]
+                   | tuple[jax.Array, kv_cache.PagedKVCache, jax.Array]):
     """One token per row through the paged cache: (logits_B1V, updated cache), and with
     `record_routing` (an MoE model) the experts each row's token went to in each sparse
     layer, experts_BLK int32 (L = len(`sparse_layers()`)).
@@ -258,8 +259,8 @@ class Transformer(nnx.Module):
                  mesh: jax.sharding.Mesh | None = None) -> kv_cache.PagedKVCache:
     """`cache` carrying every layer's `paged_attention.paged_view` of the rows' first
     `view_pages` pages, for a chunk of `decode(layer_states=...)` steps whose rows all stay
-    within those pages (drop the views with `kv_cache.PagedKVCache(kv=cache.kv)` after the chunk; the
-    pool itself is kept up to date by every step)."""
+    within those pages (drop the views with `kv_cache.PagedKVCache(kv=cache.kv)` after the
+    chunk; the pool itself is kept up to date by every step)."""
     return kv_cache.PagedKVCache(kv=cache.kv, views=tuple(
         paged_attention.paged_view(cache.kv, i, table_BM, view_pages, mesh=mesh)
         for i in range(self.cfg.num_layers)))
