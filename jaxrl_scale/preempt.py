@@ -62,7 +62,10 @@ class StopRequest:
     self.signum: int | None = None
     self._event = threading.Event()
     self._done = threading.Event()  # the run ended (the watchdog stands down)
-    self._lock = threading.Lock()
+    # Held while the callbacks run (re-entrant: a callback may ask again), so that a second
+    # request, e.g. the main thread's handler racing the watcher thread for one signal,
+    # returns only once every callback has run.
+    self._lock = threading.RLock()
     self._callbacks: list[Callable[[int], None]] = []
     self._installed = False
     self._sigints = 0
@@ -85,17 +88,21 @@ class StopRequest:
       callback(signum)
 
   def request(self, signum: int = signal.SIGTERM) -> None:
-    """What a signal does; idempotent, callable from any thread (tests call it directly)."""
+    """What a signal does; idempotent, callable from any thread (tests call it directly).
+
+    Returns once every subscribed callback has run, whichever call ran them: one signal
+    reaches both the main thread's handler and the watcher thread, and the loop's eval must
+    not start before the generator was told to stop.
+    """
     with self._lock:
       if self.signum is not None:
         return
       self.signum = signum
       self._event.set()
-      callbacks = list(self._callbacks)
-    if self.grace_s > 0 and self._installed:
-      threading.Thread(target=self._watchdog, name="preempt-watchdog", daemon=True).start()
-    for callback in callbacks:
-      callback(signum)
+      if self.grace_s > 0 and self._installed:
+        threading.Thread(target=self._watchdog, name="preempt-watchdog", daemon=True).start()
+      for callback in list(self._callbacks):
+        callback(signum)
 
   def _watchdog(self) -> None:
     if self._done.wait(self.grace_s):
