@@ -79,16 +79,30 @@ def test_long_completions_are_waited_for_never_dropped(prompt_source, fakes, k):
              for c in g.completions)
 
 
+def _settled(read, started, quiet_s=0.2, timeout_s=30.0):
+  """`read()` once `started(read())` holds and the value has not changed for `quiet_s` (a
+  busy test machine may take long to get there; a generator that never stops changing it
+  fails the test)."""
+  deadline = time.monotonic() + timeout_s
+  value, since = read(), time.monotonic()
+  while not started(value) or time.monotonic() - since < quiet_s:
+    assert time.monotonic() < deadline, f"not settled after {timeout_s} s: {value}"
+    time.sleep(0.01)
+    now = read()
+    if now != value:
+      value, since = now, time.monotonic()
+  return value
+
+
 def test_admission_bound_limits_outstanding_groups(prompt_source, fakes):
   slots = 8
   sampler = fakes.Sampler(num_slots=slots, length=lambda req: 1)
   src = _source(sampler, prompt_source, fakes, k=2, queue_size=8).start()
   try:
-    time.sleep(0.3)  # the trainer never comes: the generator must stop admitting
-    outstanding = src.admitter.num_outstanding
-    chunks = sampler.chunks
-    time.sleep(0.1)
-    assert sampler.chunks == chunks  # stalled, not spinning
+    # The trainer never comes: the generator must stop admitting and stop decoding
+    # (stalled, not spinning: the chunk count settles too).
+    outstanding, _ = _settled(lambda: (src.admitter.num_outstanding, sampler.chunks),
+                              started=lambda v: v[1] > 0)
   finally:
     src.close()
   # Admitted at version 0, group s is trained at version s // P <= 0 + k: (k + 1) * P groups.
@@ -114,9 +128,9 @@ def test_full_queue_pauses_admission(prompt_source, fakes):
   sampler = fakes.Sampler(num_slots=P * G, length=lambda req: 1)
   src = _source(sampler, prompt_source, fakes, k=8, queue_size=1).start()
   try:
-    time.sleep(0.3)
-    held = len(src.queue) + src.queue.pending
-    outstanding = src.admitter.num_outstanding
+    held, outstanding = _settled(
+        lambda: (len(src.queue) + src.queue.pending, src.admitter.num_outstanding),
+        started=lambda v: v[0] > 0)
   finally:
     src.close()
   assert held == P  # queue_size batches of P groups, nothing more
