@@ -316,7 +316,10 @@ def test_sigterm_saves_and_exits_cleanly(task_file, tmp_path, compile_cache):
   step = json.loads((tmp_path / "run" / "summary.json").read_text())["steps"]
   with checkpoint.Checkpointer(tmp_path / "run" / "checkpoints") as ckpt:
     assert ckpt.latest_step() == step  # saved on the signal, not on a schedule
-  assert [r["step"] for r in _rows(tmp_path / "run")] == list(range(step + 1))
+  # Steps take a fraction of a second here, so the signal may land in an eval (every 2
+  # steps): that step's row then waits in the checkpoint (redone on resume), and only then.
+  pending = f"the eval of step {step} was interrupted" in out
+  assert [r["step"] for r in _rows(tmp_path / "run")] == list(range(step + 1 - pending)), out
 
 
 @pytest.mark.slow
