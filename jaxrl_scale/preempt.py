@@ -92,7 +92,8 @@ class StopRequest:
 
     Returns once every subscribed callback has run, whichever call ran them: one signal
     reaches both the main thread's handler and the watcher thread, and the loop's eval must
-    not start before the generator was told to stop.
+    not start before the generator was told to stop. A callback that blocks (a print to a
+    full pipe) holds the other caller too; the watchdog, started first, still ends the run.
     """
     with self._lock:
       if self.signum is not None:
