@@ -41,8 +41,10 @@ class Generator(Protocol):
 
   version: int
 
-  def generate(self, requests: Sequence[records.Request]) -> list[records.Completion]:
-    """Completions of `requests`, in order."""
+  def generate(self, requests: Sequence[records.Request],
+               on_progress: Callable[[int, int], None] | None = None,
+               ) -> list[records.Completion]:
+    """Completions of `requests`, in order; `on_progress(done, total)` as they finish."""
 
   def update_params(self, params: Any, version: int) -> None:
     """Posts weights for the next generations."""
@@ -118,8 +120,12 @@ class Evaluator:
       })
     return out
 
-  def run(self, params: Any = None, version: int | None = None) -> dict[str, float]:
+  def run(self, params: Any = None, version: int | None = None,
+          on_progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """Samples and scores; `params` (if given) are loaded into the sampler first.
+
+    `on_progress(done, total)`: completions sampled so far (this process's share when
+    sharded), passed to the sampler's `generate`.
 
     Returns:
       val/pass_rate (mean@k), val/pass_at_k (prompts with any correct sample),
@@ -130,7 +136,7 @@ class Evaluator:
     if not self.prompts:
       return {}
     if self.shard[1] > 1:
-      return self._run_sharded(params, version)
+      return self._run_sharded(params, version, on_progress)
     t0 = time.perf_counter()
     if params is not None:
       self.sampler.update_params(params, self.sampler.version if version is None else version)
@@ -139,7 +145,7 @@ class Evaluator:
                         seed=records.sequence_seed(self.seed, i, j),
                         temperature=self.temperature)
         for i, p in enumerate(self.prompts) for j in range(self.k)]
-    completions = self.sampler.generate(requests)
+    completions = self._generate(requests, on_progress)
     per_prompt = [completions[i * self.k:(i + 1) * self.k] for i in range(len(self.prompts))]
 
     def score(i: int) -> np.ndarray:
@@ -161,7 +167,14 @@ class Evaluator:
         "val/seconds": time.perf_counter() - t0,
     }
 
-  def _run_sharded(self, params: Any, version: int | None) -> dict[str, float]:
+  def _generate(self, requests: list[records.Request],
+                on_progress: Callable[[int, int], None] | None) -> list[records.Completion]:
+    if on_progress is None:  # any `generate(requests)` will do
+      return self.sampler.generate(requests)
+    return self.sampler.generate(requests, on_progress=on_progress)
+
+  def _run_sharded(self, params: Any, version: int | None,
+                   on_progress: Callable[[int, int], None] | None) -> dict[str, float]:
     """This process's share of the prompts, then the counts of all processes summed."""
     t0 = time.perf_counter()
     if params is not None:  # every process, even one without prompts: it is a collective
@@ -179,7 +192,7 @@ class Evaluator:
                           temperature=self.temperature)
           for i in mine for j in range(self.k)]
       try:
-        completions = self.sampler.generate(requests)
+        completions = self._generate(requests, on_progress)
       except preempt.Interrupted:
         counts["interrupted"] = 1.0
     if completions is not None:

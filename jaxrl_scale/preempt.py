@@ -183,8 +183,8 @@ class Interruptible:
     self.sampler = sampler
     self.stop = stop
 
-  def generate(self, requests: Any, on_chunk: Callable[[Any, int], None] | None = None
-               ) -> list[Any]:
+  def generate(self, requests: Any, on_chunk: Callable[[Any, int], None] | None = None,
+               on_progress: Callable[[int, int], None] | None = None) -> list[Any]:
     self.stop.check()
 
     def chunk(sampler: Any, index: int) -> None:
@@ -192,7 +192,7 @@ class Interruptible:
         on_chunk(sampler, index)
       self.stop.check()
 
-    return self.sampler.generate(requests, on_chunk=chunk)
+    return self.sampler.generate(requests, on_chunk=chunk, on_progress=on_progress)
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self.sampler, name)

@@ -295,7 +295,7 @@ class _FakeEvaluator:
   def __init__(self):
     self.steps = []
 
-  def run(self, params=None, version=None):
+  def run(self, params=None, version=None, on_progress=None):
     self.steps.append(version)
     return {"val/pass_rate": 0.5}
 

@@ -101,3 +101,25 @@ def test_single_source_eval_keys_are_unchanged():
   assert sorted(out) == sorted(
       ["val/pass_rate", "val/pass_at_k", "val/length_mean", "val/truncated_frac",
        "val/num_prompts", "val/samples_per_prompt", "val/seconds"])
+
+
+class _CountingSampler(_Sampler):
+  """Reports each completion as it 'finishes', like engine.Sampler.generate."""
+
+  def generate(self, requests, on_progress=None):
+    out = super().generate(requests)
+    for done in range(1, len(out) + 1):
+      if on_progress is not None:
+        on_progress(done, len(out))
+    return out
+
+
+@pytest.mark.parametrize("shard", [(0, 1), (1, 2)])
+def test_run_passes_its_progress_callback_to_the_sampler(shard):
+  calls = []
+  ev = eval_lib.Evaluator(_CountingSampler(), _prompts(3), _Scorer(), samples_per_prompt=2,
+                          temperature=1.0, shard=shard, gather=lambda c: [c])
+  ev.run(on_progress=lambda d, t: calls.append((d, t)))
+  n = 2 * (3 if shard == (0, 1) else 1)  # process 1 of 2 samples prompt 1 only
+  assert calls == [(d, n) for d in range(1, n + 1)]
+  ev.run()  # without a callback: the sampler's plain generate(requests)

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -161,6 +162,31 @@ def test_forecast_lines_follow_their_step_line(task_file, tmp_path):
         f"A~{rows[step]['forecast/A']:.2f}?" in lines[i]), (lines[i - 1], lines[i])
 
 
+@pytest.mark.parametrize("mode", ["sync", "pipeline"])
+def test_a_long_eval_prints_its_progress_before_its_step_line(task_file, tmp_path, monkeypatch,
+                                                              mode):
+  import functools
+  import io
+  from jaxrl_scale.pipeline import progress as progress_lib
+  # Every eval counts as long here: a line at each completion the sampler reports.
+  monkeypatch.setattr(progress_lib, "EvalProgress", functools.partial(
+      progress_lib.EvalProgress, first_s=0.0, every_s=0.0))
+  cfg = _cfg(task_file, tmp_path / "run", "run.progress=true", "checkpoint.every=0",
+             f"pipeline.mode={mode}", "sft.steps=0", steps=2)
+  out = io.StringIO()
+  wiring.train(cfg, cfg.run.output_dir, stream=out)
+  lines = out.getvalue().splitlines()
+  # eval.every=2: 8 validation prompts x 2 samples each. Pipelined, step 2's eval goes
+  # through the running generator, which reports every 50 ms: it ends sooner here (tested
+  # in tests/pipeline/generator_eval_test.py); step 0's runs before the generator starts.
+  for step in (0, 2) if mode == "sync" else (0,):
+    reports = [i for i, line in enumerate(lines)
+               if line.startswith(f"  eval of step {step}: ") and "/16 samples (" in line]
+    assert reports, out.getvalue()
+    row = next(i for i, line in enumerate(lines) if line.startswith(f"step {step}/2 |"))
+    assert max(reports) < row, out.getvalue()
+
+
 def test_sft_stops_at_the_dev_pass_rate_target(task_file, tmp_path, monkeypatch):
   from jaxrl_scale import eval as eval_lib
   checks = []
@@ -303,6 +329,29 @@ def _wait_for_step(run_dir, step, proc, timeout=300):
 def _finish(proc, timeout=300):
   out, _ = proc.communicate(timeout=timeout)
   return proc.returncode, out
+
+
+class _Output:
+  """Reads a launched run's output in a thread, so a test can wait for a line meanwhile."""
+
+  def __init__(self, proc):
+    self.proc, self.lines = proc, []
+    self._reader = threading.Thread(target=lambda: self.lines.extend(proc.stdout), daemon=True)
+    self._reader.start()
+
+  def wait_for(self, text, timeout):
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in list(self.lines)):
+      if not self._reader.is_alive():
+        raise AssertionError(f"the run ended before printing {text!r}:\n{''.join(self.lines)}")
+      if time.monotonic() > deadline:
+        raise AssertionError(f"no {text!r} in {timeout}s:\n{''.join(self.lines)}")
+      time.sleep(0.05)
+
+  def finish(self, timeout=300):
+    self.proc.wait(timeout=timeout)
+    self._reader.join(timeout=timeout)
+    return self.proc.returncode, "".join(self.lines)
 
 
 @pytest.mark.slow
@@ -481,11 +530,11 @@ def test_sigterm_mid_eval_exits_within_30s_then_resume_trains_every_group_once(
   run_dir = tmp_path / "run"
   proc = _launch(task_file, run_dir, compile_cache, "pipeline.mode=pipeline", "eval.every=3",
                  "eval.samples_per_prompt=30000", "checkpoint.every=0", steps=steps)
-  _wait_for_step(run_dir, 2, proc, timeout=600)
-  time.sleep(5)  # step 3 trains in well under a second, then its eval starts
+  output = _Output(proc)
+  output.wait_for("  eval of step 3: ", timeout=600)  # 10 s into the eval, then each minute
   signalled = time.monotonic()
   proc.send_signal(signal.SIGTERM)
-  code, out = _finish(proc)
+  code, out = output.finish()
   exited_s = time.monotonic() - signalled
   assert code == 0, out
   assert "the eval of step 3 was interrupted" in out, out

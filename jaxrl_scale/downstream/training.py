@@ -17,6 +17,7 @@ row's flops. One process only: a multi-process run with eval.downstream is refus
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from jaxrl_scale.config import Config
@@ -65,9 +66,10 @@ class WithDownstream:
   def __getattr__(self, name: str) -> Any:
     return getattr(self.evaluator, name)
 
-  def run(self, params: Any = None, version: int | None = None) -> dict[str, float]:
+  def run(self, params: Any = None, version: int | None = None,
+          on_progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """The validation metrics, plus the downstream ones when `version` (the step) is due."""
-    out = self.evaluator.run(params, version)
+    out = self.evaluator.run(params, version, on_progress)
     step = self.sampler.version if version is None else version
     if step % self.every == 0 or step == self.last_step:
       out.update(self.run_downstream())

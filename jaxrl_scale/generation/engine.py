@@ -199,17 +199,31 @@ class Sampler(weights.WeightSwap):
 
   def generate(self, requests: Iterable[records.Request] | Sequence[Sequence[int]],
                on_chunk: Callable[[Sampler, int], None] | None = None,
+               on_progress: Callable[[int, int], None] | None = None,
                ) -> list[records.Completion]:
     """Completions for all `requests`, in request order.
 
     Plain token lists are accepted as requests with prompt_id = their index.
+    `on_progress(done, total)` is called after each chunk and each finished completion
+    (completions done so far, of all requests).
     """
     reqs = [r if isinstance(r, records.Request) else records.Request(list(r), prompt_id=i)
             for i, r in enumerate(requests)]
     index = {id(r): i for i, r in enumerate(reqs)}
     out: list[records.Completion | None] = [None] * len(reqs)
-    for req, completion in self._run(iter(reqs), on_chunk):
+    done = 0
+
+    def chunk_and_progress(sampler: Sampler, i: int) -> None:
+      if on_chunk is not None:
+        on_chunk(sampler, i)
+      on_progress(done, len(reqs))
+
+    for req, completion in self._run(iter(reqs), on_chunk if on_progress is None
+                                     else chunk_and_progress):
       out[index[id(req)]] = completion
+      done += 1
+      if on_progress is not None:
+        on_progress(done, len(reqs))
     return out  # type: ignore[return-value]
 
   def stream(self, requests: Iterable[records.Request],

@@ -60,7 +60,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 from jaxrl_scale.generation import engine
@@ -336,11 +336,15 @@ class PipelineSource:
     """Posts weights to the sampler (a collective across hosts: call from the main thread)."""
     self.sampler.update_params(params, version)
 
-  def generate(self, requests: Iterable[records.Request]) -> list[records.Completion]:
+  def generate(self, requests: Iterable[records.Request],
+               on_progress: Callable[[int, int], None] | None = None,
+               ) -> list[records.Completion]:
     """Completions of `requests` in order, sampled by the generator's own Sampler.
 
     Called from the trainer thread (e.g. by `eval.Evaluator`); blocks until all are done.
     Runs with the newest weights posted before the call. See the module docstring.
+    `on_progress(done, total)` is called from this thread every _POLL_S (completions
+    finished so far) and once at the end.
 
     Raises:
       Interrupted: `interrupt()` was called (before or during the call).
@@ -350,7 +354,8 @@ class PipelineSource:
       return []
     self._check_interrupt()
     if self._thread.ident is None:  # not started: nothing else drives the sampler
-      return self.sampler.generate(requests, on_chunk=self._check_interrupt)
+      return self.sampler.generate(requests, on_chunk=self._check_interrupt,
+                                   on_progress=on_progress)
     base_seed = getattr(self.sampler, "seed", 0)
     with self._cond:
       if self._eval is not None:
@@ -369,6 +374,8 @@ class PipelineSource:
       self._eval = job
       self._cond.notify_all()
     while not job.done.wait(_POLL_S):
+      if on_progress is not None:
+        on_progress(len(tagged) - job.remaining, len(tagged))
       self._check()
       if self._stop.is_set() or not self._thread.is_alive():
         self._check()
@@ -379,6 +386,8 @@ class PipelineSource:
             self._eval = None
             self._cond.notify_all()
         raise Interrupted()
+    if on_progress is not None:
+      on_progress(len(tagged), len(tagged))
     return [dataclasses.replace(c, prompt_id=r.prompt_id)
             for c, r in zip(job.results, requests)]
 

@@ -251,7 +251,8 @@ class Loop:
       return self._evaluate(step)
 
   def _evaluate(self, step: int) -> dict[str, float]:
-    out = self.evaluator.run(self.trainer.params, step)
+    out = self.evaluator.run(self.trainer.params, step,
+                             progress_lib.EvalProgress(self.progress, step))
     self.last_eval = out
     self.state.flops += self.flops_per_token * self._eval_tokens(out)
     if self.forecaster is not None and "val/pass_rate" in out:

@@ -7,6 +7,10 @@ val: validation pass rate (last eval; a mixed-domain run adds each domain's, "va
 (math 0.70 code 0.54)"); rollouts: pass rate of the step's training samples;
 gen / train: generated and trained tokens per second; stale: mean / max token staleness.
     forecast: A=0.871 [0.84, 0.90] B=1.90 C_mid=0.0021; at 0.0061: 0.852 [0.83, 0.87]
+
+A long eval (the paper's 1,000 prompts x 16 samples) prints where it is while it runs,
+first after 10 s, then every minute (`EvalProgress`):
+      eval of step 100: 4.8k/16.0k samples (30%) in 3m00s, ETA 7m00s
 """
 
 from __future__ import annotations
@@ -90,3 +94,33 @@ class Progress:
       parts.append(f"{per_step:.2f} s/step")
       parts.append(f"ETA {duration(per_step * (self.total - step))}")
     self.print(" | ".join(parts))
+
+
+class EvalProgress:
+  """`on_progress(done, total)` for an eval: a line after `first_s`, then every `every_s`.
+
+  Short evals print nothing (the step's line follows them). The ETA assumes the remaining
+  samples take as long each as the finished ones (early on, with long samples still
+  decoding, it is low). Sharded evals count this process's share.
+  """
+
+  def __init__(self, progress: Progress, step: int, *, first_s: float = 10.0,
+               every_s: float = 60.0, clock: Any = time.monotonic):
+    self.progress = progress
+    self.step = step
+    self.every_s = every_s
+    self.clock = clock
+    self._t0 = clock()
+    self._next = self._t0 + first_s
+
+  def __call__(self, done: int, total: int) -> None:
+    now = self.clock()
+    if now < self._next or done >= total:
+      return
+    self._next = now + self.every_s
+    elapsed = now - self._t0
+    text = (f"  eval of step {self.step}: {_si(done)}/{_si(total)} samples "
+            f"({100 * done / max(total, 1):.0f}%) in {duration(elapsed)}")
+    if done > 0:
+      text += f", ETA {duration(elapsed * (total - done) / done)}"
+    self.progress.print(text)

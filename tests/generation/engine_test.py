@@ -321,6 +321,21 @@ def test_completions_of_one_prompt_share_one_prefill(loaded, prompts):
   assert shared[0].tokens.tolist() != shared[1].tokens.tolist()  # samples still differ
 
 
+def test_generate_reports_each_completion_as_it_finishes(loaded, prompts):
+  model, _ = loaded["qwen3"]
+  sampler = _sampler(model, max_new_tokens=8)
+  calls = []
+  out = sampler.generate(_samples(prompts[:3], 2), on_progress=lambda d, t: calls.append(
+      (d, t, sampler.stats.chunks)))
+  assert [c for c in out if c is not None] == out
+  assert {t for _, t, _ in calls} == {6}
+  done = [d for d, _, _ in calls]
+  assert done == sorted(done) and set(done) == set(range(7))  # each chunk, each completion
+  # 6 requests on 4 slots: the first four are reported before the last two have decoded.
+  first = next(chunks for d, _, chunks in calls if d == 1)
+  assert calls[-1][0] == 6 and first < calls[-1][2]
+
+
 def test_a_small_page_pool_waits_preempts_and_restarts_to_the_same_tokens(loaded, prompts):
   model, _ = loaded["llama"]
   free = _sampler(model, page_size=4).generate(prompts)

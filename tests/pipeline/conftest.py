@@ -96,12 +96,14 @@ class FakeSampler:
       if on_chunk is not None:
         on_chunk(self, self.chunks - 1)
 
-  def generate(self, requests, on_chunk=None):
+  def generate(self, requests, on_chunk=None, on_progress=None):
     reqs = list(requests)
     order = {(r.prompt_id, r.sample_index): i for i, r in enumerate(reqs)}
     out = [None] * len(reqs)
-    for c in self.stream(reqs, on_chunk=on_chunk):
+    for done, c in enumerate(self.stream(reqs, on_chunk=on_chunk), 1):
       out[order[(c.prompt_id, c.sample_index)]] = c
+      if on_progress is not None:
+        on_progress(done, len(reqs))
     return out
 
 

@@ -94,6 +94,27 @@ def test_eval_completes_while_training_admission_is_closed(prompt_source, fakes)
     src.close()
 
 
+@pytest.mark.parametrize("started", [True, False])
+def test_eval_reports_its_progress_while_it_runs(prompt_source, fakes, started):
+  # 12 eval requests of 20 chunks on 4 slots: three waves, each finishing 4 completions
+  # (about 0.1 s apart); the caller hears of each wave, not only of the end.
+  sampler = fakes.Sampler(num_slots=4, length=lambda req: (
+      2 if isinstance(req.prompt_id, int) else 20), chunk_s=0.005)
+  src = _source(sampler, prompt_source, fakes.Scorer())
+  if started:
+    src.start()
+  calls = []
+  try:
+    out = src.generate(_eval_requests(12), on_progress=lambda d, t: calls.append((d, t)))
+  finally:
+    src.close()
+  assert len(out) == 12 and all(c is not None for c in out)
+  assert {t for _, t in calls} == {12}
+  done = [d for d, _ in calls]
+  assert done == sorted(done) and done[-1] == 12
+  assert any(0 < d < 12 for d in done), calls
+
+
 def test_generator_failure_during_eval_raises(prompt_source, fakes):
   sampler = fakes.Sampler(num_slots=4, length=lambda req: 50, chunk_s=0.001, fail_after=20)
   src = _source(sampler, prompt_source, fakes.Scorer()).start()

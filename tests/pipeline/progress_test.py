@@ -44,3 +44,39 @@ def test_mixed_domain_runs_show_each_domains_val_rate():
   lines = out.getvalue().splitlines()
   assert lines[0].startswith("step  0/20 | val 0.500 (math 0.62 code 0.38)")
   assert "| val 0.500 (math 0.62 code 0.38) | rollouts 0.50" in lines[1]  # the last eval's
+
+
+class _Clock:
+  def __init__(self):
+    self.now = 1000.0
+
+  def __call__(self):
+    return self.now
+
+
+def test_eval_progress_prints_after_the_first_wait_then_every_interval():
+  out, clock = io.StringIO(), _Clock()
+  p = progress.Progress(total_steps=200, stream=out)
+  report = progress.EvalProgress(p, 100, first_s=10.0, every_s=60.0, clock=clock)
+  clock.now += 9.0
+  report(100, 16000)  # before first_s: silent
+  assert out.getvalue() == ""
+  clock.now += 2.0
+  report(0, 16000)  # 11 s in, nothing finished yet: no ETA
+  clock.now += 169.0
+  report(4800, 16000)  # 180 s in: 4,800 done, 11,200 to go at 26.7 samples/s
+  clock.now += 30.0
+  report(6000, 16000)  # within every_s of the last line: silent
+  clock.now += 40.0
+  report(16000, 16000)  # the end: the step's own line follows, so silent
+  assert out.getvalue().splitlines() == [
+      "  eval of step 100: 0/16.0k samples (0%) in 11s",
+      "  eval of step 100: 4.8k/16.0k samples (30%) in 3m00s, ETA 7m00s"]
+
+
+def test_eval_progress_follows_the_progress_switch():
+  out, clock = io.StringIO(), _Clock()
+  report = progress.EvalProgress(progress.Progress(2, stream=out, enabled=False), 1,
+                                 first_s=0.0, clock=clock)
+  report(1, 4)
+  assert out.getvalue() == ""
