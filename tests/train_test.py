@@ -498,11 +498,11 @@ def test_sigterm_mid_eval_stops_it_and_resume_redoes_it(task_file, tmp_path, sig
   real_run = eval_lib.Evaluator.run
   evals = []
 
-  def signalled_run(self, params=None, version=None):
+  def signalled_run(self, params=None, version=None, on_progress=None):
     evals.append(version)
     if version == eval_step and evals.count(eval_step) == 1:  # the first time only
       signal.raise_signal(signal.SIGTERM)
-    return real_run(self, params, version)
+    return real_run(self, params, version, on_progress)
 
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(eval_lib.Evaluator, "run", signalled_run)

@@ -207,7 +207,9 @@ def test_eval_step_logs_forecast_keys_per_domain():
   printed = []
   for c, row in zip(compute, rows):
     fake = types.SimpleNamespace(
-        evaluator=types.SimpleNamespace(run=lambda params, step, row=row: dict(row)),
+        evaluator=types.SimpleNamespace(run=lambda params, step, on_progress, row=row:
+                                        dict(row)),
+        progress=None,
         trainer=types.SimpleNamespace(params=None), state=types.SimpleNamespace(flops=0.0),
         flops_per_token=0.0, _eval_tokens=lambda out: 0.0, forecaster=fc,
         clock=types.SimpleNamespace(hours=c),
