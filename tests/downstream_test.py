@@ -4,6 +4,7 @@ import fractions
 import importlib.util
 import itertools
 import json
+import re
 import math
 import pathlib
 import types
@@ -265,6 +266,9 @@ def test_eval_command_end_to_end(tiny_hf, tmp_path, capsys):
     assert b["correct"] == round(b["mean@4"] * problems * 4)
     assert 0 < b["length_mean"] <= 8
   assert "eval [" in captured.err and "generated 20/20 samples" in captured.err
+  # Also a line once the first chunk was back (before the end's), as the 30 s ones after it.
+  assert re.search(r"generated \d+/20 samples \(\d+ tokens\)", captured.err.split(
+      "generated 20/20 samples")[0]), captured.err
 
 
 

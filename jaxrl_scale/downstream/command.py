@@ -97,17 +97,12 @@ def run(args: argparse.Namespace) -> int:
                                      longest_prompt=longest, max_new_tokens=args.max_new_tokens,
                                      slots=args.slots, temperature=args.temperature,
                                      seed=args.seed)
-  last = [time.perf_counter()]
-
-  def on_chunk(s, index: int) -> None:
-    now = time.perf_counter()
-    if index == 0 or now - last[0] >= 30:  # a line every 30 s at most
-      last[0] = now
-      say(f"generated {s.stats.sequences}/{total} samples ({s.stats.tokens} tokens)")
 
   def generate(requests):
     sampler.reset_stats()
-    out = sampler.generate(requests, on_chunk=on_chunk)
+    # A line once the first chunk is back (compiled), then every 30 s.
+    out = sampler.generate(requests, on_progress=gen_command.report_progress(
+        say, sampler, first_s=0.0))
     say(f"generated {total}/{total} samples ({sampler.stats.tokens} tokens)")
     return out
 

@@ -6,7 +6,8 @@
 Prompts go through the checkpoint's chat template when it has one (--no-chat-template
 sends the raw text). A .jsonl prompts file holds one object per line with a "prompt" string;
 any other file holds one prompt per non-empty line. Throughput is printed twice: over the
-whole run (compilation included) and from the first decode chunk on (steady state).
+whole run (compilation included) and from the first decode chunk on (steady state). A run
+longer than 30 s prints "generated D/T samples (N tokens)" on stderr every 30 s.
 
 Only stdlib imports at module level: the CLI builds every command's parser at start-up.
 """
@@ -18,6 +19,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from jaxrl_scale import errors
@@ -137,6 +139,22 @@ def make_sampler(model: Any, model_cfg: Any, mesh: Any, tokenizer: Any, *,
                         max_prompt_len=longest_prompt)
 
 
+def report_progress(say: Callable[[str], None], sampler: Any, *, first_s: float,
+                    every_s: float = 30.0, clock: Callable[[], float] = time.perf_counter,
+                    ) -> Callable[[int, int], None]:
+  """`on_progress` for `Sampler.generate`: "generated D/T samples (N tokens)" through `say`,
+  first after `first_s` seconds, then every `every_s`; not at the end (callers say that)."""
+  due = [clock() + first_s]
+
+  def on_progress(done: int, total: int) -> None:
+    now = clock()
+    if now >= due[0] and done < total:
+      due[0] = now + every_s
+      say(f"generated {done}/{total} samples ({sampler.stats.tokens} tokens)")
+
+  return on_progress
+
+
 def run(args: argparse.Namespace) -> int:
   _check_args(args)
   texts = read_prompts(args)
@@ -171,7 +189,12 @@ def run(args: argparse.Namespace) -> int:
       mark["time"], mark["tokens"] = time.perf_counter(), s.stats.tokens
 
   start = time.perf_counter()
-  completions = sampler.generate(requests, on_chunk=on_chunk)
+
+  def say(line: str) -> None:  # a long run's progress, on stderr (stdout is the output)
+    print(f"generate [{time.perf_counter() - start:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+  completions = sampler.generate(requests, on_chunk=on_chunk,
+                                 on_progress=report_progress(say, sampler, first_s=30.0))
   seconds = time.perf_counter() - start
   tokens = sum(c.num_tokens for c in completions)
   steady_s = time.perf_counter() - mark.get("time", start)

@@ -1,6 +1,7 @@
 """`jaxrl-scale generate` end to end on a tiny Hugging Face directory."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -51,3 +52,31 @@ def test_prompts_file_and_errors(tmp_path, capsys):
   assert "not a directory" in capsys.readouterr().err
   with pytest.raises(SystemExit):  # --prompt and --prompts-file are exclusive
     parser.parse_args(["generate", "--model", "m", "--prompt", "x", "--prompts-file", "f"])
+
+
+def test_report_progress_waits_then_repeats_and_leaves_the_end_to_the_caller():
+  import types
+  now = [0.0]
+  lines = []
+  sampler = types.SimpleNamespace(stats=types.SimpleNamespace(tokens=0))
+  report = command.report_progress(lines.append, sampler, first_s=30.0, every_s=30.0,
+                                   clock=lambda: now[0])
+  for t, done, tokens in ((10, 0, 100), (31, 2, 900), (40, 3, 1000), (62, 5, 2000),
+                          (99, 8, 3000)):
+    now[0], sampler.stats.tokens = t, tokens
+    report(done, 8)
+  assert lines == ["generated 2/8 samples (900 tokens)", "generated 5/8 samples (2000 tokens)"]
+
+
+def test_a_long_generate_prints_progress_on_stderr(hf_checkpoints, capsys, monkeypatch):
+  real = command.report_progress
+  monkeypatch.setattr(command, "report_progress",  # every run counts as long here
+                      lambda say, sampler, first_s: real(say, sampler, first_s=0.0))
+  rc = cli.main(["generate", "--model", hf_checkpoints["qwen2"].path, "--prompt", "hello",
+                 "--n", "3", "--greedy", "--max-new-tokens", "8", "--json"])
+  captured = capsys.readouterr()
+  assert rc == 0
+  assert len(json.loads(captured.out)["completions"]) == 3  # stdout stays the output
+  assert re.search(r"^generate \[ *[\d.]+s\] generated [0-2]/3 samples \(\d+ tokens\)$",
+                   captured.err, re.MULTILINE), captured.err
+
