@@ -23,6 +23,7 @@ COMMANDS = {
     "plan": ("jaxrl_scale.plan.command", "compile a run's programs for a Cloud TPU topology (no TPU needed): HBM, FLOPs, roofline"),
     "reward": ("jaxrl_scale.rewards.command", "score one response with a verifier, showing the extracted answer"),
     "eval": ("jaxrl_scale.downstream.command", "mean@k and unbiased pass@k of a checkpoint on benchmark files (math, code)"),
+    "export": ("jaxrl_scale.export", "write a run's trained policy as a Hugging Face directory"),
 }
 
 

@@ -1,0 +1,119 @@
+"""`jaxrl-scale export`: a run's checkpoint out as a Hugging Face directory transformers loads."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from jaxrl_scale import checkpoint
+from jaxrl_scale import cli
+from jaxrl_scale import config
+from jaxrl_scale.pipeline import wiring
+from tests.generation import conftest as gen
+from tests.train_test import ROOT, _write_task, tiny_overrides
+
+
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory):
+  """A tiny random Qwen3 directory, and a run that starts from it (SFT steps change it)."""
+  base = tmp_path_factory.mktemp("export")
+  start = base / "start"
+  gen.make_hf_model(gen.SPECS["qwen3"], seed=4).save_pretrained(start)
+  gen.write_byte_tokenizer(str(start))
+  _write_task(base / "task.jsonl")
+  overrides = [o for o in tiny_overrides(base / "task.jsonl", steps=2)
+               if not o.startswith(("model.hidden_size", "model.num_layers",
+                                    "model.intermediate_size"))]
+  cfg = config.load(ROOT / "configs" / "cpu_tiny.yaml", overrides + [
+      f"model.path={start}", "sft.steps=3", "eval.every=0", "checkpoint.every=1",
+      f"run.output_dir={base / 'run'}"])
+  wiring.train(cfg, cfg.run.output_dir)
+  return start, base / "run"
+
+
+def _checkpoint_params(run_dir, step):
+  with checkpoint.Checkpointer(run_dir / "checkpoints") as ckpt:
+    return ckpt.read_arrays(step)["params"]
+
+
+def test_export_writes_the_checkpoints_weights_for_transformers(hf_run, tmp_path, capsys):
+  import torch
+  import transformers
+
+  start, run_dir = hf_run
+  out = tmp_path / "out"
+  assert cli.main(["export", str(run_dir), str(out), "--step", "1"]) == 0
+  assert capsys.readouterr().out.strip() == str(out)
+  exported = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+  original = transformers.AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32)
+  sd = {k: v.numpy() for k, v in exported.state_dict().items()}
+  p = _checkpoint_params(run_dir, 1)
+  # By hand, tensor by tensor: transformers' Linear weights are [out, in]; ours [in, ...].
+  np.testing.assert_array_equal(sd["model.embed_tokens.weight"], p["embed_tokens"]["embedding"]["value"])
+  np.testing.assert_array_equal(sd["model.norm.weight"], p["norm"]["scale"]["value"])
+  np.testing.assert_array_equal(sd["lm_head.weight"], p["lm_head"]["kernel"]["value"].T)
+  q = p["layers"]["self_attn"]["q_proj"]["kernel"]["value"][1]  # layer 1: [hidden, heads, dim]
+  np.testing.assert_array_equal(sd["model.layers.1.self_attn.q_proj.weight"],
+                                q.reshape(q.shape[0], -1).T)
+  down = p["layers"]["mlp"]["down_proj"]["kernel"]["value"][0]
+  np.testing.assert_array_equal(sd["model.layers.0.mlp.down_proj.weight"], down.T)
+  # The run trained: the export is not the starting checkpoint.
+  assert not np.allclose(sd["lm_head.weight"], original.state_dict()["lm_head.weight"].numpy())
+  for name in ("tokenizer.json", "tokenizer_config.json"):  # the starting directory's
+    assert (out / name).read_bytes() == (start / name).read_bytes()
+  # And jaxrl-scale's own commands read it.
+  assert cli.main(["generate", "--model", str(out), "--prompt", "3:", "--greedy",
+                   "--max-new-tokens", "4", "--json"]) == 0
+  assert len(json.loads(capsys.readouterr().out)["completions"]) == 1
+
+
+def test_export_defaults_to_the_newest_step_and_the_runs_dtype(hf_run, tmp_path, capsys):
+  _, run_dir = hf_run
+  out = tmp_path / "out"
+  assert cli.main(["export", str(run_dir), str(out), "--dtype", "bfloat16"]) == 0
+  assert "step 2 of" in capsys.readouterr().err
+  hf = json.loads((out / "config.json").read_text())
+  assert hf["torch_dtype"] == "bfloat16" or hf.get("dtype") == "bfloat16"
+  from safetensors.numpy import load_file
+  import ml_dtypes
+  tensors = load_file(out / "model.safetensors")
+  head = _checkpoint_params(run_dir, 2)["lm_head"]["kernel"]["value"].T
+  assert tensors["lm_head.weight"].dtype == ml_dtypes.bfloat16
+  np.testing.assert_array_equal(tensors["lm_head.weight"], head.astype(ml_dtypes.bfloat16))
+
+
+def test_bad_input_is_one_line_and_writes_nothing(hf_run, tmp_path, capsys):
+  _, run_dir = hf_run
+  taken = tmp_path / "taken"
+  taken.mkdir()
+  (taken / "keep.txt").write_text("mine")
+  for argv, message in (
+      ([str(tmp_path / "nope"), str(tmp_path / "o1")], "config.yaml: not found"),
+      ([str(run_dir), str(taken)], "is not an empty directory"),
+      ([str(run_dir), str(tmp_path / "o2"), "--step", "7"], "--step 7: no such checkpoint"),
+  ):
+    assert cli.main(["export", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err, err
+  assert [p.name for p in taken.iterdir()] == ["keep.txt"]
+  assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_a_preset_run_exports_without_tokenizer_files(tmp_path, capsys):
+  import torch
+  import transformers
+
+  _write_task(tmp_path / "task.jsonl")
+  cfg = config.load(ROOT / "configs" / "cpu_tiny.yaml", tiny_overrides(
+      tmp_path / "task.jsonl", steps=1) + ["eval.every=0", "checkpoint.every=1",
+                                           f"run.output_dir={tmp_path / 'run'}"])
+  wiring.train(cfg, cfg.run.output_dir)
+  out = tmp_path / "out"
+  assert cli.main(["export", str(tmp_path / "run"), str(out)]) == 0
+  assert "built-in byte tokenizer" in capsys.readouterr().err
+  assert not (out / "tokenizer.json").exists()
+  model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+  p = _checkpoint_params(tmp_path / "run", 1)
+  np.testing.assert_array_equal(model.state_dict()["model.embed_tokens.weight"].numpy(),
+                                p["embed_tokens"]["embedding"]["value"])
