@@ -1,7 +1,6 @@
 """`jaxrl-scale export`: a run's checkpoint out as a Hugging Face directory transformers loads."""
 
 import json
-import pathlib
 
 import numpy as np
 import pytest
