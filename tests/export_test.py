@@ -1,5 +1,6 @@
 """`jaxrl-scale export`: a run's checkpoint out as a Hugging Face directory transformers loads."""
 
+import io
 import json
 
 import numpy as np
@@ -26,9 +27,17 @@ def hf_run(tmp_path_factory):
                                     "model.intermediate_size"))]
   cfg = config.load(ROOT / "configs" / "cpu_tiny.yaml", overrides + [
       f"model.path={start}", "sft.steps=3", "eval.every=0", "checkpoint.every=1",
-      f"run.output_dir={base / 'run'}"])
-  wiring.train(cfg, cfg.run.output_dir)
-  return start, base / "run"
+      f"run.output_dir={base / 'run'}", "run.progress=true"])
+  out = io.StringIO()
+  wiring.train(cfg, cfg.run.output_dir, stream=out)
+  return start, base / "run", out.getvalue()
+
+
+def test_a_run_from_a_checkpoint_says_it_is_loading_it(hf_run):
+  start, _, out = hf_run
+  lines = out.splitlines()
+  loading = lines.index(f"  loading the policy from {start}")
+  assert lines[loading + 1].startswith(f"  policy {start}: 0.04M params (loaded in "), out
 
 
 def _checkpoint_params(run_dir, step):
@@ -40,7 +49,7 @@ def test_export_writes_the_checkpoints_weights_for_transformers(hf_run, tmp_path
   import torch
   import transformers
 
-  start, run_dir = hf_run
+  start, run_dir, _ = hf_run
   out = tmp_path / "out"
   assert cli.main(["export", str(run_dir), str(out), "--step", "1"]) == 0
   assert capsys.readouterr().out.strip() == str(out)
@@ -68,7 +77,7 @@ def test_export_writes_the_checkpoints_weights_for_transformers(hf_run, tmp_path
 
 
 def test_export_defaults_to_the_newest_step_and_the_runs_dtype(hf_run, tmp_path, capsys):
-  _, run_dir = hf_run
+  _, run_dir, _ = hf_run
   out = tmp_path / "out"
   assert cli.main(["export", str(run_dir), str(out), "--dtype", "bfloat16"]) == 0
   assert "step 2 of" in capsys.readouterr().err
@@ -83,7 +92,7 @@ def test_export_defaults_to_the_newest_step_and_the_runs_dtype(hf_run, tmp_path,
 
 
 def test_bad_input_is_one_line_and_writes_nothing(hf_run, tmp_path, capsys):
-  _, run_dir = hf_run
+  _, run_dir, _ = hf_run
   taken = tmp_path / "taken"
   taken.mkdir()
   (taken / "keep.txt").write_text("mine")

@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import pathlib
 import tempfile
+import time
 from typing import Any, TextIO
 
 import jax
@@ -366,12 +367,17 @@ def _train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool, config_pat
   # eval.max_prompts caps each domain's validation set (a mixture's domains come one after
   # another: a plain slice could leave the later ones out).
   validation = mixture.validation_subset(prompts.validation(), cfg.eval.max_prompts)
+  loaded_s = time.perf_counter()
+  if cfg.model.path is not None:  # minutes for a large checkpoint on a network disk
+    progress.print(f"  loading the policy from {cfg.model.path}")
   model, mcfg = build_policy(cfg, tok, slices.trainer)
+  loaded_s = time.perf_counter() - loaded_s
   p, g = cfg.rl.prompts_per_step, cfg.rl.generations_per_prompt
   seq_len = cfg.data.max_prompt_tokens + cfg.sampler.max_new_tokens
   shape = rollouts.BatchShape(num_prompts=p, group_size=g, seq_len=seq_len, pad_id=tok.pad_id)
+  loaded = f" (loaded in {progress_lib.duration(loaded_s)})" if cfg.model.path else ""
   progress.print(f"  policy {cfg.model.path or cfg.model.preset}: {mcfg.num_params() / 1e6:.2f}M "
-                 f"params | data {prompts.origin}: {prompts.num_train} train / "
+                 f"params{loaded} | data {prompts.origin}: {prompts.num_train} train / "
                  f"{len(validation)} validation prompts | {p} prompts x {g} samples per step")
   if cfg.forecast.enabled and cfg.optim.schedule != "constant":
     progress.print(f"  note: optim.schedule={cfg.optim.schedule} decays the learning rate; the "
