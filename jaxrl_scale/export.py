@@ -10,7 +10,8 @@ serving engines load. The weights go out in `model.param_dtype` (what the run's 
 sampled with; bfloat16 in the paper's configs) unless --dtype says otherwise. The model's
 shape comes from the run's starting checkpoint (`model.path`, whose config.json and
 tokenizer files are copied) or its preset; a run on the built-in byte tokenizer has no
-tokenizer files to copy. OUT_DIR must not exist or be empty: nothing is overwritten.
+tokenizer files to copy. OUT_DIR must not exist or be empty: nothing is overwritten. It
+runs on the CPU (JAX_PLATFORMS=cpu unless set): the host's memory holds the params.
 
 Only the standard library is imported at module level (the CLI builds every command's
 parser on each call).
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
   if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
     raise UserError(f"{out_dir}: exists and is not an empty directory (nothing is overwritten)")
 
+  # The host's memory holds the params (a TPU chip's HBM may not): no accelerator needed.
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax  # pylint: disable=g-import-not-at-top
 
   from jaxrl_scale import checkpoint  # pylint: disable=g-import-not-at-top
