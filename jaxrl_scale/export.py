@@ -83,22 +83,14 @@ def _model_config(cfg, dtype: str | None):
   """(the exported model's config, the directory whose tokenizer files go with it)."""
   import dataclasses  # pylint: disable=g-import-not-at-top
 
-  from jaxrl_scale.models import config as model_config  # pylint: disable=g-import-not-at-top
-  from jaxrl_scale.models import hf_io  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.pipeline import wiring  # pylint: disable=g-import-not-at-top
 
   spec = cfg.model
+  if spec.path is not None and not os.path.isfile(os.path.join(spec.path, "config.json")):
+    raise UserError(f"model.path {spec.path}: the run's starting checkpoint is gone (its "
+                    "config.json gives the exported model's shape)")
   dtype = dtype or spec.param_dtype
-  if spec.path is not None:
-    if not os.path.isfile(os.path.join(spec.path, "config.json")):
-      raise UserError(f"model.path {spec.path}: the run's starting checkpoint is gone (its "
-                      "config.json gives the exported model's shape)")
-    mcfg = model_config.from_hf_config(hf_io.read_hf_config(spec.path),
-                                       os.path.join(spec.path, "config.json"),
-                                       param_dtype=dtype, dtype=dtype)
-  else:
-    mcfg = dataclasses.replace(wiring.model_config_for(cfg, None), param_dtype=dtype,
-                               dtype=dtype)
+  mcfg = dataclasses.replace(wiring.policy_config(cfg), param_dtype=dtype, dtype=dtype)
   tokenizer = spec.path if spec.tokenizer == "byte" else spec.tokenizer
   if tokenizer not in (None, "byte") and os.path.isfile(tokenizer):
     tokenizer = os.path.dirname(os.path.abspath(tokenizer))

@@ -125,3 +125,22 @@ def test_a_preset_run_exports_without_tokenizer_files(tmp_path, capsys):
   p = _checkpoint_params(tmp_path / "run", 1)
   np.testing.assert_array_equal(model.state_dict()["model.embed_tokens.weight"].numpy(),
                                 p["embed_tokens"]["embedding"]["value"])
+
+
+def test_the_policy_config_is_the_one_training_loads(hf_run):
+  from jaxrl_scale.models import hf_io
+  from jaxrl_scale.plan import command as plan_command
+  start, _, _ = hf_run
+  cfg = config.load(ROOT / "configs" / "cpu_tiny.yaml", [f"model.path={start}",
+                                                          "model.param_dtype=bfloat16",
+                                                          "model.dtype=bfloat16"])
+  _, loaded = hf_io.load_hf_model(str(start), param_dtype="bfloat16", dtype="bfloat16",
+                                  lm_head_fp32=True, attention_impl="auto")
+  assert wiring.policy_config(cfg) == loaded
+  assert loaded.hidden_size == 32 and loaded.param_dtype == "bfloat16"  # the checkpoint's
+  notes = []
+  assert plan_command._model_config(cfg, notes.append) == loaded and notes == []
+  # plan (not export) falls back to the preset when the directory is not on this machine.
+  gone = config.load(ROOT / "configs" / "cpu_tiny.yaml", ["model.path=/nonexistent/ckpt"])
+  assert plan_command._model_config(gone, notes.append) == wiring.model_config_for(gone, None)
+  assert "has no config.json here" in notes[0]

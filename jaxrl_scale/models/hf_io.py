@@ -154,6 +154,12 @@ def read_hf_config(path: str) -> dict[str, Any]:
   return hf
 
 
+def read_model_config(path: str, **overrides: Any) -> ModelConfig:
+  """The ModelConfig of a checkpoint directory's config.json (`overrides`: fields to set)."""
+  return config_lib.from_hf_config(read_hf_config(path), os.path.join(path, "config.json"),
+                                   **overrides)
+
+
 def _weight_map(path: str) -> dict[str, str]:
   """hf_key -> safetensors file path, from the index or from the file(s) themselves."""
   index_path = os.path.join(path, _INDEX)
@@ -261,8 +267,7 @@ def load_hf_model(path: str, mesh: Mesh | None = None, *, param_dtype: str | Non
     overrides["lm_head_fp32"] = lm_head_fp32
   if attention_impl is not None:
     overrides["attention_impl"] = attention_impl
-  cfg = config_lib.from_hf_config(read_hf_config(path), os.path.join(path, "config.json"),
-                                  **overrides)
+  cfg = read_model_config(path, **overrides)
   wmap = _weight_map(path)
   entries = layout(cfg)
   wanted = {e.hf_key for e in entries}

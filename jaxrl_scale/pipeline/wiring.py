@@ -88,6 +88,17 @@ def model_config_for(cfg: Config, tok: tokenizer_lib.Tokenizer | None
   return mcfg
 
 
+def policy_config(cfg: Config) -> model_config.ModelConfig:
+  """The policy's ModelConfig without its weights: model.path's config.json (with the spec's
+  dtypes and switches, as `build_policy` loads it) or the preset."""
+  spec = cfg.model
+  if spec.path is not None:
+    return hf_io.read_model_config(spec.path, dtype=spec.dtype, param_dtype=spec.param_dtype,
+                                   lm_head_fp32=spec.lm_head_fp32,
+                                   attention_impl=spec.attention_impl)
+  return model_config_for(cfg, None)
+
+
 def _host_init(mcfg: model_config.ModelConfig, mesh, seed: int, std: float) -> nnx.Module:
   """Random params drawn in NumPy and placed sharded (XLA-compiling a random init of a tiny
   model costs more than the whole SFT warm start on a small CPU)."""

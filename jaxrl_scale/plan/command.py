@@ -39,25 +39,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _model_config(cfg, note):
   """The policy's ModelConfig without weights or tokenizer."""
-  import dataclasses  # pylint: disable=g-import-not-at-top
-
-  from jaxrl_scale.models import config as model_config  # pylint: disable=g-import-not-at-top
-  from jaxrl_scale.models import hf_io  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.pipeline import wiring  # pylint: disable=g-import-not-at-top
 
   spec = cfg.model
-  if spec.path is not None:
-    if (pathlib.Path(spec.path) / "config.json").exists():
-      mcfg = model_config.from_hf_config(hf_io.read_hf_config(spec.path), spec.path)
-      return dataclasses.replace(mcfg, dtype=spec.dtype, param_dtype=spec.param_dtype,
-                                 lm_head_fp32=spec.lm_head_fp32,
-                                 attention_impl=spec.attention_impl)
+  if spec.path is not None and not (pathlib.Path(spec.path) / "config.json").exists():
     note(f"model.path {spec.path} has no config.json here: planning with model.preset "
          f"{spec.preset}")
+    spec = None
   try:
-    return wiring.model_config_for(cfg, None)
-  except UserError:
-    raise
+    return wiring.model_config_for(cfg, None) if spec is None else wiring.policy_config(cfg)
   except ValueError as e:
     raise UserError(f"config key 'model.preset': {e}") from None
 
