@@ -103,11 +103,12 @@ class Checkpointer:
       return s, restored[_STATE], dict(restored[_HOST])
     raise UserError(f"no readable checkpoint in {self.directory}: " + "; ".join(errors))
 
-  def read_arrays(self, step: int) -> Any:
+  def read_arrays(self, step: int, keys: tuple[str, ...] | None = None) -> Any:
     """The saved arrays of `step` as NumPy arrays, without a target (checks, tools).
 
     Works on checkpoints written by any number of processes: every array is read onto
-    this process's first device, whatever topology saved it.
+    this process's first device, whatever topology saved it. `keys`: read only these
+    top-level entries (e.g. ("params",): not the optimizer state, twice their size).
     """
     import jax  # pylint: disable=g-import-not-at-top
 
@@ -119,9 +120,18 @@ class Checkpointer:
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
                           meta)
-    restored = self._manager.restore(
-        step, args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(target)}))
-    return jax.device_get(restored[_STATE])
+    if keys is None:
+      restored = self._manager.restore(
+          step, args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(target)}))
+      return jax.device_get(restored[_STATE])
+    missing = [k for k in keys if k not in dict(target)]
+    if missing:
+      raise UserError(f"{path}: holds no {missing[0]!r}")
+    target = {k: dict(target)[k] for k in keys}
+    restored = ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(
+        target, restore_args=jax.tree.map(lambda _: ocp.ArrayRestoreArgs(sharding=device),
+                                           target), partial_restore=True))
+    return jax.device_get(restored)
 
   def wait(self) -> None:
     """Blocks until pending async saves are on disk."""

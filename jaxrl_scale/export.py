@@ -67,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
     mcfg, tokenizer_dir = _model_config(cfg, args.dtype)
     print(f"export: step {step} of {run_dir} ({mcfg.num_params() / 1e6:.2f}M params, "
           f"{mcfg.param_dtype}) -> {out_dir}", file=sys.stderr, flush=True)
-    arrays = ckpt.read_arrays(step)
-  model = _fill(mcfg, arrays.get("params"), f"{ckpt_dir}/{step}")
-  del arrays
+    params = ckpt.read_arrays(step, keys=("params",))["params"]  # not the optimizer state
+  model = _fill(mcfg, params, f"{ckpt_dir}/{step}")
+  del params
   hf_io.save_hf_model(model, mcfg, str(out_dir), tokenizer_dir=tokenizer_dir)
   if tokenizer_dir is None:
     print("export: the run used the built-in byte tokenizer: no tokenizer files were written",

@@ -69,3 +69,18 @@ def test_read_arrays_without_a_target(tmp_path, mesh):
     arrays = ckpt.read_arrays(5)
   np.testing.assert_array_equal(arrays["params"]["w"], np.arange(32.0).reshape(8, 4) * 2)
   assert int(arrays["opt"]["count"]) == 2
+
+
+def test_read_arrays_of_some_keys_reads_only_those(tmp_path, mesh, monkeypatch):
+  with checkpoint.Checkpointer(tmp_path / "ckpt", async_save=False) as ckpt:
+    ckpt.save(5, _state(mesh, 2), {"step": 5})
+    # What the restore asks the disk for: the params' arrays, not the optimizer's.
+    asked = []
+    real = checkpoint.ocp.PyTreeCheckpointer.restore
+    monkeypatch.setattr(checkpoint.ocp.PyTreeCheckpointer, "restore", lambda self, path, args:
+                        asked.append(args.item) or real(self, path, args=args))
+    params = ckpt.read_arrays(5, keys=("params",))
+    with pytest.raises(UserError, match="holds no 'lora'"):
+      ckpt.read_arrays(5, keys=("lora",))
+  assert list(params) == ["params"] and [list(a) for a in asked] == [["params"]]
+  np.testing.assert_array_equal(params["params"]["w"], np.arange(32.0).reshape(8, 4) * 2)
