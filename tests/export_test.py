@@ -2,7 +2,9 @@
 
 import io
 import json
+import shutil
 
+import jax
 import numpy as np
 import pytest
 
@@ -14,6 +16,16 @@ from tests.generation import conftest as gen
 from tests.train_test import ROOT, _write_task, tiny_overrides
 
 
+def _hf_cfg(start, task, run_dir, steps):
+  """A run of `steps` RL steps from the Hugging Face directory `start` (3 SFT steps first)."""
+  overrides = [o for o in tiny_overrides(task, steps=steps)
+               if not o.startswith(("model.hidden_size", "model.num_layers",
+                                    "model.intermediate_size"))]
+  return config.load(ROOT / "configs" / "cpu_tiny.yaml", overrides + [
+      f"model.path={start}", "sft.steps=3", "eval.every=0", "checkpoint.every=1",
+      f"run.output_dir={run_dir}", "run.progress=true"])
+
+
 @pytest.fixture(scope="module")
 def hf_run(tmp_path_factory):
   """A tiny random Qwen3 directory, and a run that starts from it (SFT steps change it)."""
@@ -22,12 +34,7 @@ def hf_run(tmp_path_factory):
   gen.make_hf_model(gen.SPECS["qwen3"], seed=4).save_pretrained(start)
   gen.write_byte_tokenizer(str(start))
   _write_task(base / "task.jsonl")
-  overrides = [o for o in tiny_overrides(base / "task.jsonl", steps=2)
-               if not o.startswith(("model.hidden_size", "model.num_layers",
-                                    "model.intermediate_size"))]
-  cfg = config.load(ROOT / "configs" / "cpu_tiny.yaml", overrides + [
-      f"model.path={start}", "sft.steps=3", "eval.every=0", "checkpoint.every=1",
-      f"run.output_dir={base / 'run'}", "run.progress=true"])
+  cfg = _hf_cfg(start, base / "task.jsonl", base / "run", steps=2)
   out = io.StringIO()
   wiring.train(cfg, cfg.run.output_dir, stream=out)
   return start, base / "run", out.getvalue()
@@ -38,6 +45,29 @@ def test_a_run_from_a_checkpoint_says_it_is_loading_it(hf_run):
   lines = out.splitlines()
   loading = lines.index(f"  loading the policy from {start}")
   assert lines[loading + 1].startswith(f"  policy {start}: 0.04M params (loaded in "), out
+
+
+def test_resuming_a_run_from_a_checkpoint_does_not_read_its_weights(hf_run, tmp_path):
+  # The run from `start` (2 steps) goes on to step 3 from its checkpoint, with the starting
+  # directory's weights gone: it must not need them, and must train as an uninterrupted
+  # 3-step run from the same weights does.
+  start, run_dir, _ = hf_run
+  task = run_dir.parent / "task.jsonl"
+  ref = _hf_cfg(start, task, tmp_path / "ref", steps=3)
+  wiring.train(ref, ref.run.output_dir)
+  shapes_only = tmp_path / "start"
+  shutil.copytree(start, shapes_only)
+  (shapes_only / "model.safetensors").unlink()
+  shutil.copytree(run_dir, tmp_path / "run")
+  resumed = _hf_cfg(shapes_only, task, tmp_path / "run", steps=3)
+  out = io.StringIO()
+  outcome = wiring.train(resumed, resumed.run.output_dir, resume=True, stream=out)
+  assert outcome.reason == "done" and outcome.step == 3
+  assert "resumed from checkpoint step 2" in out.getvalue()
+  assert "loading the policy" not in out.getvalue()
+  # Every param is the uninterrupted run's: none kept the random shapes-only init.
+  jax.tree.map(np.testing.assert_array_equal, _checkpoint_params(tmp_path / "run", 3),
+               _checkpoint_params(tmp_path / "ref", 3))
 
 
 def _checkpoint_params(run_dir, step):

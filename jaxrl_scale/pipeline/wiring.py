@@ -120,15 +120,19 @@ def _host_init(mcfg: model_config.ModelConfig, mesh, seed: int, std: float) -> n
   return nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh)))
 
 
-def build_policy(cfg: Config, tok: tokenizer_lib.Tokenizer, mesh
+def build_policy(cfg: Config, tok: tokenizer_lib.Tokenizer, mesh, *, weights: bool = True
                  ) -> tuple[nnx.Module, model_config.ModelConfig]:
-  """The policy on the trainer mesh: a Hugging Face directory or a randomly initialised preset."""
+  """The policy on the trainer mesh: a Hugging Face directory or a randomly initialised preset.
+
+  weights=False (a resumed run, whose checkpoint overwrites every param): model.path's
+  shape only, randomly initialised, without reading its weights (minutes for a large one).
+  """
   spec = cfg.model
-  if spec.path is not None:
+  if spec.path is not None and weights:
     return hf_io.load_hf_model(spec.path, mesh, param_dtype=spec.param_dtype, dtype=spec.dtype,
                                lm_head_fp32=spec.lm_head_fp32,
                                attention_impl=spec.attention_impl)
-  mcfg = model_config_for(cfg, tok)
+  mcfg = policy_config(cfg) if spec.path is not None else model_config_for(cfg, tok)
   if mcfg.num_params() <= _HOST_INIT_MAX_PARAMS:
     return _host_init(mcfg, mesh, cfg.run.seed, spec.init_std), mcfg
   return sharding.create_sharded_model(mcfg, mesh, seed=cfg.run.seed), mcfg
@@ -379,14 +383,15 @@ def _train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool, config_pat
   # another: a plain slice could leave the later ones out).
   validation = mixture.validation_subset(prompts.validation(), cfg.eval.max_prompts)
   loaded_s = time.perf_counter()
-  if cfg.model.path is not None:  # minutes for a large checkpoint on a network disk
+  load = cfg.model.path is not None and not resume  # resumed: the checkpoint has the weights
+  if load:  # minutes for a large checkpoint on a network disk
     progress.print(f"  loading the policy from {cfg.model.path}")
-  model, mcfg = build_policy(cfg, tok, slices.trainer)
+  model, mcfg = build_policy(cfg, tok, slices.trainer, weights=not resume)
   loaded_s = time.perf_counter() - loaded_s
   p, g = cfg.rl.prompts_per_step, cfg.rl.generations_per_prompt
   seq_len = cfg.data.max_prompt_tokens + cfg.sampler.max_new_tokens
   shape = rollouts.BatchShape(num_prompts=p, group_size=g, seq_len=seq_len, pad_id=tok.pad_id)
-  loaded = f" (loaded in {progress_lib.duration(loaded_s)})" if cfg.model.path else ""
+  loaded = f" (loaded in {progress_lib.duration(loaded_s)})" if load else ""
   progress.print(f"  policy {cfg.model.path or cfg.model.preset}: {mcfg.num_params() / 1e6:.2f}M "
                  f"params{loaded} | data {prompts.origin}: {prompts.num_train} train / "
                  f"{len(validation)} validation prompts | {p} prompts x {g} samples per step")
