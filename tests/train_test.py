@@ -169,8 +169,8 @@ def test_a_long_eval_prints_its_progress_before_its_step_line(task_file, tmp_pat
   import io
   from jaxrl_scale.pipeline import progress as progress_lib
   # Every eval counts as long here: a line at each completion the sampler reports.
-  monkeypatch.setattr(progress_lib, "EvalProgress", functools.partial(
-      progress_lib.EvalProgress, first_s=0.0, every_s=0.0))
+  monkeypatch.setattr(progress_lib, "eval_progress", functools.partial(
+      progress_lib.eval_progress, first_s=0.0, every_s=0.0))
   cfg = _cfg(task_file, tmp_path / "run", "run.progress=true", "checkpoint.every=0",
              f"pipeline.mode={mode}", "sft.steps=0", steps=2)
   out = io.StringIO()

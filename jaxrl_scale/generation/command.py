@@ -140,19 +140,16 @@ def make_sampler(model: Any, model_cfg: Any, mesh: Any, tokenizer: Any, *,
 
 
 def report_progress(say: Callable[[str], None], sampler: Any, *, first_s: float,
-                    every_s: float = 30.0, clock: Callable[[], float] = time.perf_counter,
+                    every_s: float = 30.0, clock: Callable[[], float] | None = None,
                     ) -> Callable[[int, int], None]:
   """`on_progress` for `Sampler.generate`: "generated D/T samples (N tokens)" through `say`,
   first after `first_s` seconds, then every `every_s`; not at the end (callers say that)."""
-  due = [clock() + first_s]
+  from jaxrl_scale.generation import records  # pylint: disable=g-import-not-at-top
 
-  def on_progress(done: int, total: int) -> None:
-    now = clock()
-    if now >= due[0] and done < total:
-      due[0] = now + every_s
-      say(f"generated {done}/{total} samples ({sampler.stats.tokens} tokens)")
-
-  return on_progress
+  return records.throttled(
+      lambda done, total, _: say(f"generated {done}/{total} samples "
+                                 f"({sampler.stats.tokens} tokens)"),
+      first_s=first_s, every_s=every_s, clock=clock)
 
 
 def run(args: argparse.Namespace) -> int:

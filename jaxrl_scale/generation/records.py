@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -185,6 +186,24 @@ class Stats:
   @property
   def slot_utilisation(self) -> float:
     return self.tokens / self.slot_steps if self.slot_steps else 0.0
+
+
+def throttled(report: Callable[[int, int, float], None], *, first_s: float, every_s: float,
+              clock: Callable[[], float] | None = None) -> Callable[[int, int], None]:
+  """An `on_progress(done, total)` for the samplers' `generate` that calls
+  `report(done, total, seconds since it was made)` first after `first_s`, then at most every
+  `every_s`, and never for the last completion (callers say how it ended)."""
+  clock = clock or time.perf_counter
+  start = clock()
+  due = [start + first_s]
+
+  def on_progress(done: int, total: int) -> None:
+    now = clock()
+    if now >= due[0] and done < total:
+      due[0] = now + every_s
+      report(done, total, now - start)
+
+  return on_progress
 
 
 class StopStrings:

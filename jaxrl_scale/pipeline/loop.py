@@ -252,7 +252,7 @@ class Loop:
 
   def _evaluate(self, step: int) -> dict[str, float]:
     out = self.evaluator.run(self.trainer.params, step,
-                             progress_lib.EvalProgress(self.progress, step))
+                             progress_lib.eval_progress(self.progress, step))
     self.last_eval = out
     self.state.flops += self.flops_per_token * self._eval_tokens(out)
     if self.forecaster is not None and "val/pass_rate" in out:

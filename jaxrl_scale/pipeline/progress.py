@@ -9,7 +9,7 @@ gen / train: generated and trained tokens per second; stale: mean / max token st
     forecast: A=0.871 [0.84, 0.90] B=1.90 C_mid=0.0021; at 0.0061: 0.852 [0.83, 0.87]
 
 A long eval (the paper's 1,000 prompts x 16 samples) prints where it is while it runs,
-first after 10 s, then every minute (`EvalProgress`):
+first after 10 s, then every minute (`eval_progress`):
       eval of step 100: 4.8k/16.0k samples (30%) in 3m00s, ETA 7m00s
 """
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 import sys
 import time
 from typing import Any, TextIO
+
+from jaxrl_scale.generation import records
 
 
 def _si(x: float) -> str:
@@ -96,7 +98,8 @@ class Progress:
     self.print(" | ".join(parts))
 
 
-class EvalProgress:
+def eval_progress(progress: Progress, step: int, *, first_s: float = 10.0,
+                  every_s: float = 60.0, clock: Any = None) -> Any:
   """`on_progress(done, total)` for an eval: a line after `first_s`, then every `every_s`.
 
   Short evals print nothing (the step's line follows them). The ETA assumes the remaining
@@ -104,23 +107,11 @@ class EvalProgress:
   decoding, it is low). Sharded evals count this process's share.
   """
 
-  def __init__(self, progress: Progress, step: int, *, first_s: float = 10.0,
-               every_s: float = 60.0, clock: Any = time.monotonic):
-    self.progress = progress
-    self.step = step
-    self.every_s = every_s
-    self.clock = clock
-    self._t0 = clock()
-    self._next = self._t0 + first_s
-
-  def __call__(self, done: int, total: int) -> None:
-    now = self.clock()
-    if now < self._next or done >= total:
-      return
-    self._next = now + self.every_s
-    elapsed = now - self._t0
-    text = (f"  eval of step {self.step}: {_si(done)}/{_si(total)} samples "
+  def line(done: int, total: int, elapsed: float) -> None:
+    text = (f"  eval of step {step}: {_si(done)}/{_si(total)} samples "
             f"({100 * done / max(total, 1):.0f}%) in {duration(elapsed)}")
     if done > 0:
       text += f", ETA {duration(elapsed * (total - done) / done)}"
-    self.progress.print(text)
+    progress.print(text)
+
+  return records.throttled(line, first_s=first_s, every_s=every_s, clock=clock)

@@ -57,7 +57,7 @@ class _Clock:
 def test_eval_progress_prints_after_the_first_wait_then_every_interval():
   out, clock = io.StringIO(), _Clock()
   p = progress.Progress(total_steps=200, stream=out)
-  report = progress.EvalProgress(p, 100, first_s=10.0, every_s=60.0, clock=clock)
+  report = progress.eval_progress(p, 100, first_s=10.0, every_s=60.0, clock=clock)
   clock.now += 9.0
   report(100, 16000)  # before first_s: silent
   assert out.getvalue() == ""
@@ -76,7 +76,7 @@ def test_eval_progress_prints_after_the_first_wait_then_every_interval():
 
 def test_eval_progress_follows_the_progress_switch():
   out, clock = io.StringIO(), _Clock()
-  report = progress.EvalProgress(progress.Progress(2, stream=out, enabled=False), 1,
+  report = progress.eval_progress(progress.Progress(2, stream=out, enabled=False), 1,
                                  first_s=0.0, clock=clock)
   report(1, 4)
   assert out.getvalue() == ""
