@@ -30,6 +30,17 @@ from jaxrl_scale.errors import UserError
 log = logging.getLogger(__name__)
 
 _STATE = "state"
+
+
+class _DropMessage(logging.Filter):
+  """Drops log records whose message contains `text`."""
+
+  def __init__(self, text: str):
+    super().__init__()
+    self.text = text
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return self.text not in record.getMessage()
 _HOST = "host"
 
 
@@ -110,6 +121,17 @@ class Checkpointer:
     this process's first device, whatever topology saved it. `keys`: read only these
     top-level entries (e.g. ("params",): not the optimizer state, twice their size).
     """
+    # Read straight from the step's item directory, orbax warns that the step-level
+    # metadata file is not in it (it is one level up): expected, not for the user.
+    absl_log = logging.getLogger("absl")
+    quiet = _DropMessage("Metadata file does not exist")
+    absl_log.addFilter(quiet)
+    try:
+      return self._read_arrays(step, keys)
+    finally:
+      absl_log.removeFilter(quiet)
+
+  def _read_arrays(self, step: int, keys: tuple[str, ...] | None) -> Any:
     import jax  # pylint: disable=g-import-not-at-top
 
     path = self.directory / str(step) / _STATE

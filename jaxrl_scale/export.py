@@ -9,8 +9,8 @@ masters), and writes config.json, safetensors and the tokenizer files that
 serving engines load. The weights go out in `model.param_dtype` (what the run's generator
 sampled with; bfloat16 in the paper's configs) unless --dtype says otherwise. The model's
 shape comes from the run's starting checkpoint (`model.path`, whose config.json and
-tokenizer files are copied) or its preset; a run on the built-in byte tokenizer has no
-tokenizer files to copy. OUT_DIR must not exist or be empty: nothing is overwritten. It
+tokenizer files are copied) or its preset; a run on the built-in byte tokenizer gets that
+tokenizer written as Hugging Face files (`ByteTokenizer.write_hf_files`). OUT_DIR must not exist or be empty: nothing is overwritten. It
 runs on the CPU (JAX_PLATFORMS=cpu unless set): the host's memory holds the params.
 
 Only the standard library is imported at module level (the CLI builds every command's
@@ -71,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
   model = _fill(mcfg, params, f"{ckpt_dir}/{step}")
   del params
   hf_io.save_hf_model(model, mcfg, str(out_dir), tokenizer_dir=tokenizer_dir)
-  if tokenizer_dir is None:
-    print("export: the run used the built-in byte tokenizer: no tokenizer files were written",
-          file=sys.stderr)
+  if tokenizer_dir is None:  # the built-in byte tokenizer, as Hugging Face files
+    from jaxrl_scale.models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+    tokenizer_lib.ByteTokenizer().write_hf_files(str(out_dir))
   jax.clear_caches()
   print(out_dir)
   return 0

@@ -4,7 +4,6 @@ import argparse
 import importlib.util
 import json
 import pathlib
-import sys
 
 import pytest
 

@@ -328,6 +328,32 @@ def test_with_downstream_runs_on_due_steps_and_the_last(tmp_path):
   assert m["downstream/aime/invalid"] == 0.0 and m["downstream/seconds"] >= 0
 
 
+def test_with_downstream_reports_its_sampling_progress_for_its_step(tmp_path):
+  from jaxrl_scale.downstream import training
+
+  tok = tokenizer_lib.load_tokenizer("byte")
+  bench = benchmarks.read_benchmark(_jsonl(tmp_path / "aime.jsonl", MATH_ROWS[:2]))
+  texts = {"aime/aime-1": ["\\boxed{5}", "\\boxed{4}"], "aime/aime-2": ["x", "y"]}
+  answer, _ = _fake_generate(texts, tok)
+
+  def generate(requests, on_progress=None):
+    out = []
+    for r in requests:  # one completion at a time, as a sampler reports them
+      out.extend(answer([r]))
+      if on_progress is not None:
+        on_progress(len(out), len(requests))
+    return out
+
+  reports = []
+  sampler = types.SimpleNamespace(generate=generate, version=0)
+  wrapped = training.WithDownstream(
+      _FakeEvaluator(), sampler, tok, [bench], every=4, last_step=6, samples=2,
+      temperature=1.0, progress_for=lambda step: lambda d, t: reports.append((step, d, t)))
+  for step in range(7):
+    wrapped.run(None, step)
+  assert reports == [(s, d, 4) for s in (0, 4, 6) for d in range(1, 5)]
+
+
 def test_downstream_config_is_checked():
   from jaxrl_scale import config
 
@@ -345,9 +371,17 @@ def test_downstream_config_is_checked():
 
 
 @pytest.mark.slow  # a 4-step training run: 76 s on a loaded 2-core machine
-def test_training_logs_downstream_metrics(tmp_path):
+def test_training_logs_downstream_metrics(tmp_path, monkeypatch):
+  import functools
+  import io
+
   from jaxrl_scale import config, metrics
+  from jaxrl_scale.pipeline import progress as progress_lib
   from jaxrl_scale.pipeline import wiring
+
+  # Every eval counts as long here: a progress line at each completion the sampler reports.
+  monkeypatch.setattr(progress_lib, "eval_progress", functools.partial(
+      progress_lib.eval_progress, first_s=0.0, every_s=0.0))
 
   train_test = _load("train_test_helpers", TESTS / "train_test.py")  # its tiny run config
   task = tmp_path / "parity.jsonl"
@@ -357,8 +391,18 @@ def test_training_logs_downstream_metrics(tmp_path):
   cfg = config.load(train_test.ROOT / "configs" / "cpu_tiny.yaml",
                     train_test.tiny_overrides(task, steps=4) + [
                         f"run.output_dir={tmp_path / 'run'}", f"eval.downstream=[{bench}:par]",
-                        "eval.downstream_every=4", "eval.downstream_samples=2"])
-  assert wiring.train(cfg, cfg.run.output_dir).reason == "done"
+                        "eval.downstream_every=4", "eval.downstream_samples=2",
+                        "run.progress=true"])
+  out = io.StringIO()
+  assert wiring.train(cfg, cfg.run.output_dir, stream=out).reason == "done"
+  lines = out.getvalue().splitlines()
+  for step in (0, 4):  # the real sampler's counts, each before the step's own line
+    reports = [i for i, line in enumerate(lines)
+               if line.startswith(f"  downstream eval of step {step}: ")
+               and "/6 samples (" in line]
+    assert reports, out.getvalue()
+    assert max(reports) < next(i for i, line in enumerate(lines)
+                               if line.startswith(f"step {step}/4 |")), out.getvalue()
   rows = metrics.read_metrics(pathlib.Path(cfg.run.output_dir) / "metrics.jsonl")
   logged = [r["step"] for r in rows if "downstream/par/pass@2" in r]
   assert logged == [0, 4]

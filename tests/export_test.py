@@ -138,9 +138,13 @@ def test_bad_input_is_one_line_and_writes_nothing(hf_run, tmp_path, capsys):
   assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 
-def test_a_preset_run_exports_without_tokenizer_files(tmp_path, capsys):
+def test_a_byte_tokenizer_run_exports_a_tokenizer_that_reads_as_it_trained(tmp_path, capsys):
+  # The CPU demo's policy (a preset on the built-in byte tokenizer) leaves the run with
+  # tokenizer files: transformers and `jaxrl-scale generate` read it and agree.
   import torch
   import transformers
+
+  from jaxrl_scale.models import tokenizer as tokenizer_lib
 
   _write_task(tmp_path / "task.jsonl")
   cfg = config.load(ROOT / "configs" / "cpu_tiny.yaml", tiny_overrides(
@@ -149,12 +153,29 @@ def test_a_preset_run_exports_without_tokenizer_files(tmp_path, capsys):
   wiring.train(cfg, cfg.run.output_dir)
   out = tmp_path / "out"
   assert cli.main(["export", str(tmp_path / "run"), str(out)]) == 0
-  assert "built-in byte tokenizer" in capsys.readouterr().err
-  assert not (out / "tokenizer.json").exists()
+  capsys.readouterr()
   model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
   p = _checkpoint_params(tmp_path / "run", 1)
   np.testing.assert_array_equal(model.state_dict()["model.embed_tokens.weight"].numpy(),
                                 p["embed_tokens"]["embedding"]["value"])
+  hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+  byte = tokenizer_lib.ByteTokenizer()
+  prompts = [f"{i}:" for i in (3, 8, 21, 46, 57, 70)]
+  (tmp_path / "prompts.txt").write_text("\n".join(prompts))
+  assert cli.main(["generate", "--model", str(out), "--prompts-file", str(tmp_path / "prompts.txt"),
+                   "--greedy", "--max-new-tokens", "4", "--json"]) == 0
+  completions = json.loads(capsys.readouterr().out)["completions"]
+  assert [c["prompt_index"] for c in completions] == list(range(len(prompts)))
+  for prompt, completion in zip(prompts, completions):
+    ids = byte.apply_chat_template(prompt, tokenize=True)
+    assert hf_tok(prompt).input_ids == ids  # the ids the policy saw in training
+    with torch.no_grad():
+      greedy = model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)[0, len(ids):]
+    assert completion["tokens"] == greedy.tolist()[:len(completion["tokens"])], prompt
+    assert completion["text"] == hf_tok.decode(greedy, skip_special_tokens=True)
+    assert completion["text"] == byte.decode(completion["tokens"], skip_special_tokens=True)
+  # A policy that answered with EOS alone would not show the tokenizers agree on text.
+  assert any(c["text"] for c in completions), completions
 
 
 def test_the_policy_config_is_the_one_training_loads(hf_run):

@@ -11,11 +11,13 @@ the run's own sampler, right after the validation eval and with the same weights
 in the step's metrics row. Prompts are rendered with the run's template (data.chat_template)
 and must fit data.max_prompt_tokens; completions get sampler.max_new_tokens. Like the
 validation eval, its time is excluded from compute_hours; its tokens are not added to the
-row's flops. One process only: a multi-process run with eval.downstream is refused.
+row's flops. A long one prints its progress as the validation eval does
+(`progress_for`). One process only: a multi-process run with eval.downstream is refused.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,13 +44,16 @@ class WithDownstream:
     last_step: the run's final step (always evaluated).
     samples: n per problem.
     temperature, seed, template, timeout_s, num_threads: as `benchmarks.evaluate`.
+    progress_for: step -> `on_progress(done, total)` for that step's downstream sampling
+      (the run's console reporter); None for none.
   """
 
   def __init__(self, evaluator: Any, sampler: Any, tokenizer: Any,
                benches: list[benchmarks.Benchmark], *, every: int, last_step: int,
                samples: int, temperature: float, seed: int = 0,
                template: templates.PromptTemplate = templates.PromptTemplate(),
-               timeout_s: float = 5.0, num_threads: int = 4):
+               timeout_s: float = 5.0, num_threads: int = 4,
+               progress_for: Callable[[int], Callable[[int, int], None]] | None = None):
     self.evaluator = evaluator
     self.sampler = sampler
     self.tokenizer = tokenizer
@@ -62,6 +67,7 @@ class WithDownstream:
     self.template = template
     self.timeout_s = timeout_s
     self.num_threads = num_threads
+    self.progress_for = progress_for
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self.evaluator, name)
@@ -72,14 +78,17 @@ class WithDownstream:
     out = self.evaluator.run(params, version, on_progress)
     step = self.sampler.version if version is None else version
     if step % self.every == 0 or step == self.last_step:
-      out.update(self.run_downstream())
+      out.update(self.run_downstream(step))
     return out
 
-  def run_downstream(self) -> dict[str, float]:
-    """downstream/<name>/... metrics of the sampler's current weights."""
+  def run_downstream(self, step: int | None = None) -> dict[str, float]:
+    """downstream/<name>/... metrics of the sampler's current weights (sampled for `step`)."""
     t0 = time.perf_counter()
+    generate = self.sampler.generate
+    if self.progress_for is not None and step is not None:
+      generate = functools.partial(generate, on_progress=self.progress_for(step))
     results = benchmarks.evaluate(
-        self.sampler.generate, self.tokenizer, self.benches, samples=self.samples, ks=self.ks,
+        generate, self.tokenizer, self.benches, samples=self.samples, ks=self.ks,
         temperature=self.temperature, seed=self.seed ^ _DOWNSTREAM_SALT, template=self.template,
         timeout_s=self.timeout_s, num_threads=self.num_threads)
     out = {}
@@ -94,7 +103,9 @@ class WithDownstream:
 
 
 def from_config(cfg: Config, evaluator: Any, sampler: Any, tokenizer: Any, *,
-                processes: int = 1) -> WithDownstream:
+                processes: int = 1,
+                progress_for: Callable[[int], Callable[[int, int], None]] | None = None
+                ) -> WithDownstream:
   """Reads cfg.eval.downstream and wraps `evaluator` (UserError naming the key on bad input)."""
   if processes > 1:
     raise UserError(f"config key 'eval.downstream': not supported in multi-process runs "
@@ -120,4 +131,4 @@ def from_config(cfg: Config, evaluator: Any, sampler: Any, tokenizer: Any, *,
                         last_step=cfg.run.steps, samples=cfg.eval.downstream_samples,
                         temperature=cfg.eval.temperature, seed=cfg.run.seed,
                         template=template, timeout_s=cfg.pipeline.reward_timeout_s,
-                        num_threads=cfg.pipeline.reward_workers)
+                        num_threads=cfg.pipeline.reward_workers, progress_for=progress_for)

@@ -121,7 +121,11 @@ class ByteTokenizer:
     return ids
 
   def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
-    """Text of `ids`; invalid UTF-8 (a sampled partial character) becomes U+FFFD."""
+    """Text of `ids`; invalid UTF-8 (a sampled partial character) becomes U+FFFD.
+
+    Decodes as the Hugging Face files of `write_hf_files` do: a token that is skipped (or
+    an unused id) leaves no mark, so the bytes on either side decode together.
+    """
     out: list[str] = []
     buf = bytearray()
     for i in ids:
@@ -129,11 +133,12 @@ class ByteTokenizer:
       if 0 <= i < 256:
         buf.append(i)
         continue
+      if i not in self._id_to_token or (skip_special_tokens and i in self._SKIPPABLE):
+        continue  # as tokenizers' decode: the bytes on either side join
       if buf:
         out.append(buf.decode("utf-8", errors="replace"))
         buf.clear()
-      if i in self._id_to_token and not (skip_special_tokens and i in self._SKIPPABLE):
-        out.append(self._id_to_token[i])
+      out.append(self._id_to_token[i])
     if buf:
       out.append(buf.decode("utf-8", errors="replace"))
     return "".join(out)
@@ -152,6 +157,60 @@ class ByteTokenizer:
     del template_kwargs  # nothing to fill in a plain template
     text = render_plain(messages, add_generation_prompt)
     return self.encode(text, add_special_tokens=True) if tokenize else text
+
+  def write_hf_files(self, directory: str) -> None:
+    """Writes this tokenizer as Hugging Face files that encode and decode as it does.
+
+    tokenizer.json is a byte-level BPE without merges whose ids 0..255 are the bytes
+    themselves, the five special tokens at their ids and a post-processor that puts
+    <|bos|> first (add_special_tokens); tokenizer_config.json names bos/eos/pad and
+    generation_config.json the ids transformers' generate stops and pads with. Read back by
+    `load_tokenizer(directory)` or `transformers.AutoTokenizer`. Ids 261..263, which this
+    tokenizer decodes to "", are not in the file (a decoder skips unknown ids).
+    """
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    from tokenizers import decoders, models, pre_tokenizers, processors  # pylint: disable=g-import-not-at-top
+
+    tok = tokenizers.Tokenizer(models.BPE(vocab=byte_level_vocab(), merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    # Ids follow the order added: 256.. as SPECIAL_TOKENS lists them.
+    for token, token_id in sorted(self.SPECIAL_TOKENS.items(), key=lambda kv: kv[1]):
+      special = token_id in self._SKIPPABLE
+      added = tokenizers.AddedToken(token, special=special, normalized=False)
+      count = (tok.add_special_tokens if special else tok.add_tokens)([added])
+      if count != 1 or tok.token_to_id(token) != token_id:
+        raise AssertionError(f"{token} did not get id {token_id}")  # a tokenizers change
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|bos|> $A", pair="<|bos|> $A $B", special_tokens=[("<|bos|>", self.BOS)])
+    os.makedirs(directory, exist_ok=True)
+    tok.save(os.path.join(directory, "tokenizer.json"))
+    files = {
+        "tokenizer_config.json": {
+            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|bos|>",
+            "eos_token": "<|eos|>", "pad_token": "<|pad|>", "add_bos_token": True,
+            "clean_up_tokenization_spaces": False, "model_max_length": 1 << 30},
+        "generation_config.json": {"bos_token_id": self.BOS, "eos_token_id": self.EOS,
+                                   "pad_token_id": self.PAD},
+    }
+    for name, content in files.items():
+      with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+        json.dump(content, f, indent=2)
+
+
+def byte_level_vocab() -> dict[str, int]:
+  """Byte-level BPE's character for each byte -> the byte's value.
+
+  The `tokenizers` ByteLevel alphabet (GPT-2's) writes each printable byte as itself and
+  the others (controls, space, 127..160, 173) as characters from U+0100 up, in byte order.
+  """
+  from tokenizers import pre_tokenizers  # pylint: disable=g-import-not-at-top
+
+  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=ord)
+  printable = [c for c in alphabet if ord(c) < 256]
+  shifted = iter(c for c in alphabet if ord(c) >= 256)
+  own = {ord(c) for c in printable}
+  return {(chr(b) if b in own else next(shifted)): b for b in range(256)}
 
 
 # ----------------------------------------------------------------------------------------

@@ -9,8 +9,10 @@ gen / train: generated and trained tokens per second; stale: mean / max token st
     forecast: A=0.871 [0.84, 0.90] B=1.90 C_mid=0.0021; at 0.0061: 0.852 [0.83, 0.87]
 
 A long eval (the paper's 1,000 prompts x 16 samples) prints where it is while it runs,
-first after 10 s, then every minute (`eval_progress`):
+first after 10 s, then every minute (`eval_progress`); so do the downstream benchmarks
+(`eval.downstream`) that follow it on their steps:
       eval of step 100: 4.8k/16.0k samples (30%) in 3m00s, ETA 7m00s
+      downstream eval of step 100: 1.2k/4.8k samples (25%) in 2m00s, ETA 6m00s
 """
 
 from __future__ import annotations
@@ -98,17 +100,18 @@ class Progress:
     self.print(" | ".join(parts))
 
 
-def eval_progress(progress: Progress, step: int, *, first_s: float = 10.0,
+def eval_progress(progress: Progress, step: int, *, what: str = "eval", first_s: float = 10.0,
                   every_s: float = 60.0, clock: Any = None) -> Any:
   """`on_progress(done, total)` for an eval: a line after `first_s`, then every `every_s`.
 
   Short evals print nothing (the step's line follows them). The ETA assumes the remaining
   samples take as long each as the finished ones (early on, with long samples still
-  decoding, it is low). Sharded evals count this process's share.
+  decoding, it is low). Sharded evals count this process's share. `what` names the eval
+  ("downstream eval" for the benchmarks of `eval.downstream`).
   """
 
   def line(done: int, total: int, elapsed: float) -> None:
-    text = (f"  eval of step {step}: {_si(done)}/{_si(total)} samples "
+    text = (f"  {what} of step {step}: {_si(done)}/{_si(total)} samples "
             f"({100 * done / max(total, 1):.0f}%) in {duration(elapsed)}")
     if done > 0:
       text += f", ETA {duration(elapsed * (total - done) / done)}"

@@ -300,7 +300,10 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
                                        if multi else None))
   if evaluator is not None and cfg.eval.downstream_every:  # benchmark pass@k on eval steps
     from jaxrl_scale.downstream import training as downstream  # pylint: disable=g-import-not-at-top
-    evaluator = downstream.from_config(cfg, evaluator, eval_sampler, tok, processes=shard.count)
+    evaluator = downstream.from_config(
+        cfg, evaluator, eval_sampler, tok, processes=shard.count,
+        progress_for=lambda step: progress_lib.eval_progress(progress, step,
+                                                             what="downstream eval"))
   if distributed.is_primary():
     writer = cleanup.enter_context(metrics_lib.MetricsWriter(
         run_dir, resume_step=host.metrics_rows if resume else 0,

@@ -7,7 +7,6 @@ import io
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P

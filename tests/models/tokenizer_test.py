@@ -117,6 +117,53 @@ def test_byte_plain_template():
   assert text == "System: Be brief.\n\nUser:  7*6=? \n\nAssistant:"
 
 
+def test_byte_decode_joins_the_bytes_around_a_skipped_token():
+  tok = tokenizer_lib.ByteTokenizer()
+  # "é" is C3 A9: a PAD (skipped) or an unused id between its bytes leaves no mark, as in
+  # tokenizers' decode; a kept special token splits it into two replacement characters.
+  assert tok.decode([0xC3, tok.PAD, 0xA9], skip_special_tokens=True) == "é"
+  assert tok.decode([0xC3, 262, 0xA9]) == "é"
+  assert tok.decode([0xC3, tok.PAD, 0xA9]) == "\ufffd<|pad|>\ufffd"
+
+
+def test_byte_tokenizer_as_hf_files_encodes_and_decodes_the_same(tmp_path):
+  # The files `export` writes for a byte-tokenizer run, read by transformers and by our
+  # HFTokenizer (the `tokenizers` library), must give the ids the policy was trained on.
+  transformers = pytest.importorskip("transformers")
+  import random
+
+  byte = tokenizer_lib.ByteTokenizer()
+  byte.write_hf_files(str(tmp_path))
+  ours = tokenizer_lib.load_tokenizer(str(tmp_path))
+  theirs = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  assert (ours.bos_id, ours.eos_ids, ours.pad_id) == (257, (258,), 256)
+  assert (theirs.bos_token_id, theirs.eos_token_id, theirs.pad_token_id) == (257, 258, 256)
+  assert ours.chat_template is None
+  gen_config = transformers.GenerationConfig.from_pretrained(str(tmp_path))
+  assert (gen_config.eos_token_id, gen_config.pad_token_id) == (258, 256)
+  assert byte.encode("ab\x00 é🙂") == [97, 98, 0, 32, 0xC3, 0xA9, 0xF0, 0x9F, 0x99, 0x82]
+
+  rng = random.Random(0)
+  pool = [*"0123456789+-*= abcXYZ\n\t\x00\x7f\x85\xa0\xad", "é", "ß", "日", "🙂", "\u0100",
+          "<think>", "</think>", "<|eos|>", "<|pad|>", "<|bos|>", "<|", "|>", "<thin"]
+  texts = _TEXTS + ["".join(rng.choice(pool) for _ in range(rng.randrange(0, 30)))
+                    for _ in range(300)]
+  for text in texts:
+    for special in (False, True):
+      want = byte.encode(text, add_special_tokens=special)
+      assert ours.encode(text, add_special_tokens=special) == want, text
+      assert theirs(text, add_special_tokens=special).input_ids == want, text
+  for conversation in ["12+34=", *_CONVERSATIONS]:
+    assert ours.apply_chat_template(conversation, tokenize=True) == byte.apply_chat_template(
+        conversation, tokenize=True)
+  for _ in range(2000):  # any ids a policy can sample, partial UTF-8 characters included
+    ids = [rng.randrange(byte.vocab_size) for _ in range(rng.randrange(1, 12))]
+    for skip in (False, True):
+      want = byte.decode(ids, skip_special_tokens=skip)
+      assert ours.decode(ids, skip_special_tokens=skip) == want, ids
+      assert theirs.decode(ids, skip_special_tokens=skip) == want, ids
+
+
 # ----------------------------------------------------------------------------------------
 # Hugging Face tokenizer: parity with transformers on the same directory.
 

@@ -9,11 +9,9 @@ import subprocess
 import sys
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.parallel import transfer
 
 CHILD = pathlib.Path(__file__).with_name("staged_transfer_child.py")

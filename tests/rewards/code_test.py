@@ -1,6 +1,5 @@
 """The code reward: program extraction, test layouts, comparison and verdicts."""
 
-import json
 import math
 
 import pytest
