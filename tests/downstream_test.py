@@ -287,6 +287,10 @@ def test_eval_command_errors_are_one_line(tmp_path, capsys):
     assert message in err and len(err.splitlines()) == 1, err
   assert cli.main(["eval", "--model", str(tmp_path / "none"), "--benchmark", aime]) == 2
   assert "not a directory" in capsys.readouterr().err
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / "config.yaml").write_text("run: {}\n")
+  assert cli.main(["eval", "--model", str(tmp_path / "run"), "--benchmark", aime]) == 2
+  assert "`jaxrl-scale export" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------

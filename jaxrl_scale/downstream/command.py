@@ -53,8 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-  if not os.path.isdir(args.model):
-    raise UserError(f"--model {args.model}: not a directory")
+  from jaxrl_scale.generation import command as gen_command  # pylint: disable=g-import-not-at-top
+  gen_command.check_model_dir(args.model)
   errors.check_flags((("--samples", args.samples, args.samples >= 1),
                       ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1),
                       ("--slots", args.slots, args.slots >= 1),

@@ -79,9 +79,18 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
   return prompts
 
 
+def check_model_dir(path: str) -> None:
+  """UserError unless `path` is a directory; a training run's gets the command it needs."""
+  if not os.path.isdir(path):
+    raise UserError(f"--model {path}: not a directory")
+  if (os.path.isfile(os.path.join(path, "config.yaml"))
+      and not os.path.isfile(os.path.join(path, "config.json"))):
+    raise UserError(f"--model {path}: a training run's directory, not a Hugging Face one; "
+                    f"`jaxrl-scale export {path} OUT_DIR` writes its policy as one")
+
+
 def _check_args(args: argparse.Namespace) -> None:
-  if not os.path.isdir(args.model):
-    raise UserError(f"--model {args.model}: not a directory")
+  check_model_dir(args.model)
   errors.check_flags((("--n", args.n, args.n >= 1),
                       ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1),
                       ("--slots", args.slots, args.slots >= 1),

@@ -50,6 +50,13 @@ def test_prompts_file_and_errors(tmp_path, capsys):
   assert "bad.jsonl line 2" in err and len(err.splitlines()) == 1
   assert cli.main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "x"]) == 2
   assert "not a directory" in capsys.readouterr().err
+  run_dir = tmp_path / "run"  # what `jaxrl-scale train` leaves, given where a model goes
+  run_dir.mkdir()
+  (run_dir / "config.yaml").write_text("run: {}\n")
+  assert cli.main(["generate", "--model", str(run_dir), "--prompt", "x"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert f"a training run's directory, not a Hugging Face one; `jaxrl-scale export {run_dir} " \
+      "OUT_DIR`" in err and len(err.splitlines()) == 1, err
   with pytest.raises(SystemExit):  # --prompt and --prompts-file are exclusive
     parser.parse_args(["generate", "--model", "m", "--prompt", "x", "--prompts-file", "f"])
 
