@@ -251,8 +251,8 @@ class Loop:
       return self._evaluate(step)
 
   def _evaluate(self, step: int) -> dict[str, float]:
-    out = self.evaluator.run(self.trainer.params, step,
-                             progress_lib.eval_progress(self.progress, step))
+    out = self.evaluator.run(self.trainer.params, step, progress_lib.eval_progress(
+        self.progress, step, processes=jax.process_count()))
     self.last_eval = out
     self.state.flops += self.flops_per_token * self._eval_tokens(out)
     if self.forecaster is not None and "val/pass_rate" in out:

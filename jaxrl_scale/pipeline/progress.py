@@ -100,18 +100,20 @@ class Progress:
     self.print(" | ".join(parts))
 
 
-def eval_progress(progress: Progress, step: int, *, what: str = "eval", first_s: float = 10.0,
-                  every_s: float = 60.0, clock: Any = None) -> Any:
+def eval_progress(progress: Progress, step: int, *, what: str = "eval", processes: int = 1,
+                  first_s: float = 10.0, every_s: float = 60.0, clock: Any = None) -> Any:
   """`on_progress(done, total)` for an eval: a line after `first_s`, then every `every_s`.
 
   Short evals print nothing (the step's line follows them). The ETA assumes the remaining
   samples take as long each as the finished ones (early on, with long samples still
-  decoding, it is low). Sharded evals count this process's share. `what` names the eval
-  ("downstream eval" for the benchmarks of `eval.downstream`).
+  decoding, it is low). `what` names the eval ("downstream eval" for the benchmarks of
+  `eval.downstream`). An eval sharded over `processes` counts this process's share, and
+  says so.
   """
+  share = f" of this process's 1/{processes} share" if processes > 1 else ""
 
   def line(done: int, total: int, elapsed: float) -> None:
-    text = (f"  {what} of step {step}: {_si(done)}/{_si(total)} samples "
+    text = (f"  {what} of step {step}: {_si(done)}/{_si(total)} samples{share} "
             f"({100 * done / max(total, 1):.0f}%) in {duration(elapsed)}")
     if done > 0:
       text += f", ETA {duration(elapsed * (total - done) / done)}"

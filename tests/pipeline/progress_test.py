@@ -74,6 +74,16 @@ def test_eval_progress_prints_after_the_first_wait_then_every_interval():
       "  eval of step 100: 4.8k/16.0k samples (30%) in 3m00s, ETA 7m00s"]
 
 
+def test_eval_progress_of_a_sharded_eval_says_it_counts_a_share():
+  out, clock = io.StringIO(), _Clock()
+  report = progress.eval_progress(progress.Progress(200, stream=out), 100, processes=4,
+                                  first_s=0.0, clock=clock)
+  clock.now += 180.0
+  report(1200, 4000)
+  assert out.getvalue() == ("  eval of step 100: 1.2k/4.0k samples of this process's 1/4 "
+                            "share (30%) in 3m00s, ETA 7m00s\n")
+
+
 def test_eval_progress_follows_the_progress_switch():
   out, clock = io.StringIO(), _Clock()
   report = progress.eval_progress(progress.Progress(2, stream=out, enabled=False), 1,
