@@ -30,6 +30,7 @@ from jaxrl_scale.errors import UserError
 log = logging.getLogger(__name__)
 
 _STATE = "state"
+_HOST = "host"
 
 
 class _DropMessage(logging.Filter):
@@ -41,7 +42,6 @@ class _DropMessage(logging.Filter):
 
   def filter(self, record: logging.LogRecord) -> bool:
     return self.text not in record.getMessage()
-_HOST = "host"
 
 
 def _directory(directory: str | pathlib.Path) -> Any:

@@ -10,8 +10,9 @@ serving engines load. The weights go out in `model.param_dtype` (what the run's 
 sampled with; bfloat16 in the paper's configs) unless --dtype says otherwise. The model's
 shape comes from the run's starting checkpoint (`model.path`, whose config.json and
 tokenizer files are copied) or its preset; a run on the built-in byte tokenizer gets that
-tokenizer written as Hugging Face files (`ByteTokenizer.write_hf_files`). OUT_DIR must not exist or be empty: nothing is overwritten. It
-runs on the CPU (JAX_PLATFORMS=cpu unless set): the host's memory holds the params.
+tokenizer written as Hugging Face files (`ByteTokenizer.write_hf_files`). OUT_DIR must not
+exist or be empty: nothing is overwritten. It runs on the CPU (JAX_PLATFORMS=cpu unless
+set): the host's memory holds the params.
 
 Only the standard library is imported at module level (the CLI builds every command's
 parser on each call).

@@ -169,11 +169,11 @@ class ByteTokenizer:
     tokenizer decodes to "", are not in the file (a decoder skips unknown ids).
     """
     import tokenizers  # pylint: disable=g-import-not-at-top
-    from tokenizers import decoders, models, pre_tokenizers, processors  # pylint: disable=g-import-not-at-top
 
-    tok = tokenizers.Tokenizer(models.BPE(vocab=byte_level_vocab(), merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=byte_level_vocab(), merges=[]))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                            use_regex=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
     # Ids follow the order added: 256.. as SPECIAL_TOKENS lists them.
     for token, token_id in sorted(self.SPECIAL_TOKENS.items(), key=lambda kv: kv[1]):
       special = token_id in self._SKIPPABLE
@@ -181,7 +181,7 @@ class ByteTokenizer:
       count = (tok.add_special_tokens if special else tok.add_tokens)([added])
       if count != 1 or tok.token_to_id(token) != token_id:
         raise AssertionError(f"{token} did not get id {token_id}")  # a tokenizers change
-    tok.post_processor = processors.TemplateProcessing(
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
         single="<|bos|> $A", pair="<|bos|> $A $B", special_tokens=[("<|bos|>", self.BOS)])
     os.makedirs(directory, exist_ok=True)
     tok.save(os.path.join(directory, "tokenizer.json"))
