@@ -38,9 +38,9 @@ def write_byte_tokenizer(directory: str) -> None:
   import tokenizers
   from tokenizers import decoders, models, pre_tokenizers
 
-  alphabet = pre_tokenizers.ByteLevel.alphabet()
-  vocab = {ch: i for i, ch in enumerate(sorted(alphabet, key=lambda c: ord(c)))}
-  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  from jaxrl_scale.models import tokenizer as tokenizer_lib
+
+  tok = tokenizers.Tokenizer(models.BPE(vocab=tokenizer_lib.byte_level_vocab(), merges=[]))
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
   tok.add_special_tokens(SPECIALS[:3])
