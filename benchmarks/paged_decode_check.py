@@ -52,7 +52,7 @@ def sweep_configs(page: int) -> list[dict]:
 
   out = [dict(kv_tokens_per_block=page * n, num_warps=w, num_stages=st,
               target_programs=paged_triton.TARGET_PROGRAMS)
-         for n in (4, 8, 16) for w in (4, 8) for st in (1, 2)]
+         for n in (2, 4, 8, 16) for w in (4, 8) for st in (1, 2)]
   out += [dict(kv_tokens_per_block=paged_triton.KV_TOKENS_PER_BLOCK,
                num_warps=paged_triton.NUM_WARPS, num_stages=paged_triton.NUM_STAGES,
                target_programs=t)

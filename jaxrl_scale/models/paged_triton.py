@@ -32,7 +32,7 @@ from jax.experimental.pallas.ops.gpu import paged_attention as jax_paged
 # most splits of a row's pages run in parallel (JAX's default k_splits), and query heads per
 # block (the smallest a Triton dot takes; a GQA group of fewer is padded). Untuned: no GPU
 # has run this yet.
-KV_TOKENS_PER_BLOCK = 128
+KV_TOKENS_PER_BLOCK = 64
 MAX_SPLITS = 16
 QUERY_HEADS_PER_BLOCK = 16
 # Grid programs (rows x kv heads x query-head blocks x splits) to aim for: a row's pages are
@@ -45,8 +45,8 @@ TARGET_PROGRAMS = 1024
 # Triton's launch parameters for the kernel (JAX's wrapper: 8 warps, 2 stages). Untuned on a
 # GPU; benchmarks/paged_decode_check.py --sweep times the kernel over these and the block
 # sizes above.
-NUM_WARPS = 8
-NUM_STAGES = 2
+NUM_WARPS = 4
+NUM_STAGES = 1
 
 
 def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.Array,
