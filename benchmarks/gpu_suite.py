@@ -6,9 +6,11 @@
 
 The variants, most important first (a budget cut drops the tail; `RUNS` has each one's
 issue item): the decode kernel's check, then one run for each of the issue's four targets
-(decode with the Triton kernel at batch 256, the two headline train steps, decode at batch
-64), then the kernel's block-size sweep, then the comparisons (the gather, remat, flags,
-logits chunk, command buffers, the einsum baselines, transformers).
+(decode with the Triton kernel at batch 256, with transformers on the same GPU, the two
+headline train steps, decode at batch 64), then the 1.7B step with cuBLAS GEMMs, the
+kernel's block-size sweep, then the comparisons (the gather, remat, flags, logits chunk,
+command buffers, the einsum baselines). The first H100 run (2026-11-27,
+benchmarks/results/gpu_h100_2026-11-27/) set this order: what it left unmeasured comes first.
 
 - the decode kernel's numbers on the device first (paged_decode_check: the Triton kernel
   against the gather and a float32 attention, bf16 and float32, at Qwen3-0.6B's attention
@@ -21,14 +23,15 @@ logits chunk, command buffers, the einsum baselines, transformers).
   the Pallas Triton paged-attention kernel (`--decode-attention triton`) and with the gather
   it replaces; tok/s, the fraction of the HBM roofline, and the share of equal greedy
   tokens between the two. The batch-256 runs also profile one generation (the GPU-busy
-  fraction of a decode step and its time by kernel); one more runs without XLA's command
-  buffers (what they do for the host gaps); the last adds transformers on the same GPU.
+  fraction of a decode step and its time by kernel), and the kernel's times transformers'
+  generate on the same GPU in bf16 (sampler_bench --hf-device auto); one more runs without
+  XLA's command buffers (what they do for the host gaps).
 - train step (train_step_bench, compile + 1 warm-up + 3 timed steps, bfloat16 activations
   over the presets' float32 masters): qwen3_1p7b 16 x 4096 and qwen3_0p6b 32 x 2048 with
-  cuDNN attention, remat full; on the 0.6B shape, remat dots and attention (minimal with
-  the attention's context kept), logits chunk 2048 against 512, XLA's latency-hiding
-  scheduler and cuBLAS instead of XLA's Triton GEMMs; the einsum attention last (the issue's baseline). MFU against the chip's bf16
-  spec peak with full and with causal (halved) attention FLOPs, and against a bf16
+  cuDNN attention, remat full; on both, cuBLAS instead of XLA's Triton GEMMs; on the 0.6B
+  shape, remat dots and attention (minimal with the attention's context kept), logits
+  chunk 2048 against 512, XLA's latency-hiding scheduler; the einsum attention last (the
+  issue's baseline). MFU against the chip's bf16 spec peak with full and with causal (halved) attention FLOPs, and against a bf16
   8192^3 matmul measured in the same process; the two cuDNN remat-full runs also profile one
   step (time by kernel family: matmul, attention, copy, other).
 
@@ -93,7 +96,9 @@ CUBLAS_GEMM = "--xla_gpu_enable_triton_gemm=false"
 # profiler: the GPU-busy share and the time by kernel (benchmarks/gpu_profile.py).
 RUNS = [
     ("decode_kernel_check", 2, "check", {}),
-    ("decode_b256_triton", 2, "sampler", dict(batch=256, decode="triton", profile=True)),
+    # The batch-256 decode target also measures transformers on the same GPU (item 7's 5x).
+    ("decode_b256_triton", 2, "sampler", dict(batch=256, decode="triton", profile=True,
+                                              hf=True)),
     ("train_1p7b_16x4096_cudnn_full", 7, "train",
      dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
           profile=True)),
@@ -101,30 +106,34 @@ RUNS = [
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           profile=True)),
     ("decode_b64_triton", 2, "sampler", dict(batch=64, decode="triton")),
+    # The H100 run of 2026-11-27 put XLA's Triton GEMM fusions among the 1.7B step's
+    # largest kernels: cuBLAS for all of them is the first comparison.
+    ("train_1p7b_16x4096_cudnn_full_cublas", 5, "train",
+     dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
+          xla_flags=CUBLAS_GEMM)),
     ("decode_kernel_sweep", 2, "check", dict(sweep=True)),
-    ("decode_b256_gather", 2, "sampler", dict(batch=256, decode="gather", profile=True)),
-    ("train_0p6b_32x2048_cudnn_dots", 3, "train",
-     dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
-          remat="dots")),
-    ("train_0p6b_32x2048_cudnn_full_lhs", 5, "train",
-     dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
-          xla_flags=LHS)),
     ("train_0p6b_32x2048_cudnn_full_cublas", 5, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           xla_flags=CUBLAS_GEMM)),
+    ("decode_b256_gather", 2, "sampler", dict(batch=256, decode="gather", profile=True)),
     ("decode_b64_gather", 2, "sampler", dict(batch=64, decode="gather")),
+    ("train_0p6b_32x2048_cudnn_dots", 3, "train",
+     dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
+          remat="dots")),
     ("train_0p6b_32x2048_cudnn_attention", 3, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           remat="attention")),
     ("train_0p6b_32x2048_cudnn_full_chunk2048", 3, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           logits_chunk=2048)),
+    # Measured on the H100 (2026-11-27): 1.002x the step without it. Last but the baselines.
+    ("train_0p6b_32x2048_cudnn_full_lhs", 5, "train",
+     dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
+          xla_flags=LHS)),
     ("decode_b256_triton_no_command_buffers", 4, "sampler",
      dict(batch=256, decode="triton", xla_flags=NO_COMMAND_BUFFERS)),
     ("train_0p6b_32x2048_einsum_full", 1, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="einsum")),
-    ("decode_b256_triton_vs_transformers", 7, "sampler", dict(batch=256, decode="triton",
-                                                                hf=True)),
     ("train_1p7b_16x4096_einsum_full", 1, "train",
      dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="einsum")),
 ]
@@ -365,6 +374,10 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
                                       errors=sum("error" in r for r in swept.get("runs", [])))
   for batch in (64, 256):
     kernel, gather = by.get(f"decode_b{batch}_triton"), by.get(f"decode_b{batch}_gather")
+    if kernel and kernel.get("hf_tok_s"):
+      # transformers' generate on the same device (sampler_bench's hf_device): item 7's ratio.
+      out[f"decode_b{batch}_vs_transformers"] = {k: kernel[k] for k in (
+          "ours_tok_s", "hf_tok_s", "ratio", "hf_device", "greedy_match") if k in kernel}
     if kernel and gather and gather.get("ours_tok_s"):
       out[f"decode_b{batch}"] = dict(
           triton_tok_s=kernel.get("ours_tok_s"), gather_tok_s=gather.get("ours_tok_s"),
@@ -419,14 +432,22 @@ def token_match(out_dir: str | None, a: str, b: str) -> float | None:
   return round(float(np.mean(ta == tb)), 5) if ta.shape == tb.shape else None
 
 
-def write_checkpoint(path: str) -> None:
+def write_checkpoint(path: str) -> str:
+  """Writes the random Qwen3-0.6B-shaped checkpoint; returns where the time went (on the
+  device the whole took 45-52 s, against 16 s on a 2-core CPU: the next log says which
+  part)."""
+  t = time.perf_counter()
   import torch
   import transformers
 
+  imported = time.perf_counter()
   torch.manual_seed(0)
   cfg = transformers.Qwen3Config(**QWEN3_0P6B)
   model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+  built = time.perf_counter()
   model.save_pretrained(path)
+  return (f"import {imported - t:.1f} s, random init {built - imported:.1f} s, save "
+          f"{time.perf_counter() - built:.1f} s")
 
 
 def run_one(run: dict, log, timeout: float) -> dict:
@@ -510,8 +531,9 @@ def main(argv=None) -> int:
     else:
       if run["bench"] == "sampler_bench" and not smoke and not os.path.isdir(checkpoint):
         t = time.perf_counter()
-        write_checkpoint(checkpoint)
-        log(f"=== wrote the Qwen3-0.6B-shaped checkpoint in {time.perf_counter() - t:.1f} s")
+        parts = write_checkpoint(checkpoint)
+        log(f"=== wrote the Qwen3-0.6B-shaped checkpoint in {time.perf_counter() - t:.1f} s "
+            f"({parts})")
       left = args.deadline_s - (time.perf_counter() - start)
       result = run_one(run, log, max(1.0, min(run["timeout_s"], left)) if not smoke else 900.0)
     results.append(result)

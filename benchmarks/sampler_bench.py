@@ -17,8 +17,11 @@ Measured in this run on this machine:
 
 1. Decode throughput at a fixed batch (default 32 random 32-token prompts x 256 new tokens,
    no early stop): ours (jitted decode chunks, compile excluded by a warm-up run with the
-   same shapes) vs `transformers` generate on torch CPU (also after a warm-up, in its own
-   process, best of 1 thread and torch's default thread count). At temperature T > 0 both
+   same shapes) vs `transformers` generate (also after a warm-up, in its own process): on
+   torch CPU the best of 1 thread and torch's default thread count; where JAX runs on a
+   GPU, on that same GPU in the same dtype (`--hf-device`; JAX then preallocates only
+   HF_SHARED_JAX_FRACTION of it unless XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise, so
+   torch's weights and KV cache fit beside it). At temperature T > 0 both
    sample from softmax(logits / T) with top-k and top-p off. The sides alternate and the
    best of --repeats runs of each is kept: on a shared machine torch's OpenMP threads slow
    down badly whenever the cores are oversubscribed. At temperature 0, greedy_match is the
@@ -75,6 +78,11 @@ PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "TPU v4": 1200.0,
               "TPU v5e": 819.0, "TPU v5p": 2765.0, "TPU v6e": 1640.0}
 
 
+# JAX's share of a GPU that transformers shares (--hf-device cuda): the rest holds torch's
+# weights and its KV cache (batch 256 x 640 positions of Qwen3-0.6B: about 19 GiB).
+HF_SHARED_JAX_FRACTION = 0.45
+
+
 def _parse() -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--quick", action="store_true", help="small shapes for a fast check")
@@ -104,7 +112,11 @@ def _parse() -> argparse.Namespace:
   p.add_argument("--attention", default="auto", choices=("auto", "einsum", "cudnn", "splash"),
                  help="model.attention_impl of prefill (auto: cuDNN on GPU for bf16)")
   p.add_argument("--hf-threads", type=int, default=None,
-                 help="torch threads (default: the best of 1 and torch's default)")
+                 help="torch threads (default: the best of 1 and torch's default; on CUDA "
+                      "torch's default)")
+  p.add_argument("--hf-device", default="auto", choices=("auto", "cpu", "cuda"),
+                 help="where transformers runs (auto: on the GPU when JAX runs on one, "
+                      "else the CPU)")
   p.add_argument("--skip-mixed", action="store_true", help="skip the mixed-length workload")
   p.add_argument("--skip-floor", action="store_true",
                  help="skip the compute limit and the weight-matmul floor (parts 2 and 3)")
@@ -163,14 +175,20 @@ def _write_checkpoint(args, path: str) -> None:
   model.save_pretrained(path)
 
 
-def _hf_worker(path: str, dtype: str, conn) -> None:
+def _hf_worker(path: str, dtype: str, device: str, conn) -> None:
   """transformers side, in its own process: torch's and XLA's CPU thread pools would
-  otherwise spin against each other in one process and distort both timings."""
+  otherwise spin against each other in one process and distort both timings. On "cuda"
+  the model and the prompts live on the GPU and the timing waits for its kernels."""
   import torch
   import transformers
 
+  if device == "cuda" and not torch.cuda.is_available():
+    conn.send(f"--hf-device cuda: torch {torch.__version__} sees no CUDA device here; pass "
+              "--hf-device cpu or --skip-hf")
+    return
+  dev = torch.device(device)
   model = transformers.AutoModelForCausalLM.from_pretrained(
-      path, dtype=getattr(torch, dtype)).eval()
+      path, dtype=getattr(torch, dtype)).to(dev).eval()
   conn.send(torch.get_num_threads())
   while True:
     msg = conn.recv()
@@ -179,26 +197,34 @@ def _hf_worker(path: str, dtype: str, conn) -> None:
     prompts, new_tokens, threads, temperature = msg
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    ids = torch.tensor(prompts)
+    ids = torch.tensor(prompts, device=dev)
     sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
                 if temperature > 0 else dict(do_sample=False))
     with torch.no_grad():
       start = time.perf_counter()
       out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                            pad_token_id=0, attention_mask=torch.ones_like(ids), **sampling)
+      if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
       seconds = time.perf_counter() - start
-    conn.send((seconds, out[:, ids.shape[1]:].numpy()))
+    conn.send((seconds, out[:, ids.shape[1]:].cpu().numpy()))
 
 
 class _HF:
-  """Batched `generate` of exactly N new tokens per row, timed in a worker process."""
+  """Batched `generate` of exactly N new tokens per row, timed in a worker process on
+  `device` ("cpu" or "cuda")."""
 
-  def __init__(self, path: str, dtype: str):
+  def __init__(self, path: str, dtype: str, device: str = "cpu"):
     ctx = multiprocessing.get_context("spawn")
+    self.device = device
     self.conn, child = ctx.Pipe()
-    self.proc = ctx.Process(target=_hf_worker, args=(path, dtype, child), daemon=True)
+    self.proc = ctx.Process(target=_hf_worker, args=(path, dtype, device, child), daemon=True)
     self.proc.start()
-    self.default_threads = self.conn.recv()
+    first = self.conn.recv()  # torch's default thread count, or why it cannot run
+    if isinstance(first, str):
+      self.proc.join()
+      raise UsageError(first)
+    self.default_threads = first
 
   def generate(self, prompts: np.ndarray, new_tokens: int, threads: int,
                temperature: float) -> tuple[float, np.ndarray]:
@@ -210,6 +236,18 @@ class _HF:
   def close(self) -> None:
     self.conn.send(None)
     self.proc.join()
+
+
+def hf_device(choice: str, jax_backend: str) -> str:
+  """Where transformers runs: "cuda" or "cpu". `auto` follows JAX: the same GPU when JAX
+  runs on one, so the ratio compares two programs on one chip."""
+  if choice == "cpu" or (choice == "auto" and jax_backend != "gpu"):
+    return "cpu"
+  return "cuda"
+
+
+class UsageError(Exception):
+  """Bad arguments for this machine: main prints the message and exits 2."""
 
 
 def _sampler(model, args, slots: int, max_new: int):
@@ -343,6 +381,10 @@ def _roofline(sampler, model_cfg, args, step_seconds: float, live_len: float,
 def main() -> int:
   args = _parse()
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  if not args.skip_hf and args.hf_device != "cpu":
+    # transformers may share the GPU: JAX would otherwise take 75% of it up front. The
+    # decode's own arrays (weights, the page pool) are sized by the config, not by this.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(HF_SHARED_JAX_FRACTION))
   import jax
 
   from jaxrl_scale.generation import records
@@ -398,12 +440,18 @@ def main() -> int:
   report["decode_attention"] = decode_impl
   log(f"decode attention: {decode_impl} (--decode-attention {args.decode_attention})")
   reqs = [records.Request(p.tolist(), prompt_id=i) for i, p in enumerate(prompts)]
-  _timed(sampler, reqs)  # compile
-  hf = None if args.skip_hf else _HF(path, args.dtype)
-  # torch gets its best of one thread and its default count: with the cores oversubscribed
-  # (a shared machine), one thread is often several times faster than OpenMP's default.
+  # transformers first: an impossible --hf-device fails before our compile.
+  hf = None
+  if not args.skip_hf:
+    hf = _HF(path, args.dtype, hf_device(args.hf_device, jax.default_backend()))
+    report["hf_device"] = hf.device
+  # torch on the CPU gets its best of one thread and its default count: with the cores
+  # oversubscribed (a shared machine), one thread is often several times faster than
+  # OpenMP's default. On a GPU the thread count only feeds kernel launches: the default.
   hf_threads = [] if hf is None else (
-      [args.hf_threads] if args.hf_threads else sorted({1, hf.default_threads}))
+      [args.hf_threads] if args.hf_threads else
+      [hf.default_threads] if hf.device == "cuda" else sorted({1, hf.default_threads}))
+  _timed(sampler, reqs)  # compile
   for t in hf_threads:
     hf.generate(prompts, 4, t, args.temperature)  # warm-up
   ours_s = float("inf")
@@ -426,7 +474,8 @@ def main() -> int:
   if hf is not None:
     hf.close()
     for t in hf_threads:
-      log(f"[decode] transformers generate (torch CPU, {t} thread(s), own process): "
+      log(f"[decode] transformers generate (torch {hf.device.upper()}, {t} thread(s), own "
+          f"process): "
           f"{hf_s[t]:.2f} s = {total / hf_s[t]:.0f} tokens/s")
     hf_tps = total / min(hf_s.values())
     goal = 2.5 if args.temperature > 0 else 2.0
@@ -526,4 +575,8 @@ def _mixed(args, model, prompts, rng, log) -> dict:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  try:
+    sys.exit(main())
+  except UsageError as e:
+    print(f"sampler_bench: {e}", file=sys.stderr)
+    sys.exit(2)

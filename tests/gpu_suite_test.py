@@ -42,28 +42,32 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   names = [x.split(" ")[0] for x in lines]
   assert set(names[1:5]) == {"decode_b256_triton", "decode_b64_triton",
                              "train_1p7b_16x4096_cudnn_full", "train_0p6b_32x2048_cudnn_full"}
-  assert names[5] == "decode_kernel_sweep" and "paged_decode_check.py --sweep" in lines[5]
+  # Then cuBLAS for the 1.7B step (the first comparison the H100 run left open), the sweep.
+  assert names[5] == "train_1p7b_16x4096_cudnn_full_cublas"
+  assert names[6] == "decode_kernel_sweep" and "paged_decode_check.py --sweep" in lines[6]
+  # The batch-256 target run is profiled and times transformers on the same device.
   assert lines[1].startswith("decode_b256_triton (item 2)") and "--profile" in lines[1]
+  assert "--skip-hf" not in lines[1]
   decode = [x for x in lines if "sampler_bench.py" in x]
-  assert len(decode) == 6 and all("--save-tokens" in x for x in decode)
+  assert len(decode) == 5 and all("--save-tokens" in x for x in decode)
   for batch in (64, 256):
     for impl in ("triton", "gather"):
       assert sum(x.startswith(f"decode_b{batch}_{impl} ") and f"--batch {batch} " in x
                  and "--prompt-len 128 --new-tokens 512" in x and "--dtype bfloat16" in x
                  and f"--decode-attention {impl}" in x for x in decode) == 1
   assert sum("XLA_FLAGS=--xla_gpu_enable_command_buffer= " in x for x in decode) == 1
-  assert sum("--skip-hf" not in x for x in decode) == 1  # transformers once, last of decode
+  assert sum("--skip-hf" not in x for x in decode) == 1  # transformers once
   train = [x for x in lines if x.startswith("train_")]
   assert all("--matmul-dtype bfloat16" in x and "--steps 3" in x for x in train)
   assert sum("--preset qwen3_1p7b --seq-len 4096 --prompts 4 --generations 4" in x
-             for x in train) == 2
+             for x in train) == 3
   for remat in ("full", "dots", "attention"):
     assert any("--preset qwen3_0p6b" in x and f"--remat {remat} " in x for x in train)
   assert sum("--logits-chunk 2048" in x for x in train) == 1
   assert sum(x.split(": ", 1)[1].startswith(
       "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true ") for x in train) == 1
   assert sum(x.split(": ", 1)[1].startswith(
-      "XLA_FLAGS=--xla_gpu_enable_triton_gemm=false ") for x in train) == 1
+      "XLA_FLAGS=--xla_gpu_enable_triton_gemm=false ") for x in train) == 2
   assert sum("--attention einsum" in x for x in train) == 2
   assert {item for _, item, _, _ in gpu_suite.RUNS} == {1, 2, 3, 4, 5, 7}
 
@@ -129,8 +133,9 @@ def test_unknown_only_is_refused():
 
 
 def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_path):
-  runs = [dict(name="decode_b256_triton", rc=0, report=dict(ours_tok_s=30000.0,
-                                                              fraction_of_roofline=0.3)),
+  runs = [dict(name="decode_b256_triton", rc=0, report=dict(
+              ours_tok_s=30000.0, fraction_of_roofline=0.3, hf_tok_s=6000.0, ratio=5.0,
+              hf_device="cuda", greedy_match=0.9)),
           dict(name="decode_b256_gather", rc=0, report=dict(ours_tok_s=20000.0,
                                                               fraction_of_roofline=0.2)),
           dict(name="decode_b64_triton", rc=1, report=None),
@@ -148,7 +153,11 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
   got = gpu_suite.summary(runs, str(tmp_path))
   assert got["decode_b256"]["triton_over_gather"] == 1.5
   assert got["decode_b256"]["greedy_tokens_equal"] == 30 / 32
+  assert got["decode_b256_vs_transformers"] == dict(ours_tok_s=30000.0, hf_tok_s=6000.0,
+                                                    ratio=5.0, hf_device="cuda",
+                                                    greedy_match=0.9)
   assert "decode_b64" not in got  # its kernel run failed
+  assert "decode_b64_vs_transformers" not in got
   assert got["train_0p6b_32x2048_cudnn_dots"]["step_over_cudnn_full"] == 0.75
   full = got["train_0p6b_32x2048_cudnn_full"]
   assert full["step_over_kernel_bound"] == 2.5 and full["predicted"]["temp_gib"] == 27.7
@@ -241,8 +250,8 @@ def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch)
   assert train["jax"] == jax.__version__
   assert train["packages"]["flax"] == importlib.metadata.version("flax")
   assert [r["name"] for r in suite["runs"]] == [name for name, *_ in gpu_suite.RUNS]
-  assert [r["batch"] for r in sampler["runs"]] == [256, 64, 256, 64, 256, 256]
-  assert len(train["runs"]) == 9
+  assert [r["batch"] for r in sampler["runs"]] == [256, 64, 256, 64, 256]
+  assert len(train["runs"]) == 10
   assert all(r["skipped"] == "budget" for r in suite["runs"])
   assert suite["summary"] == {}
   assert "skipped" in (tmp_path / "gpu_suite.log").read_text()

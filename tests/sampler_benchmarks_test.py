@@ -73,3 +73,27 @@ def test_prefill_bench_quick_chunks_the_prefill_and_keeps_the_tokens():
   for key in ("whole_tok_s", "chunked_tok_s", "whole_max_gap_ms", "chunked_max_gap_ms",
               "stall_ratio", "throughput_ratio"):
     assert r[key] > 0
+
+
+def test_transformers_runs_where_jax_runs_unless_told():
+  """On a GPU the ratio is ours against transformers on that same GPU (the issue's
+  comparison), not against torch on the host's CPU."""
+  assert sampler_bench.hf_device("auto", "gpu") == "cuda"
+  assert sampler_bench.hf_device("auto", "cpu") == "cpu"
+  assert sampler_bench.hf_device("auto", "tpu") == "cpu"  # torch has no TPU
+  assert sampler_bench.hf_device("cpu", "gpu") == "cpu"
+  assert sampler_bench.hf_device("cuda", "cpu") == "cuda"
+
+
+def test_transformers_on_a_gpu_torch_cannot_see_fails_in_one_line():
+  """--hf-device cuda where torch has no CUDA device: one line naming the way out, exit 2,
+  and before our own compile (no time spent on a comparison that cannot run)."""
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "sampler_bench.py"),
+                        "--quick", "--skip-mixed", "--skip-floor", "--repeats", "1",
+                        "--hf-device", "cuda", "--json"],
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 2, out.stderr[-2000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("sampler_bench: --hf-device cuda: torch ") and "--skip-hf" in last
+  assert "Traceback" not in out.stderr and "[decode]" not in out.stderr
+  assert out.stdout.strip() == ""

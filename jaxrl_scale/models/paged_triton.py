@@ -28,10 +28,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jax.experimental.pallas.ops.gpu import paged_attention as jax_paged
 
-# KV positions one kernel step loads per (row, kv head) (JAX's default: 8 pages of 16), the
-# most splits of a row's pages run in parallel (JAX's default k_splits), and query heads per
-# block (the smallest a Triton dot takes; a GQA group of fewer is padded). Untuned: no GPU
-# has run this yet.
+# KV positions one kernel step loads per (row, kv head), the most splits of a row's pages
+# run in parallel (JAX's default k_splits), and query heads per block (the smallest a Triton
+# dot takes; a GQA group of fewer is padded). Tuned on an H100 (2026-11-27, jax 0.11.2,
+# benchmarks/paged_decode_check.py --sweep at Qwen3-0.6B's attention shape, batch 64 and
+# 256, 640 positions; benchmarks/results/gpu_h100_2026-11-27*/): 64 positions, 4 warps and
+# one stage were the fastest at both batches in the first sweep (79.8 / 184.0 us against
+# 92.9 / 226.3 us for JAX's 128 positions, 8 warps, 2 stages) and within 8% of the fastest
+# in the second (the run-to-run spread); 32 positions were no faster.
 KV_TOKENS_PER_BLOCK = 64
 MAX_SPLITS = 16
 QUERY_HEADS_PER_BLOCK = 16
@@ -40,11 +44,11 @@ QUERY_HEADS_PER_BLOCK = 16
 # loads in flight to keep HBM busy). Every split writes a float32 partial output of
 # QUERY_HEADS_PER_BLOCK rows, padding included, live pages or not, which the combine reads
 # back: with a split per 128-position block, Qwen3-0.6B at batch 256 and 128 + 512 tokens
-# spent a fifth of its decode bytes on them (`plan --topology h100`). Untuned on a GPU.
+# spent a fifth of its decode bytes on them (`plan --topology h100`). On the H100, 1 and
+# 4096 were within the sweep's spread of 1024 at both batches.
 TARGET_PROGRAMS = 1024
-# Triton's launch parameters for the kernel (JAX's wrapper: 8 warps, 2 stages). Untuned on a
-# GPU; benchmarks/paged_decode_check.py --sweep times the kernel over these and the block
-# sizes above.
+# Triton's launch parameters for the kernel (JAX's wrapper: 8 warps, 2 stages; tuned as
+# above).
 NUM_WARPS = 4
 NUM_STAGES = 1
 
