@@ -7,7 +7,10 @@ called from any thread (the trainer's).
 `sampler.weight_buffers` 2, the double buffer: `update_params` places the posted weights at
 once (dispatched, not waited for) beside the live ones, and the loop decodes on with the
 live weights until the posted copy is computed, then swaps references. Two copies at peak;
-decoding never waits for the trainer.
+decoding never waits for the trainer. Where the sampler also holds per-layer copies of the
+weights (CPU, GPU), the swap first lets the chunks already dispatched finish and drops the
+old copies before building the new ones, so that one set of copies is alive at a time (as
+`plan` counts), not two.
 
 `sampler.weight_buffers` 1, one copy: `update_params` first waits for the posted weights to
 be computed (the loop decodes on with the live ones meanwhile, admitting nothing new), then
@@ -189,10 +192,18 @@ class WeightSwap:
       return
     if not wait and not all(x.is_ready() for x in jax.tree.leaves(pending[0])):
       return
+    if self._split_layers is not None:
+      # Per-layer copies (CPU, GPU): the chunks dispatched before this boundary still read
+      # the live weights and their copies. Building the new copies beside them would hold
+      # two of each (the weights, the copies) at once, one set of copies more than `plan`
+      # counts; so those chunks finish first (once per update, the time the queued chunks
+      # take anyway) and the old copies go before the new ones are built.
+      jax.block_until_ready(self._state)
     with self._lock:
       if self._pending is pending:
         self._params, self.version = pending
         self._param_leaves = jax.tree.leaves(self._params)
+        self._layer_leaves = None
         self._layer_leaves = self._layers_of(self._param_leaves)
         self._pending = None
 

@@ -13,6 +13,7 @@ import threading
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -180,6 +181,58 @@ def test_the_old_weights_are_freed_before_the_new_are_placed(loaded, prompts, mo
   else:
     assert not any(placed["old_deleted"])
     assert grown >= 0.95 * params_bytes, (grown, params_bytes)
+
+
+def test_the_double_buffer_builds_new_layer_copies_after_the_old_are_released(
+    loaded, prompts, monkeypatch):
+  """CPU/GPU samplers hold per-layer copies of the weights. The chunks dispatched before the
+  double buffer's swap still read the old weights and copies: a device frees their memory
+  only when those chunks end, so copies built while they run would sit beside them (two
+  sets of weights and of copies; `plan` counts the weights twice, the copies once). The
+  swap therefore builds the new copies only once every chunk dispatched before it has
+  finished and the sampler has let go of the old copies. Python's view (`jax.live_arrays`)
+  cannot show a buffer an in-flight program holds, so this checks the order at the moment
+  the new copies are built, with the slot state (what every chunk returns) still being
+  computed when the swap begins: a slow program stands in for a long decode chunk."""
+  model_a, _ = loaded["qwen2"]
+  params_b = nnx.split(et._perturbed(model_a, seed=1))[1]
+  cfg = SamplerConfig(**{**et.SAMPLER.__dict__, "weight_buffers": 2, "max_new_tokens": 48})
+  sampler = engine.Sampler(model_a, cfg, eos_ids=())
+  assert sampler._layer_leaves is not None
+
+  @jax.jit
+  def slow(state):  # the state unchanged, after ~0.1 s of matmuls it depends on
+    m = jax.lax.fori_loop(0, 100, lambda _, m: jnp.tanh(m @ m), jnp.eye(256) * 0.5)
+    zero = (m[0, 0] * 0).astype(jnp.int32)
+    return jax.tree.map(lambda x: x + zero.astype(x.dtype), state)
+
+  slow(sampler._state)  # compiled before the run
+  swaps: list[dict] = []
+  real_apply, real_layers = engine.Sampler._apply_pending, engine.Sampler._layers_of
+
+  def apply_pending(self, wait):
+    if self._pending is not None and all(
+        x.is_ready() for x in jax.tree.leaves(self._pending[0])):  # a swap now
+      self._state = slow(self._state)
+      swaps.append({"began_busy": not all(x.is_ready() for x in jax.tree.leaves(self._state))})
+    real_apply(self, wait)
+
+  def layers_of(self, param_leaves):
+    if swaps:  # in the swap (the first call is __init__'s)
+      swaps[-1].update(chunks_done=all(x.is_ready() for x in jax.tree.leaves(self._state)),
+                       old_copies_held=self._layer_leaves is not None)
+    return real_layers(self, param_leaves)
+
+  def on_chunk(s, chunk_index):
+    if chunk_index == 0:
+      s.update_params(params_b, version=7)
+      jax.block_until_ready(s.params)  # computed: swapped in at the next chunk boundary
+
+  monkeypatch.setattr(engine.Sampler, "_apply_pending", apply_pending)
+  monkeypatch.setattr(engine.Sampler, "_layers_of", layers_of)
+  outs = sampler.generate(prompts[:4], on_chunk=on_chunk)
+  assert any((o.versions == 7).any() for o in outs)
+  assert swaps == [{"began_busy": True, "chunks_done": True, "old_copies_held": False}]
 
 
 @pytest.mark.slow  # 20-26 s on the 2-core machine under load (two ~2 s train steps)

@@ -8,6 +8,7 @@ devices. No TPU compile: only the programs' argument shapes and shardings are us
 import collections
 import gc
 import pathlib
+import threading
 
 import jax
 import pytest
@@ -35,12 +36,21 @@ OVERRIDES = [
 
 
 class _Peak:
-  """The most bytes each device held in live jax.Arrays at any sampled moment."""
+  """The most bytes each device held in live jax.Arrays at any sampled moment.
+
+  One sample at a time: `jax.live_arrays()`'s list holds every array it returns while a
+  sample walks it, so a second thread's sample taken meanwhile would count arrays that its
+  own thread had already dropped (a weight swap's old layer copies, 1.8 MB in bf16)."""
 
   def __init__(self):
     self.bytes = collections.Counter()
+    self._lock = threading.Lock()
 
   def sample(self):
+    with self._lock:
+      self._sample()
+
+  def _sample(self):
     now = collections.Counter()
     seen = set()  # a shard's buffer can also be live as an array of its own: count it once
     for x in jax.live_arrays():
@@ -102,4 +112,11 @@ def test_plan_counts_what_a_cpu_run_holds(tmp_path, monkeypatch, param_dtype):
   print(f"trainer: plan {plan_trainer:.0f} live {trainer:.0f}; "
         f"generator: plan {plan_generator:.0f} live {generator:.0f}")
   assert plan_trainer == pytest.approx(trainer, rel=0.10)
-  assert plan_generator == pytest.approx(generator, rel=0.10)
+  # The plan bounds the generator: above it, a run would hold more than `plan` promised
+  # (1.2-1.3x was sampled while two threads could sample at once, one's list keeping the
+  # other's dropped layer copies alive). Below it by up to ~10% in float32: the CPU runtime
+  # can hand a posted copy buffers it shares with the live weights (1 MiB per device here,
+  # 2026-11-27). What device memory a swap holds while chunks are in flight, which
+  # `jax.live_arrays` cannot see, tests/generation/weight_swap_test.py checks.
+  assert generator <= 1.01 * plan_generator
+  assert generator >= 0.85 * plan_generator
