@@ -34,7 +34,7 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
                         "--dry-run"], capture_output=True, text=True, timeout=60, check=True)
   lines = out.stdout.strip().splitlines()
-  assert len(lines) == len(gpu_suite.RUNS) == 17
+  assert len(lines) == len(gpu_suite.RUNS) == 18
   assert lines[0].startswith("decode_kernel_check (item 2)")
   assert "paged_decode_check.py" in lines[0] and "--sweep" not in lines[0]
   # The issue's four targets are measured first (after the kernel check), then the
@@ -49,13 +49,14 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   assert lines[1].startswith("decode_b256_triton (item 2)") and "--profile" in lines[1]
   assert "--skip-hf" not in lines[1]
   decode = [x for x in lines if "sampler_bench.py" in x]
-  assert len(decode) == 5 and all("--save-tokens" in x for x in decode)
+  assert len(decode) == 6 and all("--save-tokens" in x for x in decode)
   for batch in (64, 256):
     for impl in ("triton", "gather"):
       assert sum(x.startswith(f"decode_b{batch}_{impl} ") and f"--batch {batch} " in x
                  and "--prompt-len 128 --new-tokens 512" in x and "--dtype bfloat16" in x
                  and f"--decode-attention {impl}" in x for x in decode) == 1
   assert sum("XLA_FLAGS=--xla_gpu_enable_command_buffer= " in x for x in decode) == 1
+  assert sum("XLA_FLAGS=--xla_gpu_enable_triton_gemm=false " in x for x in decode) == 1
   assert sum("--skip-hf" not in x for x in decode) == 1  # transformers once
   train = [x for x in lines if x.startswith("train_")]
   assert all("--matmul-dtype bfloat16" in x and "--steps 3" in x for x in train)
@@ -138,6 +139,8 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
               hf_device="cuda", greedy_match=0.9)),
           dict(name="decode_b256_gather", rc=0, report=dict(ours_tok_s=20000.0,
                                                               fraction_of_roofline=0.2)),
+          dict(name="decode_b256_triton_cublas", rc=0, report=dict(
+              ours_tok_s=33000.0, fraction_of_roofline=0.33)),
           dict(name="decode_b64_triton", rc=1, report=None),
           dict(name="train_0p6b_32x2048_cudnn_full", rc=0,
                report=dict(median_step_s=2.0, family_ms_per_step={
@@ -158,6 +161,8 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
                                                     greedy_match=0.9)
   assert "decode_b64" not in got  # its kernel run failed
   assert "decode_b64_vs_transformers" not in got
+  assert got["decode_b256_triton_cublas"] == dict(ours_tok_s=33000.0, fraction_of_roofline=0.33,
+                                                  over_triton=1.1)
   assert got["train_0p6b_32x2048_cudnn_dots"]["step_over_cudnn_full"] == 0.75
   full = got["train_0p6b_32x2048_cudnn_full"]
   assert full["step_over_kernel_bound"] == 2.5 and full["predicted"]["temp_gib"] == 27.7
@@ -250,7 +255,7 @@ def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch)
   assert train["jax"] == jax.__version__
   assert train["packages"]["flax"] == importlib.metadata.version("flax")
   assert [r["name"] for r in suite["runs"]] == [name for name, *_ in gpu_suite.RUNS]
-  assert [r["batch"] for r in sampler["runs"]] == [256, 64, 256, 64, 256]
+  assert [r["batch"] for r in sampler["runs"]] == [256, 64, 256, 256, 64, 256]
   assert len(train["runs"]) == 10
   assert all(r["skipped"] == "budget" for r in suite["runs"])
   assert suite["summary"] == {}
