@@ -44,7 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def sweep_configs(page: int) -> list[dict]:
-  """The Triton kernel's block configurations --sweep times: 4, 8 and 16 pages per kernel
+  """The Triton kernel's block configurations --sweep times: 2, 4, 8 and 16 pages per kernel
   step with 4 and 8 warps and 1 and 2 software-pipeline stages (rows' pages split as by
   default; each stage holds a block of keys and one of values in shared memory), then the
   default block with no split at all and with splits up to a grid 4x the default's target."""

@@ -36,9 +36,10 @@ def test_read_seconds_chains_every_step_and_hands_the_carry_on():
 
 def test_sweep_checks_every_configuration_against_float32_and_picks_the_fastest():
   configs = paged_decode_check.sweep_configs(4)
-  # Blocks of 4, 8 and 16 pages, 4 and 8 warps, 1 and 2 stages, the split target both ways.
-  assert len(configs) == 3 * 2 * 2 + 2
-  assert {c["kv_tokens_per_block"] for c in configs} == {16, 32, 64, 128}
+  # Blocks of 2, 4, 8 and 16 pages, 4 and 8 warps, 1 and 2 stages, the split target both
+  # ways (at the default block: 64 positions, 16 pages of 4 here).
+  assert len(configs) == 4 * 2 * 2 + 2
+  assert {c["kv_tokens_per_block"] for c in configs} == {8, 16, 32, 64}
   assert {c["num_warps"] for c in configs} == {4, 8}
   assert {c["num_stages"] for c in configs} == {1, 2}
   assert len({tuple(sorted(c.items())) for c in configs}) == len(configs)
