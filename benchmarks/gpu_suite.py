@@ -7,7 +7,8 @@
 The variants, most important first (a budget cut drops the tail; `RUNS` has each one's
 issue item): the decode kernel's check, then one run for each of the issue's four targets
 (decode with the Triton kernel at batch 256, with transformers on the same GPU, the two
-headline train steps, decode at batch 64), then the 1.7B step with cuBLAS GEMMs, the
+headline train steps, decode at batch 64), then what might lift the 1.7B step (cuBLAS
+GEMMs, remat keeping the attention outputs), cuBLAS for the 0.6B step and for decode, the
 kernel's block-size sweep, then the comparisons (the gather, remat, flags, logits chunk,
 command buffers, the einsum baselines). The first H100 run (2026-11-27,
 benchmarks/results/gpu_h100_2026-11-27/) set this order: what it left unmeasured comes first.
@@ -29,11 +30,12 @@ benchmarks/results/gpu_h100_2026-11-27/) set this order: what it left unmeasured
   (what they do for the host gaps).
 - train step (train_step_bench, compile + 1 warm-up + 3 timed steps, bfloat16 activations
   over the presets' float32 masters): qwen3_1p7b 16 x 4096 and qwen3_0p6b 32 x 2048 with
-  cuDNN attention, remat full; on both, cuBLAS instead of XLA's Triton GEMMs; on the 0.6B
-  shape, remat dots and attention (minimal with the attention's context kept), logits
-  chunk 2048 against 512, XLA's latency-hiding scheduler; the einsum attention last (the
-  issue's baseline). MFU against the chip's bf16 spec peak with full and with causal (halved) attention FLOPs, and against a bf16
-  8192^3 matmul measured in the same process; the two cuDNN remat-full runs also profile one
+  cuDNN attention, remat full; on both, cuBLAS instead of XLA's Triton GEMMs and remat
+  attention (minimal with the attention's context kept; the 1.7B at two micro-batches); on
+  the 0.6B shape, remat dots, logits chunk 2048 against 512, XLA's latency-hiding
+  scheduler; the einsum attention last (the issue's baseline). MFU against the chip's bf16
+  spec peak with full and with causal (halved) attention FLOPs, and against a bf16 8192^3
+  matmul measured in the same process; the two cuDNN remat-full runs also profile one
   step (time by kernel family: matmul, attention, copy, other).
 
 Writes to --out (default $OUT, else benchmarks/results/gpu), rewritten after every run so a
@@ -112,7 +114,12 @@ RUNS = [
     ("train_1p7b_16x4096_cudnn_full_cublas", 5, "train",
      dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
           xla_flags=CUBLAS_GEMM)),
-    ("decode_kernel_sweep", 2, "check", dict(sweep=True)),
+    # Remat keeping the attention block's outputs, at 2 micro-batches (53.7 GiB predicted;
+    # 73.6 at one, and remat dots 103-172 GiB, do not fit an H100): x1.30 compiled FLOPs
+    # against remat full's x1.40, the same kernel-by-kernel bound (gpu_plan.py).
+    ("train_1p7b_16x4096_cudnn_attention", 3, "train",
+     dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
+          remat="attention")),
     ("train_0p6b_32x2048_cudnn_full_cublas", 5, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           xla_flags=CUBLAS_GEMM)),
@@ -120,6 +127,8 @@ RUNS = [
     # XLA's Triton GEMM fusions on the H100: the same with cuBLAS.
     ("decode_b256_triton_cublas", 5, "sampler",
      dict(batch=256, decode="triton", xla_flags=CUBLAS_GEMM)),
+    # The defaults come from two sweeps on the H100 (2026-11-27): again on another GPU.
+    ("decode_kernel_sweep", 2, "check", dict(sweep=True)),
     ("decode_b256_gather", 2, "sampler", dict(batch=256, decode="gather", profile=True)),
     ("decode_b64_gather", 2, "sampler", dict(batch=64, decode="gather")),
     ("train_0p6b_32x2048_cudnn_dots", 3, "train",
