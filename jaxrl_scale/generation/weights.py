@@ -196,8 +196,9 @@ class WeightSwap:
       # Per-layer copies (CPU, GPU): the chunks dispatched before this boundary still read
       # the live weights and their copies. Building the new copies beside them would hold
       # two of each (the weights, the copies) at once, one set of copies more than `plan`
-      # counts; so those chunks finish first (once per update, the time the queued chunks
-      # take anyway) and the old copies go before the new ones are built.
+      # counts; so those chunks finish first and the old copies go before the new ones are
+      # built. The price, once per update: the device idles while this boundary's host work
+      # (the copies, the next dispatch) runs, as it would between synchronous chunks.
       jax.block_until_ready(self._state)
     with self._lock:
       if self._pending is pending:
