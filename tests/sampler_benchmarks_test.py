@@ -85,6 +85,7 @@ def test_transformers_runs_where_jax_runs_unless_told():
   assert sampler_bench.hf_device("cuda", "cpu") == "cuda"
 
 
+@pytest.mark.slow  # 16 s (writes and loads a checkpoint, spawns torch); the choice is above
 def test_transformers_on_a_gpu_torch_cannot_see_fails_in_one_line():
   """--hf-device cuda where torch has no CUDA device: one line naming the way out, exit 2,
   and before our own compile (no time spent on a comparison that cannot run)."""
