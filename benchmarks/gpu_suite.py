@@ -5,19 +5,22 @@
     python benchmarks/gpu_suite.py --cpu-smoke                            # every variant, tiny
 
 The variants, most important first (a budget cut drops the tail; `RUNS` has each one's
-issue item): the decode kernel's check, then one run for each of the issue's four targets
-(decode with the Triton kernel at batch 256, with transformers on the same GPU, the two
-headline train steps, decode at batch 64), then what might lift the 1.7B step (cuBLAS
-GEMMs, remat keeping the attention outputs), cuBLAS for the 0.6B step and for decode, the
-kernel's block-size sweep, then the comparisons (the gather, remat, flags, logits chunk,
-command buffers, the einsum baselines). The first H100 run (2026-11-27,
-benchmarks/results/gpu_h100_2026-11-27/) set this order: what it left unmeasured comes first.
+issue item): the decode kernels' check, decode with the Triton kernel at batch 256 (with
+transformers on the same GPU) and the two headline train steps (three of the issue's
+targets), the kernel sweep ("page" against "head") and decode at batch 256 with the
+fastest "page" configuration, then what might lift the 1.7B step and decode (cuBLAS
+GEMMs; remat keeping the attention outputs), decode at batch 64 with each kernel, cuBLAS
+for the 0.6B step, then the comparisons (the gather, remat, flags, logits chunk, command
+buffers, the einsum baselines). The H100 runs of 2026-11-27
+(benchmarks/results/gpu_h100_2026-11-27*/) set this order: what they left unmeasured or
+short of its target comes first.
 
-- the decode kernel's numbers on the device first (paged_decode_check: the Triton kernel
+- the decode kernels' numbers on the device first (paged_decode_check: both Triton kernels
   against the gather and a float32 attention, bf16 and float32, at Qwen3-0.6B's attention
-  shape, with each read's time and GB/s of live KV; the tests can only run it in interpret
-  mode on CPU); after the targets' runs, its block sizes, warps and stages timed at batch 64 and
-  256 (`--sweep`: what to set `paged_triton`'s defaults to).
+  shape, with each read's time and GB/s of live KV; the tests can only run them in interpret
+  mode on CPU); after three targets' runs, the "page" kernel's block sizes, warps and stages
+  beside "head"'s defaults at batch 64 and 256 (`--sweep`: what to set `paged_triton`'s
+  defaults to, and which kernel); the decode runs marked tuned use the fastest.
 - decode (sampler_bench): a random Qwen3-0.6B-shaped checkpoint (hidden 1024, 28 layers,
   16 heads of 128, 8 kv heads, MLP 3072, vocab 151936, tied; written once with
   transformers, in bfloat16), bf16, 128 prompt + 512 new tokens, at batch 256 and 64, with
@@ -95,7 +98,9 @@ CUBLAS_GEMM = "--xla_gpu_enable_triton_gemm=false"
 
 # (name, issue item, bench, options). Train options: preset, prompts x generations, seq_len,
 # attention, remat, logits_chunk, xla_flags, profile; decode: batch, decode attention,
-# profile, hf, xla_flags. Most important first. A profiled run adds one run under JAX's
+# profile, hf, xla_flags, triton_kernel (`paged_triton.KERNELS`; with tuned, the block
+# configuration the kernel sweep found fastest for it at this batch, when the sweep ran).
+# Most important first. A profiled run adds one run under JAX's
 # profiler: the GPU-busy share and the time by kernel (benchmarks/gpu_profile.py).
 RUNS = [
     ("decode_kernel_check", 2, "check", {}),
@@ -108,27 +113,34 @@ RUNS = [
     ("train_0p6b_32x2048_cudnn_full", 7, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           profile=True)),
-    ("decode_b64_triton", 2, "sampler", dict(batch=64, decode="triton")),
+    # The "head" kernel read the live KV at 55% of HBM bandwidth in the b256 step on the
+    # H100 (2026-11-27): the "page" kernel's block sizes timed beside "head"'s defaults,
+    # then the b256 decode with the fastest "page" configuration end to end.
+    ("decode_kernel_sweep", 2, "check", dict(sweep=True)),
+    ("decode_b256_triton_page", 2, "sampler",
+     dict(batch=256, decode="triton", triton_kernel="page", tuned=True)),
     # The H100 run of 2026-11-27 put XLA's Triton GEMM fusions among the 1.7B step's
     # largest kernels: cuBLAS for all of them is the first comparison.
     ("train_1p7b_16x4096_cudnn_full_cublas", 5, "train",
      dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
           xla_flags=CUBLAS_GEMM)),
+    # The batch-256 decode's layer matmuls (M = 256) ran at about 30% of HBM bandwidth in
+    # XLA's Triton GEMM fusions on the H100: the same with cuBLAS.
+    ("decode_b256_triton_cublas", 5, "sampler",
+     dict(batch=256, decode="triton", xla_flags=CUBLAS_GEMM)),
     # Remat keeping the attention block's outputs, at 2 micro-batches (53.7 GiB predicted;
     # 73.6 at one, and remat dots 103-172 GiB, do not fit an H100): x1.30 compiled FLOPs
     # against remat full's x1.40, the same kernel-by-kernel bound (gpu_plan.py).
     ("train_1p7b_16x4096_cudnn_attention", 3, "train",
      dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
           remat="attention")),
+    # 39.8% of the roofline with the tuned "head" kernel on the H100 (2026-11-27b).
+    ("decode_b64_triton", 2, "sampler", dict(batch=64, decode="triton")),
+    ("decode_b64_triton_page", 2, "sampler",
+     dict(batch=64, decode="triton", triton_kernel="page", tuned=True)),
     ("train_0p6b_32x2048_cudnn_full_cublas", 5, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
           xla_flags=CUBLAS_GEMM)),
-    # The batch-256 decode's layer matmuls (M = 256) ran at about 30% of HBM bandwidth in
-    # XLA's Triton GEMM fusions on the H100: the same with cuBLAS.
-    ("decode_b256_triton_cublas", 5, "sampler",
-     dict(batch=256, decode="triton", xla_flags=CUBLAS_GEMM)),
-    # The defaults come from two sweeps on the H100 (2026-11-27): again on another GPU.
-    ("decode_kernel_sweep", 2, "check", dict(sweep=True)),
     ("decode_b256_gather", 2, "sampler", dict(batch=256, decode="gather", profile=True)),
     ("decode_b64_gather", 2, "sampler", dict(batch=64, decode="gather")),
     ("train_0p6b_32x2048_cudnn_dots", 3, "train",
@@ -241,7 +253,23 @@ def sampler_argv(o: dict, checkpoint: str, smoke: bool) -> list[str]:
              "--prompt-len", "128", "--new-tokens", "512"]
   return ["sampler_bench.py", *shape, "--repeats", "1", "--skip-mixed", "--skip-floor",
           "--decode-attention", o["decode"], *(["--profile"] if o.get("profile") else []),
+          *(["--triton-kernel", o["triton_kernel"]] if o.get("triton_kernel") else []),
           *([] if o.get("hf") else ["--skip-hf"]), "--json"]
+
+
+def tuned(run: dict, results: list[dict]) -> dict | None:
+  """For a run with `tuned`: its kernel's fastest block configuration at its batch in the
+  kernel sweep among `results` (None when the sweep did not run, failed or has none)."""
+  if not run.get("tuned"):
+    return None
+  sweep = next((r.get("report") or {} for r in results
+                if r["name"] == "decode_kernel_sweep" and r.get("rc") == 0), {}).get("sweep")
+  best = ((sweep or {}).get("best_by_kernel") or {}).get(run.get("triton_kernel", "head"), {})
+  row = best.get(str(run["batch"]))
+  if not row:
+    return None
+  return {k: row[k] for k in ("kv_tokens_per_block", "num_warps", "num_stages",
+                              "target_programs") if k in row}
 
 
 TRAIN_MEM_FRACTION = 0.9
@@ -380,11 +408,12 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
   check = by.get("decode_kernel_check", {}).get("bfloat16")
   if check:
     out["decode_kernel_bf16"] = {k: check[k] for k in (
-        "triton_vs_gather", "triton_vs_f32", "triton_us", "gather_us", "triton", "gather")
-        if k in check}
+        "triton_vs_gather", "triton_vs_f32", "page_vs_f32", "triton_us", "page_us",
+        "gather_us", "triton", "page", "gather") if k in check}
   swept = by.get("decode_kernel_sweep", {}).get("sweep")
   if swept:
     out["decode_kernel_sweep"] = dict(defaults=swept.get("defaults"), best=swept.get("best"),
+                                      best_by_kernel=swept.get("best_by_kernel"),
                                       errors=sum("error" in r for r in swept.get("runs", [])))
   for batch in (64, 256):
     kernel, gather = by.get(f"decode_b{batch}_triton"), by.get(f"decode_b{batch}_gather")
@@ -413,6 +442,8 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
       out[name] = {"ours_tok_s": rep["ours_tok_s"],
                    "fraction_of_roofline": rep.get("fraction_of_roofline"),
                    "over_triton": round(rep["ours_tok_s"] / base["ours_tok_s"], 3)}
+      if rep.get("triton"):
+        out[name]["triton"] = rep["triton"]
   for name, rep in by.items():
     if not name.startswith("train_") or "median_step_s" not in rep:
       continue
@@ -556,6 +587,10 @@ def main(argv=None) -> int:
         parts = write_checkpoint(checkpoint)
         log(f"=== wrote the Qwen3-0.6B-shaped checkpoint in {time.perf_counter() - t:.1f} s "
             f"({parts})")
+      config = tuned(run, results)
+      if config:  # the kernel sweep's fastest configuration for this run's kernel and batch
+        run = dict(run, triton_config=config, argv=[
+            *run["argv"], "--triton-config", ",".join(f"{k}={v}" for k, v in config.items())])
       left = args.deadline_s - (time.perf_counter() - start)
       result = run_one(run, log, max(1.0, min(run["timeout_s"], left)) if not smoke else 900.0)
     results.append(result)

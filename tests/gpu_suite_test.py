@@ -34,25 +34,30 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
                         "--dry-run"], capture_output=True, text=True, timeout=60, check=True)
   lines = out.stdout.strip().splitlines()
-  assert len(lines) == len(gpu_suite.RUNS) == 19
+  assert len(lines) == len(gpu_suite.RUNS) == 21
   assert lines[0].startswith("decode_kernel_check (item 2)")
   assert "paged_decode_check.py" in lines[0] and "--sweep" not in lines[0]
-  # The issue's four targets are measured first (after the kernel check), then the
-  # kernel's block sizes are timed, then the comparisons.
+  # Three of the issue's targets are measured first (after the kernel check), then the
+  # kernel sweep and the b256 decode with the fastest "page" configuration, then what might
+  # lift the 1.7B step the H100 run measured at 33.9% and the b256 decode (42.8%): cuBLAS
+  # GEMMs, remat keeping the attention outputs (at 2 micro-batches: 1 does not fit an
+  # H100), then batch 64 with each kernel.
   names = [x.split(" ")[0] for x in lines]
-  assert set(names[1:5]) == {"decode_b256_triton", "decode_b64_triton",
-                             "train_1p7b_16x4096_cudnn_full", "train_0p6b_32x2048_cudnn_full"}
-  # Then what might lift the 1.7B step the H100 run measured at 33.9%: cuBLAS GEMMs, remat
-  # keeping the attention outputs (at 2 micro-batches: 1 does not fit an H100).
-  assert names[5] == "train_1p7b_16x4096_cudnn_full_cublas"
-  assert names[6] == "train_1p7b_16x4096_cudnn_attention" and "--remat attention" in lines[6]
-  sweep = names.index("decode_kernel_sweep")
-  assert "paged_decode_check.py --sweep" in lines[sweep]
+  assert names[1:9] == [
+      "decode_b256_triton", "train_1p7b_16x4096_cudnn_full", "train_0p6b_32x2048_cudnn_full",
+      "decode_kernel_sweep", "decode_b256_triton_page", "train_1p7b_16x4096_cudnn_full_cublas",
+      "decode_b256_triton_cublas", "train_1p7b_16x4096_cudnn_attention"]
+  assert names[9:11] == ["decode_b64_triton", "decode_b64_triton_page"]
+  assert "--remat attention" in lines[8]
+  assert "paged_decode_check.py --sweep" in lines[4]
+  page = [x for x in lines if "--triton-kernel page" in x]
+  assert [x.split(" ")[0] for x in page] == ["decode_b256_triton_page", "decode_b64_triton_page"]
+  assert not any("--triton-config" in x for x in lines)  # added only once the sweep ran
   # The batch-256 target run is profiled and times transformers on the same device.
   assert lines[1].startswith("decode_b256_triton (item 2)") and "--profile" in lines[1]
   assert "--skip-hf" not in lines[1]
   decode = [x for x in lines if "sampler_bench.py" in x]
-  assert len(decode) == 6 and all("--save-tokens" in x for x in decode)
+  assert len(decode) == 8 and all("--save-tokens" in x for x in decode)
   for batch in (64, 256):
     for impl in ("triton", "gather"):
       assert sum(x.startswith(f"decode_b{batch}_{impl} ") and f"--batch {batch} " in x
@@ -74,6 +79,27 @@ def test_dry_run_covers_every_device_item_of_issue_34():
       "XLA_FLAGS=--xla_gpu_enable_triton_gemm=false ") for x in train) == 2
   assert sum("--attention einsum" in x for x in train) == 2
   assert {item for _, item, _, _ in gpu_suite.RUNS} == {1, 2, 3, 4, 5, 7}
+
+
+def test_a_tuned_run_gets_the_sweeps_fastest_configuration_for_its_kernel_and_batch():
+  """The b256 "page" run: no sweep (or a failed one) leaves the module's defaults; after
+  it, the fastest "page" row at batch 256, not the fastest row overall nor batch 64's."""
+  runs = {r["name"]: r for r in gpu_suite.plan(81559, "/tmp/ck")}
+  page256, base = runs["decode_b256_triton_page"], runs["decode_b256_triton"]
+  row = lambda kernel, batch, tokens, us: dict(  # noqa: E731
+      batch=batch, kernel=kernel, kv_tokens_per_block=tokens, num_warps=8, num_stages=1,
+      target_programs=1024, us=us)
+  best_by_kernel = {"head": {"256": row("head", 256, 64, 150.0)},
+                    "page": {"64": row("page", 64, 16, 60.0), "256": row("page", 256, 32, 170.0)}}
+  sweep = dict(name="decode_kernel_sweep", rc=0,
+               report={"sweep": {"best": {"256": best_by_kernel["head"]["256"]},
+                                 "best_by_kernel": best_by_kernel}})
+  assert gpu_suite.tuned(page256, []) is None
+  assert gpu_suite.tuned(page256, [dict(sweep, rc=124)]) is None
+  assert gpu_suite.tuned(base, [sweep]) is None  # not marked tuned: the defaults' baseline
+  assert gpu_suite.tuned(page256, [sweep]) == dict(kv_tokens_per_block=32, num_warps=8,
+                                                   num_stages=1, target_programs=1024)
+  assert gpu_suite.tuned(runs["decode_b64_triton_page"], [sweep])["kv_tokens_per_block"] == 16
 
 
 def test_without_predictions_a_small_gpu_splits_the_1p7b_batch():
@@ -133,7 +159,7 @@ def test_unknown_only_is_refused():
   with pytest.raises(SystemExit):
     gpu_suite.parse_args(["--only", "decode_b128"])
   assert [r["name"] for r in gpu_suite.plan(None, "/tmp/ck", only=["decode_b64"])] == [
-      "decode_b64_triton", "decode_b64_gather"]
+      "decode_b64_triton", "decode_b64_triton_page", "decode_b64_gather"]
 
 
 def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_path):
@@ -258,11 +284,49 @@ def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch)
   assert train["jax"] == jax.__version__
   assert train["packages"]["flax"] == importlib.metadata.version("flax")
   assert [r["name"] for r in suite["runs"]] == [name for name, *_ in gpu_suite.RUNS]
-  assert [r["batch"] for r in sampler["runs"]] == [256, 64, 256, 256, 64, 256]
+  assert [r["batch"] for r in sampler["runs"]] == [256, 256, 256, 64, 64, 256, 64, 256]
   assert len(train["runs"]) == 11
   assert all(r["skipped"] == "budget" for r in suite["runs"])
   assert suite["summary"] == {}
   assert "skipped" in (tmp_path / "gpu_suite.log").read_text()
+
+
+def test_the_suite_passes_the_sweeps_choice_to_the_tuned_runs(tmp_path, monkeypatch):
+  """main, its runs stubbed: the b256 "page" decode that runs after the sweep gets
+  `--triton-config` with the sweep's fastest "page" row at batch 256, its other arguments
+  (the saved tokens' path last) intact, and the run records the configuration."""
+  import json
+
+  seen = {}
+
+  def fake_run(run, log, timeout):
+    seen[run["name"]] = run["argv"]
+    report = None
+    if run["name"] == "decode_kernel_sweep":
+      report = {"sweep": {"best_by_kernel": {"page": {"256": dict(
+          batch=256, kernel="page", kv_tokens_per_block=32, num_warps=8, num_stages=2,
+          target_programs=4096, us=150.0)}}}}
+    return {**{k: v for k, v in run.items() if k != "argv"}, "rc": 0, "report": report}
+
+  monkeypatch.setattr(gpu_suite, "gpu_info", lambda: ("NVIDIA H100 80GB HBM3", 81559))
+  monkeypatch.setattr(gpu_suite, "run_one", fake_run)
+  monkeypatch.setattr(gpu_suite, "write_checkpoint", lambda path: "stub")
+  monkeypatch.setattr(gpu_suite.os.path, "isdir", lambda path: True)
+  assert gpu_suite.main(["--out", str(tmp_path), "--commit", "abc",
+                         "--only", "decode_kernel_sweep,decode_b256_triton_page,"
+                         "decode_b64_triton_page"]) == 0
+  argv = seen["decode_b256_triton_page"]
+  tmp = gpu_suite.tempfile.gettempdir()
+  planned = next(r for r in gpu_suite.plan(
+      81559, os.path.join(tmp, "gpu_suite_qwen3_0p6b"),
+      tokens_dir=os.path.join(tmp, "gpu_suite_tokens")) if r["name"] == "decode_b256_triton_page")
+  assert argv[:-2] == planned["argv"] and argv[-4] == "--save-tokens"
+  assert argv[-2:] == ["--triton-config",
+                       "kv_tokens_per_block=32,num_warps=8,num_stages=2,target_programs=4096"]
+  assert "--triton-config" not in seen["decode_b64_triton_page"]  # none at batch 64
+  runs = {r["name"]: r for r in json.loads((tmp_path / "gpu_suite.json").read_text())["runs"]}
+  assert runs["decode_b256_triton_page"]["triton_config"]["num_stages"] == 2
+  assert "triton_config" not in runs["decode_b64_triton_page"]
 
 
 @pytest.mark.slow

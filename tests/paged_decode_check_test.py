@@ -35,22 +35,39 @@ def test_read_seconds_chains_every_step_and_hands_the_carry_on():
 
 
 def test_sweep_checks_every_configuration_against_float32_and_picks_the_fastest():
-  configs = paged_decode_check.sweep_configs(4)
-  # Blocks of 2, 4, 8 and 16 pages, 4 and 8 warps, 1 and 2 stages, the split target both
-  # ways (at the default block: 64 positions, 16 pages of 4 here).
-  assert len(configs) == 4 * 2 * 2 + 2
-  assert {c["kv_tokens_per_block"] for c in configs} == {8, 16, 32, 64}
-  assert {c["num_warps"] for c in configs} == {4, 8}
-  assert {c["num_stages"] for c in configs} == {1, 2}
-  assert len({tuple(sorted(c.items())) for c in configs}) == len(configs)
+  from jaxrl_scale.models import paged_triton
+
+  every = paged_decode_check.sweep_configs(4, every_head=True)
+  head = [c for c in every if c["kernel"] == "head"]
+  page = [c for c in every if c["kernel"] == "page"]
+  # "head": blocks of 2, 4, 8 and 16 pages, 4 and 8 warps, 1 and 2 stages, the split target
+  # both ways (at the default block: 64 positions, 16 pages of 4 here), its defaults first.
+  assert len(head) == 4 * 2 * 2 + 2
+  assert head[0] == dict(kernel="head", kv_tokens_per_block=paged_triton.KV_TOKENS_PER_BLOCK,
+                         num_warps=paged_triton.NUM_WARPS,
+                         num_stages=paged_triton.NUM_STAGES,
+                         target_programs=paged_triton.TARGET_PROGRAMS)
+  assert {c["kv_tokens_per_block"] for c in head} == {8, 16, 32, 64}
+  # "page": 1, 2 and 4 pages a block, 4 and 8 warps, 1 and 2 stages, a bigger grid.
+  assert len(page) == 3 * 2 * 2 + 1
+  assert {c["kv_tokens_per_block"] for c in page} == {4, 8, 16}
+  for configs in (head, page):
+    assert {c["num_warps"] for c in configs} == {4, 8}
+    assert {c["num_stages"] for c in configs} == {1, 2}
+  assert len({tuple(sorted(c.items())) for c in every}) == len(every)
+  # By default "head" only at its defaults (swept twice on the H100 already).
+  assert paged_decode_check.sweep_configs(4) == head[:1] + page
   rng = np.random.default_rng(0)
-  some = configs[:2] + configs[-1:]
+  some = head[:2] + page[:1] + page[-1:]
   report = paged_decode_check.sweep(rng, [4], 24, (4, 2, 16, 4), reps=2, repeats=1,
                                     peak=None, interpret=True, configs=some)
-  assert len(report["runs"]) == 3
+  assert len(report["runs"]) == 4
   assert all("error" not in r and r["max_abs_vs_f32"] < 0.02 for r in report["runs"])
   best = report["best"]["4"]
   assert best["us"] == min(r["us"] for r in report["runs"])
+  for kernel in ("head", "page"):
+    assert report["best_by_kernel"][kernel]["4"]["us"] == min(
+        r["us"] for r in report["runs"] if r["kernel"] == kernel)
   assert report["defaults"]["num_stages"] in (1, 2)
 
 
@@ -67,7 +84,8 @@ def test_a_wrong_kernel_shows_in_the_sweep(monkeypatch):
 
   monkeypatch.setattr(paged_triton, "triton_decode_attention", broken)
   rng = np.random.default_rng(1)
-  configs = [c for c in paged_decode_check.sweep_configs(4) if c["num_stages"] == 2][:2]
+  configs = [c for c in paged_decode_check.sweep_configs(4, every_head=True)
+             if c["num_stages"] == 2][:2]
   assert {c["num_warps"] for c in configs} == {4, 8}
   report = paged_decode_check.sweep(rng, [4], 24, (4, 2, 16, 4), reps=1, repeats=1,
                                     peak=None, interpret=True, configs=configs)

@@ -98,3 +98,29 @@ def test_transformers_on_a_gpu_torch_cannot_see_fails_in_one_line():
   assert last.startswith("sampler_bench: --hf-device cuda: torch ") and "--skip-hf" in last
   assert "Traceback" not in out.stderr and "[decode]" not in out.stderr
   assert out.stdout.strip() == ""
+
+
+def test_triton_kernel_and_config_set_what_the_decode_traces(monkeypatch):
+  """--triton-kernel / --triton-config set `paged_triton`'s constants (read when the decode
+  is traced: the GPU suite's tuned runs go through them); the block size goes to the chosen
+  kernel's own constant; a bad part is named."""
+  from jaxrl_scale.models import paged_triton
+
+  for name in ("KERNEL", "KV_TOKENS_PER_BLOCK", "PAGE_KV_TOKENS_PER_BLOCK", "NUM_WARPS",
+               "NUM_STAGES", "TARGET_PROGRAMS"):
+    monkeypatch.setattr(paged_triton, name, getattr(paged_triton, name))
+  head_block = paged_triton.KV_TOKENS_PER_BLOCK
+  config = sampler_bench.triton_config("kv_tokens_per_block=32,num_warps=8,num_stages=2,"
+                                       "target_programs=4096")
+  got = sampler_bench.set_triton("page", config)
+  assert got == dict(kernel="page", kv_tokens_per_block=32, num_warps=8, num_stages=2,
+                     target_programs=4096)
+  assert (paged_triton.KERNEL, paged_triton.PAGE_KV_TOKENS_PER_BLOCK) == ("page", 32)
+  assert paged_triton.KV_TOKENS_PER_BLOCK == head_block  # "head"'s own untouched
+  assert (paged_triton.NUM_WARPS, paged_triton.NUM_STAGES) == (8, 2)
+  assert sampler_bench.set_triton(None, {})["kernel"] == "page"
+  for bad, why in (("warps=8", "not KEY=N"), ("num_warps=eight", "not an integer"),
+                   ("num_stages=0", ">= 1")):
+    with pytest.raises(ValueError, match=why):
+      sampler_bench.triton_config(bad)
+  assert sampler_bench.triton_config(None) == {}

@@ -16,11 +16,25 @@ The kernel has no softmax scale: queries are scaled by head_dim ** -0.5 before i
 each row's positions >= its length and skips pages past it; a row of length 0 reads nothing
 and gets zeros. Sliding windows do not exist in our model families (the loader refuses
 them) and neither do logit softcaps, so neither is passed.
+
+Two kernels (`KERNELS`), the same arguments and results:
+- "head" (the default, `KERNEL`): JAX's kernel body as above, one program per (row, kv
+  head): each page gives it that head's 256-byte key and value rows at the pool's stride (a
+  page of Qwen3-0.6B is 64 KB; one program reads 8 KB of it as 32 pieces), and a GQA group
+  of fewer than 16 query heads is padded to 16 (Qwen3: 2 -> 16, the output 8x the rows).
+- "page" (`_page_kernel`, ours): one program per row reads whole pages, every kv head's
+  keys and values (the contiguous 64 KB), and dots all of the row's query heads against
+  every (position, kv head) key of the block, masking the pairs of different heads (a
+  block-diagonal score matrix: the same dot FLOPs as "head"'s padded group of 2, none
+  padded for 16 or more query heads). On the H100 of 2026-11-27 "head" read the live KV at
+  55% of HBM bandwidth at batch 256 in the decode step; "page" is what the GPU suite
+  compares with it (`benchmarks/paged_decode_check.py --sweep`), unmeasured until then.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +51,9 @@ from jax.experimental.pallas.ops.gpu import paged_attention as jax_paged
 # 92.9 / 226.3 us for JAX's 128 positions, 8 warps, 2 stages) and within 8% of the fastest
 # in the second (the run-to-run spread); 32 positions were no faster.
 KV_TOKENS_PER_BLOCK = 64
+# "page"'s: one page of 16 positions (Qwen3-0.6B: a [128, 128] tile of keys and one of
+# values a step, 64 KB); not measured yet.
+PAGE_KV_TOKENS_PER_BLOCK = 16
 MAX_SPLITS = 16
 QUERY_HEADS_PER_BLOCK = 16
 # Grid programs (rows x kv heads x query-head blocks x splits) to aim for: a row's pages are
@@ -51,15 +68,19 @@ TARGET_PROGRAMS = 1024
 # above).
 NUM_WARPS = 4
 NUM_STAGES = 1
+KERNELS = ("head", "page")
+# The kernel `triton_decode_attention` runs when not told (benchmarks set it to compare).
+KERNEL = "head"
 
 
 def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.Array,
                             lens_B: jax.Array, *, interpret: bool = False,
-                            kv_tokens_per_block: int = KV_TOKENS_PER_BLOCK,
+                            kernel: str | None = None,
+                            kv_tokens_per_block: int | None = None,
                             max_splits: int = MAX_SPLITS,
-                            target_programs: int = TARGET_PROGRAMS,
-                            num_warps: int = NUM_WARPS,
-                            num_stages: int = NUM_STAGES) -> jax.Array:
+                            target_programs: int | None = None,
+                            num_warps: int | None = None,
+                            num_stages: int | None = None) -> jax.Array:
   """One query per row over its pages of an interleaved pool.
 
   Args:
@@ -70,22 +91,35 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
       length are loaded a block at a time, then masked).
     lens_B: int32 positions each row attends, [0, lens_B[b]) (0: none; zeros out).
     interpret: run the kernel in Pallas interpret mode (any platform; for tests on CPU).
+    kernel: "head" or "page" (see the module docstring); None: `KERNEL`.
     kv_tokens_per_block, max_splits, target_programs: block sizes and how far a row's
       pages split (see the module constants and `num_splits`).
-    num_warps, num_stages: Triton's launch parameters (`NUM_WARPS`, `NUM_STAGES`).
+    num_warps, num_stages: Triton's launch parameters.
+    Each of kernel, kv_tokens_per_block, target_programs, num_warps and num_stages left None
+    is the module's constant when traced (`KERNEL`, `KV_TOKENS_PER_BLOCK` or for "page"
+    `PAGE_KV_TOKENS_PER_BLOCK`, `TARGET_PROGRAMS`, `NUM_WARPS`, `NUM_STAGES`), which a
+    benchmark may set before it compiles.
 
   Returns:
     out_BNH in q's dtype.
   """
   b, n, h = q_BNH.shape
   _, c, x, _ = kv_QCXH.shape
+  kernel = kernel or KERNEL
+  if kernel not in KERNELS:
+    raise ValueError(f"triton paged attention: kernel {kernel!r} is not one of {KERNELS}")
   if x % 2 or n % (x // 2):
     raise ValueError(f"triton paged attention: {n} query heads do not group over "
                      f"{x // 2} kv heads")
+  if kv_tokens_per_block is None:
+    kv_tokens_per_block = KV_TOKENS_PER_BLOCK if kernel == "head" else PAGE_KV_TOKENS_PER_BLOCK
+  target_programs = TARGET_PROGRAMS if target_programs is None else target_programs
+  num_warps = NUM_WARPS if num_warps is None else num_warps
+  num_stages = NUM_STAGES if num_stages is None else num_stages
   pages_per_block = max(1, kv_tokens_per_block // c)
   width = table_BM.shape[1]
   blocks = -(-width // pages_per_block)
-  splits = num_splits(b, n, x // 2, blocks, max_splits, target_programs)
+  splits = num_splits(b, n, x // 2, blocks, max_splits, target_programs, kernel=kernel)
   per_split = -(-blocks // splits) * pages_per_block
   # Padding columns point at page 0: loaded with the block they fall in, masked by length.
   table_BM = jnp.pad(table_BM.astype(jnp.int32), ((0, 0), (0, splits * per_split - width)))
@@ -93,7 +127,8 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
   # kernel's dots take one dtype).
   dtype = q_BNH.dtype
   q_BNH = (q_BNH.astype(jnp.float32) * h ** -0.5).astype(kv_QCXH.dtype)
-  one = functools.partial(_row, pages_per_block=pages_per_block, splits=splits,
+  one = functools.partial(_row if kernel == "head" else _page_row,
+                          pages_per_block=pages_per_block, splits=splits,
                           interpret=interpret, num_warps=num_warps, num_stages=num_stages)
   out_BNH = jax.vmap(one, (0, None, 0, 0))(q_BNH, kv_QCXH, table_BM,
                                            lens_B.astype(jnp.int32)[:, None])
@@ -101,11 +136,13 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
 
 
 def num_splits(rows: int, heads: int, kv_heads: int, blocks: int,
-               max_splits: int = MAX_SPLITS, target_programs: int = TARGET_PROGRAMS) -> int:
+               max_splits: int = MAX_SPLITS, target_programs: int = TARGET_PROGRAMS, *,
+               kernel: str = "head") -> int:
   """How many parts a row's `blocks` kv blocks split into: enough for the grid to reach
-  `target_programs` programs, at most `max_splits` and one per block."""
+  `target_programs` programs, at most `max_splits` and one per block. A row is
+  kv_heads x (query-head blocks of its group) programs of "head" and one of "page"."""
   groups = -(-(heads // kv_heads) // QUERY_HEADS_PER_BLOCK)
-  programs = rows * kv_heads * groups
+  programs = rows * kv_heads * groups if kernel == "head" else rows
   return max(1, min(max_splits, blocks, -(-target_programs // programs)))
 
 
@@ -154,11 +191,102 @@ def _row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: jax.Arr
       name="paged_decode_attention",
   )(q_KGH, kv_QCXH, None, kv_QCXH, None, table_M.reshape(splits, per_split), len_1)
   o_SKGH, l_SKG, m_SKG = o_SKGH[:, :, :g], l_SKG[:, :, :g], m_SKG[:, :, :g]
+  return _combine(o_SKGH, l_SKG, m_SKG).reshape(n, h)  # float32
+
+
+def _combine(o_S_H: jax.Array, l_S_: jax.Array, m_S_: jax.Array) -> jax.Array:
+  """The splits' partial results [S, ..., H], [S, ...], [S, ...] combined (float32)."""
   # Each split holds sum_s exp(score_s - m) v_s and sum_s exp(score_s - m) over its pages
   # (m its own max; a split past the length: zeros and m = float32 min).
-  m_KG = m_SKG.max(axis=0)
-  scale_SKG = jnp.exp(m_SKG - m_KG[None])
-  l_KG = (l_SKG * scale_SKG).sum(axis=0)
-  o_KGH = (o_SKGH * scale_SKG[..., None]).sum(axis=0)
-  o_KGH = jnp.where(l_KG[..., None] > 0, o_KGH / jnp.maximum(l_KG, 1e-30)[..., None], 0.0)
-  return o_KGH.reshape(n, h)  # float32
+  m_ = m_S_.max(axis=0)
+  scale_S_ = jnp.exp(m_S_ - m_[None])
+  l_ = (l_S_ * scale_S_).sum(axis=0)
+  o__H = (o_S_H * scale_S_[..., None]).sum(axis=0)
+  return jnp.where(l_[..., None] > 0, o__H / jnp.maximum(l_, 1e-30)[..., None], 0.0)
+
+
+def _page_row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: jax.Array, *,
+              pages_per_block: int, splits: int, interpret: bool, num_warps: int,
+              num_stages: int) -> jax.Array:
+  """One row for "page" (vmapped over rows): a program per split of the row's pages."""
+  n, h = q_NH.shape
+  q_pages, c, x, _ = kv_QCXH.shape
+  k = x // 2
+  per_split = table_M.shape[0] // splits
+  rows = -(-n // QUERY_HEADS_PER_BLOCK) * QUERY_HEADS_PER_BLOCK  # the dot's 16-row minimum
+  q_RH = jnp.pad(q_NH, ((0, rows - n), (0, 0)))
+  # [pages, C*K, 2, H] (a reshape: no copy); the block specs take its keys ([..., 0, :])
+  # and values ([..., 1, :]) from the one buffer, as "head"'s do, and a page's load is
+  # [pages, C*K, H] -> [pages * C*K, H] in the kernel, the reshape JAX's kernel does.
+  kv_QT2H = kv_QCXH.reshape(q_pages, c * k, 2, h)
+  pool_block = (q_pages, c * k, None, h)
+  kernel = functools.partial(_page_kernel, group=n // k, kv_heads=k,
+                             pages_per_block=pages_per_block)
+  o_SRH, l_SR, m_SR = pl.pallas_call(
+      kernel,
+      grid=(splits,),
+      in_specs=[
+          pl.BlockSpec((rows, h), lambda s: (0, 0)),
+          pl.BlockSpec(pool_block, lambda s: (0, 0, 0, 0)),  # every kv head's keys
+          pl.BlockSpec(pool_block, lambda s: (0, 0, 1, 0)),  # and values
+          pl.BlockSpec((None, per_split), lambda s: (s, 0)),
+          pl.BlockSpec((1,), lambda s: (0,)),
+      ],
+      out_specs=[
+          pl.BlockSpec((None, rows, h), lambda s: (s, 0, 0)),
+          pl.BlockSpec((None, rows), lambda s: (s, 0)),
+          pl.BlockSpec((None, rows), lambda s: (s, 0)),
+      ],
+      out_shape=[jax.ShapeDtypeStruct((splits, rows, h), jnp.float32),
+                 jax.ShapeDtypeStruct((splits, rows), jnp.float32),
+                 jax.ShapeDtypeStruct((splits, rows), jnp.float32)],
+      interpret=interpret,
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      name="paged_decode_attention_page",
+  )(q_RH, kv_QT2H, kv_QT2H, table_M.reshape(splits, per_split), len_1)
+  return _combine(o_SRH[:, :n], l_SR[:, :n], m_SR[:, :n])  # float32
+
+
+def _page_kernel(q_ref, k_ref, v_ref, table_ref, len_ref, o_ref, l_ref, m_ref, *,
+                 group: int, kv_heads: int, pages_per_block: int):
+  """One split of one row: q_ref [R, H] (query head r of kv head r // group; rows past the
+  heads are padding), k_ref and v_ref the pool's keys and values [pages, C * K, H] (position
+  c's kv head k at c * K + k), table_ref the split's page ids, len_ref [1] the row's length.
+  Writes the split's unnormalised output [R, H], its softmax sums and maxima [R], as JAX's
+  kernel does."""
+  split = pl.program_id(0)
+  r, h = q_ref.shape
+  k = kv_heads
+  c = k_ref.shape[1] // k
+  per_split = table_ref.shape[0]
+  cols = pages_per_block * c * k  # a block's keys: (page, position, kv head), in pool order
+  first = split * per_split
+  end = jnp.minimum(pl.cdiv(len_ref[0], c), first + per_split)
+  q = q_ref[...]
+  col = jax.lax.broadcasted_iota(jnp.int32, (r, cols), 1)
+  same_head = col % k == jax.lax.broadcasted_iota(jnp.int32, (r, cols), 0) // group
+  log2e = math.log2(math.e)
+
+  def body(i, carry):
+    o, m, l = carry
+    ids = table_ref[pl.ds(i * pages_per_block, pages_per_block)]
+    keys = k_ref[ids].reshape(cols, h)
+    values = v_ref[ids].reshape(cols, h)
+    pos = (first + i * pages_per_block) * c + col // k
+    s = jnp.where(same_head & (pos < len_ref[0]), plgpu.dot(q, keys.T),
+                  jax_paged.DEFAULT_MASK_VALUE)
+    m_next = jnp.maximum(m, s.max(axis=-1))
+    correction = jnp.exp2((m - m_next) * log2e)
+    p = jnp.exp2((s - m_next[:, None]) * log2e)
+    o = correction[:, None] * o + plgpu.dot(p.astype(values.dtype), values)
+    return o, m_next, correction * l + p.sum(axis=-1)
+
+  init = (jnp.zeros((r, h), jnp.float32),
+          jnp.full((r,), jnp.finfo(jnp.float32).min, jnp.float32),
+          jnp.zeros((r,), jnp.float32))
+  o, m, l = jax.lax.cond(
+      first >= end, lambda: init,
+      lambda: jax.lax.fori_loop(0, pl.cdiv(end - first, pages_per_block), body, init))
+  o_ref[...] = o
+  l_ref[...] = l
+  m_ref[...] = m

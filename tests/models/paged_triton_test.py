@@ -40,13 +40,16 @@ def _numpy_attention(q_BNH, kv_QCXH, table_BM, lens_B):
   return out
 
 
+@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
 @pytest.mark.parametrize("kv,groups,page,tokens_per_block,splits,target", [
     (2, 2, 4, 8, 2, 1024),    # GQA; 2 pages a block, several blocks per split, 2 splits
     (1, 4, 4, 4, 16, 1024),   # MQA; one page a block, a split per block
     (4, 1, 8, 128, 16, 1024),  # MHA; the module's block size: one block, one split
     (2, 2, 4, 4, 16, 1),  # a grid big enough already: one split runs all 7 blocks in turn
+    (2, 12, 4, 12, 2, 1024),  # 24 query heads (> 16, not a multiple); 3-page blocks
 ])
-def test_kernel_matches_float64_numpy(kv, groups, page, tokens_per_block, splits, target):
+def test_kernel_matches_float64_numpy(kernel, kv, groups, page, tokens_per_block, splits,
+                                      target):
   rng = np.random.default_rng(0)
   rows, h, width, pages = 6, 16, 7, 50
   pool = rng.normal(size=(pages, page, 2 * kv, h)).astype(np.float32)
@@ -55,8 +58,8 @@ def test_kernel_matches_float64_numpy(kv, groups, page, tokens_per_block, splits
   lens = np.array([0, 1, page, page + 1, 3 * page + 2, width * page], np.int32)
   q = rng.normal(size=(rows, kv * groups, h)).astype(np.float32)
   fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, interpret=True,
-                                 kv_tokens_per_block=tokens_per_block, max_splits=splits,
-                                 target_programs=target))
+                                 kernel=kernel, kv_tokens_per_block=tokens_per_block,
+                                 max_splits=splits, target_programs=target))
   got = np.asarray(fn(q, pool, table, lens))
   np.testing.assert_allclose(got, _numpy_attention(q, pool, table, lens), atol=1e-5, rtol=0)
   assert not got[0].any()  # length 0: nothing read, zeros out
@@ -71,6 +74,10 @@ def test_splits_only_as_far_as_the_grid_needs():
   assert paged_triton.num_splits(4, 16, 8, 5) == 5
   assert paged_triton.num_splits(1, 64, 8, 40) == 16  # capped at MAX_SPLITS
   assert paged_triton.num_splits(1, 16, 8, 5, target_programs=1) == 1
+  # "page": one program a row (not one per kv head): batch 256 of 40 one-page blocks
+  # splits 4 ways to reach 1024 programs, batch 64 16 ways.
+  assert paged_triton.num_splits(256, 16, 8, 40, kernel="page") == 4
+  assert paged_triton.num_splits(64, 16, 8, 40, kernel="page") == 16
 
 
 def _paged_case(shards, rows=8):
@@ -80,12 +87,14 @@ def _paged_case(shards, rows=8):
   return attention_test._paged_case(shards, rows=rows, h=16, seed=1)
 
 
+@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
 @pytest.mark.parametrize("data,tp", [(0, 0), (-2, 0), (2, 2)])
-def test_paged_attention_triton_matches_gather_and_numpy(data, tp):
+def test_paged_attention_triton_matches_gather_and_numpy(data, tp, kernel, monkeypatch):
   """impl="triton" (the write, then the kernel over the whole pool with each row's layer and
   shard offset into its page ids) against impl="gather" and NumPy, layer 1 of 2. Meshes:
   (0, 0) and (-2, 0) no mesh with one or two pool shards; (2, 2) rows over 'data' and kv
   heads over 'tp' under shard_map."""
+  monkeypatch.setattr(paged_triton, "KERNEL", kernel)
   shards = max(1, abs(data))
   pool, table, pos, q, k_new, v_new, write = _paged_case(shards)
   mesh = None
@@ -113,7 +122,8 @@ def test_paged_attention_triton_matches_gather_and_numpy(data, tp):
                                rtol=0)
 
 
-def test_greedy_decode_through_the_sampler_matches_the_gather(monkeypatch):
+@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
+def test_greedy_decode_through_the_sampler_matches_the_gather(kernel, monkeypatch):
   """A whole greedy generation of the real Sampler (float32 tiny Qwen3: GQA 4 over 2,
   qk-norm, tied head) with "auto" sent to the Triton kernel equals the default CPU path
   (per-chunk views of the gathered pages): same tokens, log-probs within 1e-5. Prompts of
@@ -137,6 +147,7 @@ def test_greedy_decode_through_the_sampler_matches_the_gather(monkeypatch):
   want = run()
   assert not traced  # the default CPU path does not touch the kernel
   monkeypatch.setattr(paged_attention, "AUTO_IMPL", "triton")
+  monkeypatch.setattr(paged_triton, "KERNEL", kernel)
   got = run()
   assert traced and all(traced)  # the kernel, in interpret mode, in every layer traced
   assert [len(w.tokens) for w in want] == [12, 5, 12, 8, 12]
@@ -145,16 +156,19 @@ def test_greedy_decode_through_the_sampler_matches_the_gather(monkeypatch):
     np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5, rtol=0)
 
 
-def test_lowers_for_cuda_to_one_triton_call_on_the_pool_itself():
+@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
+def test_lowers_for_cuda_to_one_triton_call_on_the_pool_itself(kernel):
   """Qwen3-0.6B's decode attention shapes (16 query heads of 128 over 8 kv heads, pages of
   16, bfloat16) lower for CUDA without a GPU: Triton accepts the block specs, and the one
-  kernel call takes the whole pool as both its key and its value operand (no copy)."""
+  kernel call takes the whole pool as both its key and its value operand (no copy; "page"
+  a reshape of it, [pages, 16 * 8, 2, 128], which XLA makes a bitcast)."""
   rows, width, pages = 4, 40, 200
   args = (jax.ShapeDtypeStruct((rows, 16, 128), jnp.bfloat16),
           jax.ShapeDtypeStruct((pages, 16, 16, 128), jnp.bfloat16),
           jax.ShapeDtypeStruct((rows, width), jnp.int32),
           jax.ShapeDtypeStruct((rows,), jnp.int32))
-  fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, interpret=False))
+  fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, interpret=False,
+                                 kernel=kernel))
   # The target GPU named, as `plan` does with its deviceless topology: from jax 0.11 Pallas'
   # Triton lowering asks the abstract mesh for it when no GPU is attached (0.10 assumed sm90).
   h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132,
@@ -162,11 +176,19 @@ def test_lowers_for_cuda_to_one_triton_call_on_the_pool_itself():
   with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",),
                                                                 abstract_device=h100)):
     text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  calls = [x for x in text.splitlines() if "custom_call @__gpu$xla.gpu.triton" in x]
+  lines = text.splitlines()
+  calls = [x for x in lines if "custom_call @__gpu$xla.gpu.triton" in x]
   assert len(calls) == 1
   operands = calls[0].split("triton(")[1].split(")")[0].split(", ")
-  assert operands[1] == operands[2] and operands[1].startswith("%arg1")
-  assert calls[0].count(f"tensor<{pages}x16x16x128xbf16>") == 2
+  assert operands[1] == operands[2]
+  if kernel == "head":
+    assert operands[1].startswith("%arg1")
+    assert calls[0].count(f"tensor<{pages}x16x16x128xbf16>") == 2
+  else:
+    pool = f"tensor<{pages}x128x2x128xbf16>"
+    assert calls[0].count(pool) == 2
+    made = [x for x in lines if x.strip().startswith(operands[1] + " = ")]
+    assert len(made) == 1 and "stablehlo.reshape %arg1" in made[0], made
 
 
 def test_auto_picks_the_kernel_on_gpu_only_where_triton_fits():
@@ -191,3 +213,28 @@ def test_the_environment_variable_sets_the_override():
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        check=True, env={**os.environ, paged_attention.ENV_VAR: "triton"})
   assert out.stdout.strip() == "triton"
+
+
+def test_unset_arguments_are_the_module_constants_when_traced(monkeypatch):
+  """Left None, the kernel, its block, warps, stages and grid target are read from the
+  module when traced (sampler_bench --triton-kernel/--triton-config set them)."""
+  seen = {}
+
+  def spy(*args, **kw):
+    seen.update(kw)
+    return real(*args, **kw)
+
+  real = paged_triton._page_row
+  monkeypatch.setattr(paged_triton, "_page_row", spy)
+  for name, value in (("KERNEL", "page"), ("PAGE_KV_TOKENS_PER_BLOCK", 8), ("NUM_WARPS", 8),
+                      ("NUM_STAGES", 2), ("TARGET_PROGRAMS", 1)):
+    monkeypatch.setattr(paged_triton, name, value)
+  rng = np.random.default_rng(0)
+  pool = rng.normal(size=(20, 4, 4, 16)).astype(np.float32)
+  table = rng.permutation(20)[:12].reshape(2, 6).astype(np.int32)
+  q = rng.normal(size=(2, 4, 16)).astype(np.float32)
+  lens = np.array([5, 24], np.int32)
+  got = paged_triton.triton_decode_attention(q, pool, table, lens, interpret=True)
+  assert seen == dict(pages_per_block=2, splits=1, interpret=True, num_warps=8, num_stages=2)
+  np.testing.assert_allclose(np.asarray(got), _numpy_attention(q, pool, table, lens),
+                             atol=1e-5, rtol=0)
