@@ -215,6 +215,44 @@ def test_the_run_compiles_for_an_h100_with_the_gpu_kernels():
 
 
 @needs_cuda_plugin
+def test_the_page_kernel_is_charged_one_layers_pool_and_its_own_dots(monkeypatch):
+  """Decode compiled for an H100 with the "page" Triton kernel (`paged_triton.KERNEL`): one
+  call per layer, each charged one layer's pool (not every layer's pages), and FLOPs of its
+  dots, every padded query row against every (position, kv head) key of the layer's pages:
+  4 x 16 x H x (P x C x K) per call, by hand from the pool's shape."""
+  from jaxrl_scale.models import paged_triton  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.plan import custom_calls, hlo_text  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.plan import programs  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(paged_triton, "KERNEL", "page")
+  cfg, mcfg, _ = _tiny_gpu_run()
+  devices = chips.topology_devices(chips.resolve("h100"))
+  _, progs = programs.build(cfg, mcfg, devices)
+  decode = next(p for p in progs if p.name == "decode")
+  with jax.set_mesh(decode.mesh):
+    text = decode.lower().compile().as_text()
+  layers = mcfg.num_layers
+  assert len(re.findall(r'name = "paged_decode_attention_page"', text)) == layers
+  assert 'name = "paged_decode_attention"' not in text
+  comps, _ = hlo_text.parse(text)
+  calls = [(i, {x.name: x.shape for x in insts}) for insts in comps.values() for i in insts
+           if i.opcode == "custom-call" and "paged_decode_attention_page" in i.attrs]
+  assert len(calls) == layers
+  pool = decode.resident["kv_cache"]
+  k, h = mcfg.num_kv_heads, mcfg.head_dim
+  positions = pool / layers / (2 * k * h * 2)  # one layer's positions: bf16 keys and values
+  for inst, shapes in calls:
+    flops, nbytes = custom_calls.ragged_paged(inst, shapes, layers)
+    # One layer's pool once (it is operand twice: keys' and values' view), plus the queries,
+    # table and float32 partial outputs (large beside this tiny pool): not the whole pool.
+    assert pool / layers < nbytes < 2 * pool / layers
+    assert flops == pytest.approx(4 * 16 * h * positions * k, rel=1e-6)
+  charged = hlo_cost.analyze(text, paged_layers=layers)
+  whole = hlo_cost.analyze(text, paged_layers=1)
+  n = layers * cfg.sampler.decode_chunk
+  assert whole.bytes - charged.bytes == pytest.approx(n * pool * (1 - 1 / layers), rel=0.02)
+
+
+@needs_cuda_plugin
 def test_plan_command_on_gpus(capsys, monkeypatch):
   """`jaxrl-scale plan ... --topology h100 --json` end to end (the programs the test above
   does not compile): they compile and fit in the 75% of the H100 JAX preallocates; on two
