@@ -421,6 +421,9 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
       # transformers' generate on the same device (sampler_bench's hf_device): item 7's ratio.
       out[f"decode_b{batch}_vs_transformers"] = {k: kernel[k] for k in (
           "ours_tok_s", "hf_tok_s", "ratio", "hf_device", "greedy_match") if k in kernel}
+    elif kernel and kernel.get("hf_error"):  # transformers failed there; ours still ran
+      out[f"decode_b{batch}_vs_transformers"] = {k: kernel[k] for k in (
+          "hf_error", "hf_device") if k in kernel}
     if kernel and gather and gather.get("ours_tok_s"):
       out[f"decode_b{batch}"] = dict(
           triton_tok_s=kernel.get("ours_tok_s"), gather_tok_s=gather.get("ours_tok_s"),

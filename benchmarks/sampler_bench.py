@@ -195,13 +195,17 @@ def _hf_worker(path: str, dtype: str, device: str, conn) -> None:
   import transformers
 
   if device == "cuda" and not torch.cuda.is_available():
-    conn.send(f"--hf-device cuda: torch {torch.__version__} sees no CUDA device here; pass "
-              "--hf-device cpu or --skip-hf")
+    conn.send(("usage", f"--hf-device cuda: torch {torch.__version__} sees no CUDA device "
+                        "here; pass --hf-device cpu or --skip-hf"))
     return
   dev = torch.device(device)
-  model = transformers.AutoModelForCausalLM.from_pretrained(
-      path, dtype=getattr(torch, dtype)).to(dev).eval()
-  conn.send(torch.get_num_threads())
+  try:
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, dtype)).to(dev).eval()
+  except Exception as e:  # pylint: disable=broad-except
+    conn.send(("failed", _one_line(e)))
+    return
+  conn.send(("ready", torch.get_num_threads()))
   while True:
     msg = conn.recv()
     if msg is None:
@@ -209,17 +213,31 @@ def _hf_worker(path: str, dtype: str, device: str, conn) -> None:
     prompts, new_tokens, threads, temperature = msg
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    ids = torch.tensor(prompts, device=dev)
     sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
                 if temperature > 0 else dict(do_sample=False))
-    with torch.no_grad():
-      start = time.perf_counter()
-      out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                           pad_token_id=0, attention_mask=torch.ones_like(ids), **sampling)
-      if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-      seconds = time.perf_counter() - start
-    conn.send((seconds, out[:, ids.shape[1]:].cpu().numpy()))
+    try:
+      ids = torch.tensor(prompts, device=dev)
+      with torch.no_grad():
+        start = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             pad_token_id=0, attention_mask=torch.ones_like(ids), **sampling)
+        if dev.type == "cuda":
+          torch.cuda.synchronize(dev)
+        seconds = time.perf_counter() - start
+      tokens = out[:, ids.shape[1]:].cpu().numpy()
+    except Exception as e:  # pylint: disable=broad-except
+      conn.send(("failed", _one_line(e)))  # e.g. out of GPU memory beside JAX
+      return
+    conn.send(("done", (seconds, tokens)))
+
+
+def _one_line(e: BaseException) -> str:
+  text = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {text[0][:300] if text else ''}"
+
+
+class HFFailed(Exception):
+  """transformers' side failed (its message): the bench goes on without the comparison."""
 
 
 class _HF:
@@ -232,22 +250,41 @@ class _HF:
     self.conn, child = ctx.Pipe()
     self.proc = ctx.Process(target=_hf_worker, args=(path, dtype, device, child), daemon=True)
     self.proc.start()
-    first = self.conn.recv()  # torch's default thread count, or why it cannot run
-    if isinstance(first, str):
+    kind, value = self._recv()  # torch's default thread count, or why it cannot run
+    if kind == "usage":
       self.proc.join()
-      raise UsageError(first)
-    self.default_threads = first
+      raise UsageError(value)
+    self.default_threads = value
+
+  def _recv(self) -> tuple[str, object]:
+    """The worker's next message; HFFailed (the worker gone) if it failed or died."""
+    try:
+      kind, value = self.conn.recv()
+    except (EOFError, OSError):
+      kind, value = "failed", f"the transformers process exited (code {self.proc.exitcode})"
+    if kind == "failed":
+      self.proc.join(timeout=30)
+      raise HFFailed(value)
+    return kind, value
 
   def generate(self, prompts: np.ndarray, new_tokens: int, threads: int,
                temperature: float) -> tuple[float, np.ndarray]:
     self.conn.send((prompts, new_tokens, threads, temperature))
-    seconds, tokens = self.conn.recv()
+    _, (seconds, tokens) = self._recv()
     assert tokens.shape == (prompts.shape[0], new_tokens)
     return seconds, tokens
 
   def close(self) -> None:
-    self.conn.send(None)
+    if self.proc.is_alive():
+      self.conn.send(None)
     self.proc.join()
+
+
+def _hf_failed(e: HFFailed, report: dict, log) -> None:
+  """transformers failed on this machine (say, out of GPU memory beside JAX): recorded and
+  said, and the bench goes on with ours alone (a device run keeps its main number)."""
+  report["hf_error"] = str(e)
+  log(f"[decode] transformers failed, no comparison: {e}")
 
 
 def hf_device(choice: str, jax_backend: str) -> str:
@@ -496,8 +533,12 @@ def main() -> int:
   # transformers first: an impossible --hf-device fails before our compile.
   hf = None
   if not args.skip_hf:
-    hf = _HF(path, args.dtype, hf_device(args.hf_device, jax.default_backend()))
-    report["hf_device"] = hf.device
+    device = hf_device(args.hf_device, jax.default_backend())
+    report["hf_device"] = device
+    try:
+      hf = _HF(path, args.dtype, device)
+    except HFFailed as e:
+      hf = _hf_failed(e, report, log)
   # torch on the CPU gets its best of one thread and its default count: with the cores
   # oversubscribed (a shared machine), one thread is often several times faster than
   # OpenMP's default. On a GPU the thread count only feeds kernel launches: the default.
@@ -505,17 +546,23 @@ def main() -> int:
       [args.hf_threads] if args.hf_threads else
       [hf.default_threads] if hf.device == "cuda" else sorted({1, hf.default_threads}))
   _timed(sampler, reqs)  # compile
-  for t in hf_threads:
-    hf.generate(prompts, 4, t, args.temperature)  # warm-up
+  try:
+    for t in hf_threads:
+      hf.generate(prompts, 4, t, args.temperature)  # warm-up
+  except HFFailed as e:
+    hf, hf_threads = _hf_failed(e, report, log), []
   ours_s = float("inf")
   hf_s = {t: float("inf") for t in hf_threads}
   hf_tokens = None
   for _ in range(args.repeats):
     seconds, outs = _timed(sampler, reqs)
     ours_s = min(ours_s, seconds)
-    for t in hf_threads:
-      seconds, hf_tokens = hf.generate(prompts, args.new_tokens, t, args.temperature)
-      hf_s[t] = min(hf_s[t], seconds)
+    try:
+      for t in hf_threads:
+        seconds, hf_tokens = hf.generate(prompts, args.new_tokens, t, args.temperature)
+        hf_s[t] = min(hf_s[t], seconds)
+    except HFFailed as e:
+      hf, hf_threads = _hf_failed(e, report, log), []
   assert all(o.num_tokens == args.new_tokens for o in outs)
   if args.save_tokens:  # e.g. to compare two decode attention paths' greedy tokens
     np.save(args.save_tokens, np.asarray([o.tokens for o in outs], np.int32))

@@ -155,6 +155,13 @@ def test_the_committed_predictions_cover_every_train_run():
             pred["kernel_bound_seconds"] * 1e3, rel=1e-3), run["name"]
 
 
+def test_summary_keeps_why_transformers_did_not_compare():
+  runs = [dict(name="decode_b256_triton", rc=0, report=dict(
+      ours_tok_s=30000.0, hf_error="OutOfMemoryError: CUDA out of memory", hf_device="cuda"))]
+  assert gpu_suite.summary(runs)["decode_b256_vs_transformers"] == dict(
+      hf_error="OutOfMemoryError: CUDA out of memory", hf_device="cuda")
+
+
 def test_unknown_only_is_refused():
   with pytest.raises(SystemExit):
     gpu_suite.parse_args(["--only", "decode_b128"])
@@ -170,7 +177,13 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
                                                               fraction_of_roofline=0.2)),
           dict(name="decode_b256_triton_cublas", rc=0, report=dict(
               ours_tok_s=33000.0, fraction_of_roofline=0.33)),
+          dict(name="decode_b256_triton_page", rc=0, report=dict(
+              ours_tok_s=36000.0, fraction_of_roofline=0.36,
+              triton=dict(kernel="page", kv_tokens_per_block=16))),
           dict(name="decode_b64_triton", rc=1, report=None),
+          dict(name="decode_b64_triton_page", rc=0, report=dict(
+              ours_tok_s=9000.0, hf_error="OutOfMemoryError: CUDA out of memory",
+              hf_device="cuda")),
           dict(name="train_0p6b_32x2048_cudnn_full", rc=0,
                report=dict(median_step_s=2.0, family_ms_per_step={
                    "matmul": 900.0, "attention": 300.0, "other": 700.0, "copy": 100.0}),
@@ -192,6 +205,10 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
   assert "decode_b64_vs_transformers" not in got
   assert got["decode_b256_triton_cublas"] == dict(ours_tok_s=33000.0, fraction_of_roofline=0.33,
                                                   over_triton=1.1)
+  assert got["decode_b256_triton_page"] == dict(
+      ours_tok_s=36000.0, fraction_of_roofline=0.36, over_triton=1.2,
+      triton=dict(kernel="page", kv_tokens_per_block=16))
+  assert "decode_b64_triton_page" not in got  # its base (the default kernel's run) failed
   assert got["train_0p6b_32x2048_cudnn_dots"]["step_over_cudnn_full"] == 0.75
   full = got["train_0p6b_32x2048_cudnn_full"]
   assert full["step_over_kernel_bound"] == 2.5 and full["predicted"]["temp_gib"] == 27.7

@@ -124,3 +124,42 @@ def test_triton_kernel_and_config_set_what_the_decode_traces(monkeypatch):
     with pytest.raises(ValueError, match=why):
       sampler_bench.triton_config(bad)
   assert sampler_bench.triton_config(None) == {}
+
+
+def test_a_transformers_failure_is_reported_and_our_decode_still_measured(tmp_path, monkeypatch,
+                                                                         capsys):
+  """The transformers side failing (on a GPU: out of memory beside JAX) costs the comparison,
+  not the run: the real worker's error comes back as HFFailed with its one-line cause and
+  the worker ends; main then reports `hf_error` and its own tok/s, exit 0 (a device run
+  keeps the number it is for)."""
+  import argparse
+
+  import numpy as np
+
+  args = argparse.Namespace(vocab=64, hidden=32, intermediate=64, layers=1, heads=4,
+                            kv_heads=2)
+  sampler_bench._write_checkpoint(args, str(tmp_path / "ck"))
+  hf = sampler_bench._HF(str(tmp_path / "ck"), "float32", "cpu")
+  seconds, tokens = hf.generate(np.ones((2, 3), np.int64), 2, 1, 0.0)
+  assert tokens.shape == (2, 2) and seconds > 0
+  with pytest.raises(sampler_bench.HFFailed, match="^IndexError: "):
+    hf.generate(np.full((2, 3), 1000, np.int64), 2, 1, 0.0)  # ids past the vocabulary
+  assert not hf.proc.is_alive()
+  hf.close()  # nothing left to stop: returns
+
+  class Failing:
+    def __init__(self, path, dtype, device):
+      self.device, self.default_threads = device, 1
+
+    def generate(self, *a):
+      raise sampler_bench.HFFailed("OutOfMemoryError: CUDA out of memory")
+
+  monkeypatch.setattr(sampler_bench, "_HF", Failing)
+  monkeypatch.setattr(sys, "argv", ["sampler_bench.py", "--quick", "--skip-mixed",
+                                    "--skip-floor", "--repeats", "1", "--json"])
+  assert sampler_bench.main() == 0
+  out = capsys.readouterr()
+  report = json.loads(out.out.strip().splitlines()[-1])
+  assert report["hf_error"] == "OutOfMemoryError: CUDA out of memory"
+  assert report["ours_tok_s"] > 0 and "hf_tok_s" not in report and "ratio" not in report
+  assert "[decode] transformers failed, no comparison: OutOfMemoryError" in out.err
