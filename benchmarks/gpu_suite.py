@@ -11,7 +11,9 @@ targets), the kernel sweep ("page" against "head") and decode at batch 256 with 
 fastest "page" configuration, then what might lift the 1.7B step and decode (cuBLAS
 GEMMs; remat keeping the attention outputs), decode at batch 64 with each kernel, cuBLAS
 for the 0.6B step, then the comparisons (the gather, remat, flags, logits chunk, command
-buffers, the einsum baselines). The H100 runs of 2026-11-27
+buffers, the einsum baselines), and last the README's demo command on the GPU (item 6:
+`jaxrl-scale train configs/cpu_tiny.yaml`, colocated by itself on one GPU; the summary
+keeps where its roles ran and its validation pass rate before and after RL). The H100 runs of 2026-11-27
 (benchmarks/results/gpu_h100_2026-11-27*/) set this order: what they left unmeasured or
 short of its target comes first.
 
@@ -73,6 +75,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -162,11 +165,15 @@ RUNS = [
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="einsum")),
     ("train_1p7b_16x4096_einsum_full", 1, "train",
      dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="einsum")),
+    # Item 6: the CPU demo as a user runs it, on one GPU (colocated by itself since the H200
+    # run, where it needed mesh.colocated=true by hand; never run on a GPU since). Last: a
+    # second device call runs it with --only demo.
+    ("demo_cpu_tiny", 6, "demo", {}),
 ]
 BENCHES = {"train": "train_step_bench", "sampler": "sampler_bench",
-           "check": "paged_decode_check"}
+           "check": "paged_decode_check", "demo": "jaxrl_scale_train"}
 TIMEOUT_S = {"train_1p7b": 200.0, "train": 130.0, "sampler": 120.0, "check": 90.0,
-             "sweep": 120.0}
+             "sweep": 120.0, "demo": 240.0}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -255,6 +262,35 @@ def sampler_argv(o: dict, checkpoint: str, smoke: bool) -> list[str]:
           "--decode-attention", o["decode"], *(["--profile"] if o.get("profile") else []),
           *(["--triton-kernel", o["triton_kernel"]] if o.get("triton_kernel") else []),
           *([] if o.get("hf") else ["--skip-hf"]), "--json"]
+
+
+def demo_argv(out_dir: str, smoke: bool) -> list[str]:
+  """`jaxrl-scale train configs/cpu_tiny.yaml` as the README gives it, into a fresh
+  `out_dir` (a left-over one would resume); the smoke run stops after 2 SFT and 2 RL steps."""
+  short = ["run.steps=2", "sft.steps=2", "run.sft_stop_pass_rate=null",
+           "data.num_validation=16"] if smoke else []
+  return ["-m", "jaxrl_scale.cli", "train", os.path.join(ROOT, "configs", "cpu_tiny.yaml"),
+          *short, "--output-dir", out_dir]
+
+
+def parse_demo(text: str) -> dict:
+  """The demo's numbers from its output: where the roles ran, the validation pass rate
+  before and after RL, its RL time."""
+  out = {}
+  m = re.search(r"^  mode (\S+) \| (\S+) (.*)$", text, re.M)
+  if m:
+    out.update(mode=m.group(1), backend=m.group(2), devices=m.group(3).strip(),
+               colocated=m.group(3).startswith("colocated"))
+  m = re.search(r"validation pass rate: (?:([\d.]+) at step 0[^>]*-> )?([\d.]+) at step (\d+)",
+                text)
+  if m:
+    out.update(final_pass_rate=float(m.group(2)), final_step=int(m.group(3)))
+    if m.group(1):
+      out["start_pass_rate"] = float(m.group(1))
+  m = re.search(r"^time: (.*?) of RL steps", text, re.M)
+  if m:
+    out["rl_time"] = m.group(1)
+  return out
 
 
 def tuned(run: dict, results: list[dict]) -> dict | None:
@@ -349,6 +385,11 @@ def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
       run["argv"] = ["paged_decode_check.py", *(["--quick"] if smoke else []),
                      *(["--sweep"] if o.get("sweep") else []), "--json"]
       run["timeout_s"] = TIMEOUT_S["sweep" if o.get("sweep") else "check"]
+    elif bench == "demo":
+      run["out_dir"] = os.path.join(os.path.dirname(os.path.abspath(tokens_dir)),
+                                    "gpu_suite_demo")
+      run["argv"] = demo_argv(run["out_dir"], smoke)
+      run["timeout_s"] = TIMEOUT_S["demo"]
     elif bench == "train":
       big = o["preset"] == "qwen3_1p7b"
       run["rows"] = o["prompts"] * o["gens"]
@@ -447,6 +488,9 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
                    "over_triton": round(rep["ours_tok_s"] / base["ours_tok_s"], 3)}
       if rep.get("triton"):
         out[name]["triton"] = rep["triton"]
+  demo = next((r for r in runs if r.get("bench") == BENCHES["demo"] and "rc" in r), None)
+  if demo:  # item 6: the README's demo command on this GPU, whatever its exit
+    out["demo"] = dict(rc=demo["rc"], seconds=demo.get("seconds"), **(demo.get("report") or {}))
   for name, rep in by.items():
     if not name.startswith("train_") or "median_step_s" not in rep:
       continue
@@ -531,6 +575,8 @@ def run_one(run: dict, log, timeout: float) -> dict:
                 output_tail=text[-3000:], report=last_json(text))
   if run["bench"] == "train_step_bench" and result["report"] is None:
     result["report"] = parse_train(text) or None
+  if run["bench"] == BENCHES["demo"]:
+    result["report"] = parse_demo(text) or None
   return result
 
 
@@ -590,6 +636,8 @@ def main(argv=None) -> int:
         parts = write_checkpoint(checkpoint)
         log(f"=== wrote the Qwen3-0.6B-shaped checkpoint in {time.perf_counter() - t:.1f} s "
             f"({parts})")
+      if run.get("out_dir"):  # the demo starts fresh: a left-over run directory resumes
+        shutil.rmtree(run["out_dir"], ignore_errors=True)
       config = tuned(run, results)
       if config:  # the kernel sweep's fastest configuration for this run's kernel and batch
         run = dict(run, triton_config=config, argv=[
@@ -604,11 +652,11 @@ def main(argv=None) -> int:
 
 
 def _write(out: str, header: dict, results: list[dict], tokens_dir: str) -> None:
-  """gpu_suite.json and one file per bench, rewritten after every run (5 files with the log;
-  the device tool returns 8)."""
+  """gpu_suite.json and one file per bench (the demo's run is in gpu_suite.json only),
+  rewritten after every run (5 files with the log; the device tool returns 8)."""
   files = {"gpu_suite.json": {**header, "runs": results,
                               "summary": summary(results, tokens_dir)}}
-  for bench in BENCHES.values():
+  for bench in (BENCHES[k] for k in ("train", "sampler", "check")):
     files[f"{bench}.json"] = {**header, "runs": [r for r in results if r["bench"] == bench]}
   for name, body in files.items():
     with open(os.path.join(out, name), "w") as f:

@@ -34,7 +34,7 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
                         "--dry-run"], capture_output=True, text=True, timeout=60, check=True)
   lines = out.stdout.strip().splitlines()
-  assert len(lines) == len(gpu_suite.RUNS) == 21
+  assert len(lines) == len(gpu_suite.RUNS) == 22
   assert lines[0].startswith("decode_kernel_check (item 2)")
   assert "paged_decode_check.py" in lines[0] and "--sweep" not in lines[0]
   # Three of the issue's targets are measured first (after the kernel check), then the
@@ -78,7 +78,12 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   assert sum(x.split(": ", 1)[1].startswith(
       "XLA_FLAGS=--xla_gpu_enable_triton_gemm=false ") for x in train) == 2
   assert sum("--attention einsum" in x for x in train) == 2
-  assert {item for _, item, _, _ in gpu_suite.RUNS} == {1, 2, 3, 4, 5, 7}
+  assert {item for _, item, _, _ in gpu_suite.RUNS} == {1, 2, 3, 4, 5, 6, 7}
+  # Item 6 last: the README's demo command as is (no overrides), into a fresh directory.
+  assert names[-1] == "demo_cpu_tiny"
+  demo = lines[-1].split(": ", 1)[1]
+  assert demo.split(" --output-dir ")[0].endswith(
+      "-m jaxrl_scale.cli train " + os.path.join(ROOT, "configs", "cpu_tiny.yaml"))
 
 
 def test_a_tuned_run_gets_the_sweeps_fastest_configuration_for_its_kernel_and_batch():
@@ -153,6 +158,27 @@ def test_the_committed_predictions_cover_every_train_run():
         assert ("attention" in by_family) == (run["attention"] == "cudnn"), run["name"]
         assert sum(by_family.values()) == pytest.approx(
             pred["kernel_bound_seconds"] * 1e3, rel=1e-3), run["name"]
+
+
+def test_the_demo_run_is_read_from_the_demos_own_output(tmp_path):
+  """parse_demo on what `jaxrl-scale train` prints (the smoke-length demo run here, on CPU,
+  where the roles get their own devices); the summary keeps it with the exit code."""
+  out_dir = tmp_path / "demo"
+  proc = subprocess.run(
+      [sys.executable, *gpu_suite.demo_argv(str(out_dir), smoke=True)], cwd=ROOT,
+      capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  got = gpu_suite.parse_demo(proc.stdout + proc.stderr)
+  assert got["backend"] == "cpu" and got["mode"] == "pipeline" and not got["colocated"]
+  assert got["devices"].startswith("trainer: 4 devices")
+  assert got["final_step"] == 2 and 0 <= got["final_pass_rate"] <= 1
+  assert 0 <= got["start_pass_rate"] <= 1 and got["rl_time"]
+  # A one-GPU run's header, as the wiring prints it.
+  assert gpu_suite.parse_demo("  mode pipeline | gpu colocated: 1 devices [0] (fsdp=1, tp=1)")[
+      "colocated"]
+  runs = [dict(name="demo_cpu_tiny", bench="jaxrl_scale_train", rc=0, seconds=88.0,
+               report=got)]
+  assert gpu_suite.summary(runs)["demo"] == dict(rc=0, seconds=88.0, **got)
 
 
 def test_summary_keeps_why_transformers_did_not_compare():
