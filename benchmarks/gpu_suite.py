@@ -127,6 +127,12 @@ RUNS = [
     ("train_1p7b_16x4096_cudnn_full_cublas", 5, "train",
      dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
           xla_flags=CUBLAS_GEMM)),
+    # Remat keeping only the attention kernel's output and statistics: its forward is not
+    # rerun (compiled FLOPs x1.36 against remat full's x1.40; attention's kernel-by-kernel
+    # bound 140 -> 109 ms), at one micro-batch (52.6 GiB planned against 44.4).
+    ("train_1p7b_16x4096_cudnn_context", 3, "train",
+     dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
+          remat="context")),
     # The batch-256 decode's layer matmuls (M = 256) ran at about 30% of HBM bandwidth in
     # XLA's Triton GEMM fusions on the H100: the same with cuBLAS.
     ("decode_b256_triton_cublas", 5, "sampler",

@@ -64,10 +64,11 @@ def parse_args() -> argparse.Namespace:
   p.add_argument("--fsdp", type=int, default=1, help="trainer mesh fsdp size")
   p.add_argument("--tp", type=int, default=1, help="trainer mesh tp size")
   p.add_argument("--remat", default="full",
-                 choices=("none", "full", "dots", "attention", "matmuls"),
+                 choices=("none", "full", "dots", "attention", "context", "matmuls"),
                  help="optim.remat, printed with the results (recomputation gets no FLOP "
                       "credit; 'attention' keeps the attention block's outputs and recomputes "
-                      "the MLP, 'matmuls' keeps every matmul's output)")
+                      "the MLP, 'context' only the attention kernel's output, 'matmuls' every "
+                      "matmul's output)")
   p.add_argument("--logits-chunk", type=int, default=512, help="optim.logits_chunk")
   p.add_argument("--attention", default="auto", choices=("auto", "einsum", "cudnn", "splash"),
                  help="model.attention_impl (auto: cuDNN on GPU for bf16, einsum on CPU)")

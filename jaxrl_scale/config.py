@@ -372,9 +372,11 @@ class OptimConfig:
   # Rematerialisation of the decoder layers in the backward pass: "full" stores only each
   # layer's input (fits a 16k sequence), "dots" also keeps matmul outputs (faster, more
   # memory), "attention" keeps the attention block's outputs and recomputes the MLP (between
-  # the two), "matmuls" keeps what "dots" does plus the attention kernel's output (recomputes
-  # only elementwise work), "none" keeps every activation (small models only).
-  remat: Literal["none", "full", "dots", "attention", "matmuls"] = "full"
+  # the two), "context" keeps only the attention kernel's output (reruns the projections,
+  # not the kernel; a little more memory than "full"), "matmuls" keeps what "dots" does plus
+  # the attention kernel's output (recomputes only elementwise work), "none" keeps every
+  # activation (small models only).
+  remat: Literal["none", "full", "dots", "attention", "context", "matmuls"] = "full"
   # Megatron-style sequence parallelism in the train step: the residual stream between
   # decoder layers (the layer scan's carry, what remat keeps per layer) is split along the
   # sequence over the trainer's 'tp' axis instead of repeated on every tp chip; attention,

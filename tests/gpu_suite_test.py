@@ -34,7 +34,7 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
                         "--dry-run"], capture_output=True, text=True, timeout=60, check=True)
   lines = out.stdout.strip().splitlines()
-  assert len(lines) == len(gpu_suite.RUNS) == 22
+  assert len(lines) == len(gpu_suite.RUNS) == 23
   assert lines[0].startswith("decode_kernel_check (item 2)")
   assert "paged_decode_check.py" in lines[0] and "--sweep" not in lines[0]
   # Three of the issue's targets are measured first (after the kernel check), then the
@@ -43,12 +43,17 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   # GEMMs, remat keeping the attention outputs (at 2 micro-batches: 1 does not fit an
   # H100), then batch 64 with each kernel.
   names = [x.split(" ")[0] for x in lines]
-  assert names[1:9] == [
+  assert names[1:10] == [
       "decode_b256_triton", "train_1p7b_16x4096_cudnn_full", "train_0p6b_32x2048_cudnn_full",
       "decode_kernel_sweep", "decode_b256_triton_page", "train_1p7b_16x4096_cudnn_full_cublas",
-      "decode_b256_triton_cublas", "train_1p7b_16x4096_cudnn_attention"]
-  assert names[9:11] == ["decode_b64_triton", "decode_b64_triton_page"]
-  assert "--remat attention" in lines[8]
+      "train_1p7b_16x4096_cudnn_context", "decode_b256_triton_cublas",
+      "train_1p7b_16x4096_cudnn_attention"]
+  assert names[10:12] == ["decode_b64_triton", "decode_b64_triton_page"]
+  assert "--remat context" in lines[7] and "--remat attention" in lines[9]
+  # On an H100 the plan sizes remat "context" at one micro-batch, "attention" at two.
+  h100 = {r["name"]: r for r in gpu_suite.plan(81559, "/tmp/ck")}
+  assert h100["train_1p7b_16x4096_cudnn_context"]["micro_batches"] == 1
+  assert h100["train_1p7b_16x4096_cudnn_attention"]["micro_batches"] == 2
   assert "paged_decode_check.py --sweep" in lines[4]
   page = [x for x in lines if "--triton-kernel page" in x]
   assert [x.split(" ")[0] for x in page] == ["decode_b256_triton_page", "decode_b64_triton_page"]
@@ -69,7 +74,7 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   train = [x for x in lines if x.startswith("train_")]
   assert all("--matmul-dtype bfloat16" in x and "--steps 3" in x for x in train)
   assert sum("--preset qwen3_1p7b --seq-len 4096 --prompts 4 --generations 4" in x
-             for x in train) == 4
+             for x in train) == 5
   for remat in ("full", "dots", "attention"):
     assert any("--preset qwen3_0p6b" in x and f"--remat {remat} " in x for x in train)
   assert sum("--logits-chunk 2048" in x for x in train) == 1
@@ -317,6 +322,8 @@ def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch)
   import json
 
   monkeypatch.setattr(gpu_suite, "gpu_info", lambda: ("NVIDIA H100 80GB HBM3", 81559))
+  # The suite clears its tokens folder: this one's, not the machine's temp folder's.
+  monkeypatch.setattr(gpu_suite.tempfile, "gettempdir", lambda: str(tmp_path))
   rc = gpu_suite.main(["--out", str(tmp_path), "--budget-s", "-1", "--commit", "abc123"])
   assert rc == 0
   train = json.loads((tmp_path / "train_step_bench.json").read_text())
@@ -328,7 +335,7 @@ def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch)
   assert train["packages"]["flax"] == importlib.metadata.version("flax")
   assert [r["name"] for r in suite["runs"]] == [name for name, *_ in gpu_suite.RUNS]
   assert [r["batch"] for r in sampler["runs"]] == [256, 256, 256, 64, 64, 256, 64, 256]
-  assert len(train["runs"]) == 11
+  assert len(train["runs"]) == 12
   assert all(r["skipped"] == "budget" for r in suite["runs"])
   assert suite["summary"] == {}
   assert "skipped" in (tmp_path / "gpu_suite.log").read_text()
@@ -353,6 +360,7 @@ def test_the_suite_passes_the_sweeps_choice_to_the_tuned_runs(tmp_path, monkeypa
 
   monkeypatch.setattr(gpu_suite, "gpu_info", lambda: ("NVIDIA H100 80GB HBM3", 81559))
   monkeypatch.setattr(gpu_suite, "run_one", fake_run)
+  monkeypatch.setattr(gpu_suite.tempfile, "gettempdir", lambda: str(tmp_path))
   monkeypatch.setattr(gpu_suite, "write_checkpoint", lambda path: "stub")
   monkeypatch.setattr(gpu_suite.os.path, "isdir", lambda path: True)
   assert gpu_suite.main(["--out", str(tmp_path), "--commit", "abc",

@@ -462,8 +462,11 @@ class Transformer(nnx.Module):
 # norms and the MLP are recomputed. Per token and
 # layer that is (2N + 2K) * H + D values (and N float32 log-sum-exps) beside the layer input:
 # 14,336 on Qwen3-8B, against 34,816 for "dots" (which keeps the MLP's gate and up outputs,
-# 2F, and reruns the attention kernel). The einsum path (CPU, GPU without cuDNN) has no
-# kernel residuals: there the attention itself is recomputed.
+# 2F, and reruns the attention kernel). "context" keeps only the attention kernel's output
+# and log-sum-exp (D values and N float32 per token and layer): the backward pass reruns the
+# layer's projections and norms, not the kernel, at a fraction of "attention"'s memory (MaxText's
+# "minimal with context" keeps the projections too). The einsum path (CPU, GPU without cuDNN)
+# has no kernel residuals: there the attention itself is recomputed ("context" is "full").
 ATTENTION_NAMES = ("query_proj", "key_proj", "value_proj", "out_proj",
                    attention.SPLASH_RESIDUALS)
 REMAT_POLICIES: dict[str, Callable | None] = {
@@ -472,6 +475,9 @@ REMAT_POLICIES: dict[str, Callable | None] = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "attention": jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.save_only_these_names(*ATTENTION_NAMES),
+        attention.keeps_cudnn_residuals),
+    "context": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.save_only_these_names(attention.SPLASH_RESIDUALS),
         attention.keeps_cudnn_residuals),
     # "dots" and the attention kernel's output and log-sum-exp: every matmul's result is
     # kept, only elementwise work (norms, RoPE, SiLU) is recomputed.

@@ -174,8 +174,9 @@ def test_explicit_cudnn_refuses_what_cudnn_cannot_run():
 
 
 # Fused forwards per layer: remat reruns the kernel unless the policy keeps its output and
-# softmax statistics ("attention" and "matmuls" keep them, like the splash kernel's).
-CUDNN_FORWARDS = {"none": 1, "full": 2, "dots": 2, "attention": 1, "matmuls": 1}
+# softmax statistics ("attention", "context" and "matmuls" keep them, like the splash
+# kernel's).
+CUDNN_FORWARDS = {"none": 1, "full": 2, "dots": 2, "attention": 1, "context": 1, "matmuls": 1}
 
 
 @pytest.mark.parametrize("remat", sorted(CUDNN_FORWARDS))

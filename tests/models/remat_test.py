@@ -30,7 +30,7 @@ def test_policies_give_the_loss_and_gradients_of_no_remat(tiny_model):
     def loss(m, remat):
       h = m.hidden_states(tokens, pos, mask, remat=remat)
       return m.token_log_probs(h, tokens, chunk_size=4).sum()
-    return [nnx.value_and_grad(loss)(m, p) for p in ("none", "attention", "matmuls")]
+    return [nnx.value_and_grad(loss)(m, p) for p in ("none", "attention", "context", "matmuls")]
 
   (loss_ref, grads_ref), *others = both(model)
   for loss_new, grads_new in others:
@@ -71,8 +71,10 @@ def test_attention_policy_keeps_the_attention_projections_and_recomputes_the_mlp
   # probabilities): the rest are inputs, parameters and constants (positions, mask).
   computed = lambda lines: [x for x in lines if "output of" in x or "named '" in x]  # noqa: E731
   assert len(computed(saved)) == 4, saved
-  # "full" keeps no computed value at all; "dots" keeps the MLP's matmul outputs as well.
+  # "full" keeps no computed value at all, nor does "context" on the einsum path (no kernel
+  # residuals); "dots" keeps the MLP's matmul outputs as well.
   assert not computed(_saved("full"))
+  assert not computed(_saved("context"))
   # q k v o gate up (the backward pass reads no down projection output); "matmuls" keeps
   # the same on the einsum path (its extra is the splash kernel's, below).
   assert sum("dot_general" in line for line in _saved("dots")) == 6
@@ -103,9 +105,11 @@ def test_attention_policy_keeps_the_splash_kernels_residuals():
   # The kernel's output [B, N, T, H] and log-sum-exp [B, N, T], nothing else.
   assert sorted(kept("attention")) == ["f32[2,2,128,128]", "f32[2,2,128]"]
   assert sorted(kept("matmuls")) == ["f32[2,2,128,128]", "f32[2,2,128]"]
+  assert sorted(kept("context")) == ["f32[2,2,128,128]", "f32[2,2,128]"]
   assert kept("dots") == []  # the kernel is no dot: "dots" reruns it
-  f = jax.checkpoint(loss, policy=transformer.REMAT_POLICIES["attention"])
-  got = jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, kk, v)
   want = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, kk, v)
-  for name, a, e in zip("qkv", got, want):
-    np.testing.assert_allclose(a, e, atol=1e-5, rtol=0, err_msg=f"d{name}")
+  for remat in ("attention", "context"):
+    f = jax.checkpoint(loss, policy=transformer.REMAT_POLICIES[remat])
+    got = jax.jit(jax.grad(f, argnums=(0, 1, 2)))(q, kk, v)
+    for name, a, e in zip("qkv", got, want):
+      np.testing.assert_allclose(a, e, atol=1e-5, rtol=0, err_msg=f"{remat} d{name}")
