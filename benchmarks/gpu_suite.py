@@ -48,7 +48,8 @@ kill keeps what finished: gpu_suite.json ({device, gpu_memory_mib, jax, jaxlib, 
 packages, commit, date, runs, summary}), train_step_bench.json, sampler_bench.json and
 paged_decode_check.json (the same header, their runs) and gpu_suite.log (all output): five
 files, within the 8 the device tool brings back (the decode runs' tokens stay in the temp
-folder; the summary keeps their share of equal tokens). A run keeps its command, extra
+folder; the summary, `gpu_suite_report.summary`, keeps their share of equal tokens). A run
+keeps its command, extra
 environment, exit code, seconds, the bench's JSON report and its output tail.
 
 The device machine's working tree has no .git and no install: pass the commit as GIT_COMMIT;
@@ -73,13 +74,14 @@ import datetime
 import importlib.metadata
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+from gpu_suite_report import DEMO_BENCH, last_json, parse_demo, parse_train, summary
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -177,7 +179,7 @@ RUNS = [
     ("demo_cpu_tiny", 6, "demo", {}),
 ]
 BENCHES = {"train": "train_step_bench", "sampler": "sampler_bench",
-           "check": "paged_decode_check", "demo": "jaxrl_scale_train"}
+           "check": "paged_decode_check", "demo": DEMO_BENCH}
 TIMEOUT_S = {"train_1p7b": 200.0, "train": 130.0, "sampler": 120.0, "check": 90.0,
              "sweep": 120.0, "demo": 240.0}
 
@@ -277,26 +279,6 @@ def demo_argv(out_dir: str, smoke: bool) -> list[str]:
            "data.num_validation=16"] if smoke else []
   return ["-m", "jaxrl_scale.cli", "train", os.path.join(ROOT, "configs", "cpu_tiny.yaml"),
           *short, "--output-dir", out_dir]
-
-
-def parse_demo(text: str) -> dict:
-  """The demo's numbers from its output: where the roles ran, the validation pass rate
-  before and after RL, its RL time."""
-  out = {}
-  m = re.search(r"^  mode (\S+) \| (\S+) (.*)$", text, re.M)
-  if m:
-    out.update(mode=m.group(1), backend=m.group(2), devices=m.group(3).strip(),
-               colocated=m.group(3).startswith("colocated"))
-  m = re.search(r"validation pass rate: (?:([\d.]+) at step 0[^>]*-> )?([\d.]+) at step (\d+)",
-                text)
-  if m:
-    out.update(final_pass_rate=float(m.group(2)), final_step=int(m.group(3)))
-    if m.group(1):
-      out["start_pass_rate"] = float(m.group(1))
-  m = re.search(r"^time: (.*?) of RL steps", text, re.M)
-  if m:
-    out["rl_time"] = m.group(1)
-  return out
 
 
 def tuned(run: dict, results: list[dict]) -> dict | None:
@@ -417,125 +399,6 @@ def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
       run["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(TRAIN_MEM_FRACTION)
     runs.append(run)
   return runs
-
-
-def parse_train(text: str) -> dict:
-  """Numbers of train_step_bench's text report (when its JSON line is missing)."""
-  out = {}
-  patterns = {"params_m": r"model: \S+, ([\d.]+)M params",
-              "compile_s": r"compile ([\d.]+) s",
-              "temp_gib": r"temporaries ([\d.]+) GiB",
-              "model_tflop_per_step": r"model FLOPs per step: ([\d.]+) TFLOP",
-              "median_step_s": r"median step ([\d.]+) s",
-              "gflop_s": r"train step: ([\d.]+) GFLOP/s",
-              "matmul_peak_gflop_s": r"matmul peak \(\d+\^2\): ([\d.]+) GFLOP/s"}
-  for key, pattern in patterns.items():
-    m = re.search(pattern, text)
-    if m:
-      out[key] = float(m.group(1))
-  return out
-
-
-def last_json(text: str) -> dict | None:
-  line = next((x for x in reversed(text.splitlines()) if x.startswith("{")), None)
-  try:
-    return json.loads(line) if line else None
-  except json.JSONDecodeError:
-    return None
-
-
-def summary(runs: list[dict], out_dir: str | None = None) -> dict:
-  """The comparisons the issue asks for, from whatever ran: the decode kernel's accuracy and
-  read bandwidth beside the gather's, its fastest block configuration per batch; decode
-  kernel vs gather per batch (tok/s, roofline, and with `out_dir` the share of equal greedy
-  tokens), each train variant's MFU and step time against its shape's cuDNN remat-full run."""
-  by = {r["name"]: r.get("report") or {} for r in runs if r.get("rc") == 0}
-  planned = {r["name"]: r["predicted"] for r in runs if r.get("predicted")}
-  out = {}
-  check = by.get("decode_kernel_check", {}).get("bfloat16")
-  if check:
-    out["decode_kernel_bf16"] = {k: check[k] for k in (
-        "triton_vs_gather", "triton_vs_f32", "page_vs_f32", "triton_us", "page_us",
-        "gather_us", "triton", "page", "gather") if k in check}
-  swept = by.get("decode_kernel_sweep", {}).get("sweep")
-  if swept:
-    out["decode_kernel_sweep"] = dict(defaults=swept.get("defaults"), best=swept.get("best"),
-                                      best_by_kernel=swept.get("best_by_kernel"),
-                                      errors=sum("error" in r for r in swept.get("runs", [])))
-  for batch in (64, 256):
-    kernel, gather = by.get(f"decode_b{batch}_triton"), by.get(f"decode_b{batch}_gather")
-    if kernel and kernel.get("hf_tok_s"):
-      # transformers' generate on the same device (sampler_bench's hf_device): item 7's ratio.
-      out[f"decode_b{batch}_vs_transformers"] = {k: kernel[k] for k in (
-          "ours_tok_s", "hf_tok_s", "ratio", "hf_device", "greedy_match") if k in kernel}
-    elif kernel and kernel.get("hf_error"):  # transformers failed there; ours still ran
-      out[f"decode_b{batch}_vs_transformers"] = {k: kernel[k] for k in (
-          "hf_error", "hf_device") if k in kernel}
-    if kernel and gather and gather.get("ours_tok_s"):
-      out[f"decode_b{batch}"] = dict(
-          triton_tok_s=kernel.get("ours_tok_s"), gather_tok_s=gather.get("ours_tok_s"),
-          triton_over_gather=round(kernel["ours_tok_s"] / gather["ours_tok_s"], 3),
-          triton_fraction_of_roofline=kernel.get("fraction_of_roofline"),
-          gather_fraction_of_roofline=gather.get("fraction_of_roofline"))
-      for impl, rep in (("triton", kernel), ("gather", gather)):
-        for key in ("gpu_busy_fraction", "family_ms_per_step"):
-          if key in rep:
-            out[f"decode_b{batch}"][f"{impl}_{key}"] = rep[key]
-      match = token_match(out_dir, f"decode_b{batch}_triton", f"decode_b{batch}_gather")
-      if match is not None:
-        out[f"decode_b{batch}"]["greedy_tokens_equal"] = match
-  for name, rep in by.items():
-    # Decode variants (flags) against the kernel run of their batch.
-    base = by.get("_".join(name.split("_")[:3]), {})
-    if (name.startswith("decode_b") and name.count("_") > 2 and rep.get("ours_tok_s")
-        and base.get("ours_tok_s") and "_triton_" in name):
-      out[name] = {"ours_tok_s": rep["ours_tok_s"],
-                   "fraction_of_roofline": rep.get("fraction_of_roofline"),
-                   "over_triton": round(rep["ours_tok_s"] / base["ours_tok_s"], 3)}
-      if rep.get("triton"):
-        out[name]["triton"] = rep["triton"]
-  demo = next((r for r in runs if r.get("bench") == BENCHES["demo"] and "rc" in r), None)
-  if demo:  # item 6: the README's demo command on this GPU, whatever its exit
-    out["demo"] = dict(rc=demo["rc"], seconds=demo.get("seconds"), **(demo.get("report") or {}))
-  for name, rep in by.items():
-    if not name.startswith("train_") or "median_step_s" not in rep:
-      continue
-    base = by.get("_".join(name.split("_")[:3]) + "_cudnn_full", {})
-    out[name] = {k: rep[k] for k in ("median_step_s", "temp_gib", "mfu_causal_attention",
-                                     "mfu_full_attention", "fraction_of_matmul_peak",
-                                     "matmul_peak_tflop_s", "gpu_busy_fraction",
-                                     "family_ms_per_step") if k in rep}
-    if base.get("median_step_s"):
-      out[name]["step_over_cudnn_full"] = round(rep["median_step_s"] / base["median_step_s"], 3)
-    pred = planned.get(name)
-    if pred:
-      # The plan's numbers (gpu_plan.py, no GPU) beside the device's: how far the kernels
-      # run from their rooflines, and how close the memory estimate came.
-      out[name]["predicted"] = pred
-      if pred.get("kernel_bound_seconds"):
-        out[name]["step_over_kernel_bound"] = round(
-            rep["median_step_s"] / pred["kernel_bound_seconds"], 3)
-      # Per family where the step was profiled: which kernels run far from their rooflines.
-      fam, bound = rep.get("family_ms_per_step") or {}, pred.get("kernel_bound_ms_by_family") or {}
-      ratios = {f: round(fam[f] / bound[f], 3) for f in bound if bound[f] > 0 and f in fam}
-      if ratios:
-        out[name]["family_over_kernel_bound"] = ratios
-  return out
-
-
-def token_match(out_dir: str | None, a: str, b: str) -> float | None:
-  """Share of equal tokens, position by position, of two decode runs' saved greedy tokens
-  (bfloat16 rounding differs between the paths, so a near tie may flip and the rows then
-  diverge: expect most, not all, on a random model)."""
-  if out_dir is None:
-    return None
-  paths = [os.path.join(out_dir, f"tokens_{x}.npy") for x in (a, b)]
-  if not all(os.path.exists(p) for p in paths):
-    return None
-  import numpy as np
-
-  ta, tb = (np.load(p) for p in paths)
-  return round(float(np.mean(ta == tb)), 5) if ta.shape == tb.shape else None
 
 
 def write_checkpoint(path: str) -> str:

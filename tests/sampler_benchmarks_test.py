@@ -10,7 +10,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import sampler_bench  # noqa: E402  (benchmarks/ is not a package)
+import hf_baseline  # noqa: E402  (benchmarks/ is not a package)
+import sampler_bench  # noqa: E402
 
 from jaxrl_scale.models import config as model_config  # noqa: E402
 
@@ -78,11 +79,11 @@ def test_prefill_bench_quick_chunks_the_prefill_and_keeps_the_tokens():
 def test_transformers_runs_where_jax_runs_unless_told():
   """On a GPU the ratio is ours against transformers on that same GPU (the issue's
   comparison), not against torch on the host's CPU."""
-  assert sampler_bench.hf_device("auto", "gpu") == "cuda"
-  assert sampler_bench.hf_device("auto", "cpu") == "cpu"
-  assert sampler_bench.hf_device("auto", "tpu") == "cpu"  # torch has no TPU
-  assert sampler_bench.hf_device("cpu", "gpu") == "cpu"
-  assert sampler_bench.hf_device("cuda", "cpu") == "cuda"
+  assert hf_baseline.device_for("auto", "gpu") == "cuda"
+  assert hf_baseline.device_for("auto", "cpu") == "cpu"
+  assert hf_baseline.device_for("auto", "tpu") == "cpu"  # torch has no TPU
+  assert hf_baseline.device_for("cpu", "gpu") == "cpu"
+  assert hf_baseline.device_for("cuda", "cpu") == "cuda"
 
 
 @pytest.mark.slow  # 16 s (writes and loads a checkpoint, spawns torch); the choice is above
@@ -139,10 +140,10 @@ def test_a_transformers_failure_is_reported_and_our_decode_still_measured(tmp_pa
   args = argparse.Namespace(vocab=64, hidden=32, intermediate=64, layers=1, heads=4,
                             kv_heads=2)
   sampler_bench._write_checkpoint(args, str(tmp_path / "ck"))
-  hf = sampler_bench._HF(str(tmp_path / "ck"), "float32", "cpu")
+  hf = hf_baseline.HF(str(tmp_path / "ck"), "float32", "cpu")
   seconds, tokens = hf.generate(np.ones((2, 3), np.int64), 2, 1, 0.0)
   assert tokens.shape == (2, 2) and seconds > 0
-  with pytest.raises(sampler_bench.HFFailed, match="^IndexError: "):
+  with pytest.raises(hf_baseline.HFFailed, match="^IndexError: "):
     hf.generate(np.full((2, 3), 1000, np.int64), 2, 1, 0.0)  # ids past the vocabulary
   assert not hf.proc.is_alive()
   hf.close()  # nothing left to stop: returns
@@ -152,9 +153,9 @@ def test_a_transformers_failure_is_reported_and_our_decode_still_measured(tmp_pa
       self.device, self.default_threads = device, 1
 
     def generate(self, *a):
-      raise sampler_bench.HFFailed("OutOfMemoryError: CUDA out of memory")
+      raise hf_baseline.HFFailed("OutOfMemoryError: CUDA out of memory")
 
-  monkeypatch.setattr(sampler_bench, "_HF", Failing)
+  monkeypatch.setattr(hf_baseline, "HF", Failing)
   monkeypatch.setattr(sys, "argv", ["sampler_bench.py", "--quick", "--skip-mixed",
                                     "--skip-floor", "--repeats", "1", "--json"])
   assert sampler_bench.main() == 0
