@@ -49,8 +49,8 @@ packages, commit, date, runs, summary}), train_step_bench.json, sampler_bench.js
 paged_decode_check.json (the same header, their runs) and gpu_suite.log (all output): five
 files, within the 8 the device tool brings back (the decode runs' tokens stay in the temp
 folder; the summary, `gpu_suite_report.summary`, keeps their share of equal tokens). A run
-keeps its command, extra
-environment, exit code, seconds, the bench's JSON report and its output tail.
+keeps its command, extra environment, exit code, seconds, the bench's JSON report and its
+output tail.
 
 The device machine's working tree has no .git and no install: pass the commit as GIT_COMMIT;
 each bench imports jaxrl_scale from this tree (PYTHONPATH) with the machine's own python3 and
