@@ -9,11 +9,13 @@ issue item): the decode kernels' check, decode with the Triton kernel at batch 2
 transformers on the same GPU) and the two headline train steps (three of the issue's
 targets), the kernel sweep ("page" against "head") and decode at batch 256 with the
 fastest "page" configuration, then what might lift the 1.7B step and decode (cuBLAS
-GEMMs; remat keeping the attention outputs), decode at batch 64 with each kernel, cuBLAS
+GEMMs; remat keeping the attention kernel's output, "context", then the attention block's
+outputs), decode at batch 64 with each kernel, cuBLAS
 for the 0.6B step, then the comparisons (the gather, remat, flags, logits chunk, command
 buffers, the einsum baselines), and last the README's demo command on the GPU (item 6:
 `jaxrl-scale train configs/cpu_tiny.yaml`, colocated by itself on one GPU; the summary
-keeps where its roles ran and its validation pass rate before and after RL). The H100 runs of 2026-11-27
+keeps where its roles ran and its validation pass rate before and after RL). The H100
+runs of 2026-11-27
 (benchmarks/results/gpu_h100_2026-11-27*/) set this order: what they left unmeasured or
 short of its target comes first.
 
@@ -62,7 +64,8 @@ two, else the run is skipped as not fitting rather than spending device time on 
 The run keeps the plan's temporaries and roofline bounds (`predicted`), and the summary
 sets its measured step against the kernel-by-kernel bound (`step_over_kernel_bound`: how
 far the kernels run from their rooflines). The suite is sized for the issue's 8 minutes:
-no run starts after --budget-s and a run still going at --deadline-s is killed; each has its own limit.
+no run starts after --budget-s and a run still going at --deadline-s is killed; each has its
+own limit.
 `--cpu-smoke` runs every variant at tiny shapes on this machine's CPU (the Triton kernel in
 interpret mode, einsum attention for cuDNN), to show none of them crashes.
 """

@@ -9,8 +9,9 @@ attention shape (16 query heads of 128 over 8 kv heads, pages of 16) for a batch
 whose lengths spread over 1..640 positions (one inactive row), in bfloat16 and in float32:
 the largest difference of impl="triton" (its default kernel, "head") from impl="gather" and
 of both from a float32 XLA attention over the same pages, the same for the other Triton
-kernel ("page", `paged_triton`), and the time of each read. The tests check the kernel in interpret mode
-on CPU; this is the same check compiled for the GPU, where the tests cannot run.
+kernel ("page", `paged_triton`), and the time of each read. The tests check the kernels in
+interpret mode on CPU; this is the same check compiled for the GPU, where the tests cannot
+run.
 
 A read is timed as --reps reads chained inside one jitted loop (each read's queries are the
 last one's output, so none can be skipped or hoisted), median of --repeats calls after a
