@@ -8,14 +8,13 @@ The variants, most important first (a budget cut drops the tail; `RUNS` has each
 issue item): the decode kernels' check, decode with the Triton kernel at batch 256 (with
 transformers on the same GPU) and the two headline train steps (three of the issue's
 targets), the kernel sweep ("page" against "head") and decode at batch 256 with the
-fastest "page" configuration, then what might lift the 1.7B step and decode (cuBLAS
-GEMMs; remat keeping the attention kernel's output, "context", then the attention block's
-outputs), decode at batch 64 with each kernel, cuBLAS
-for the 0.6B step, then the comparisons (the gather, remat, flags, logits chunk, command
-buffers, the einsum baselines), and last the README's demo command on the GPU (item 6:
-`jaxrl-scale train configs/cpu_tiny.yaml`, colocated by itself on one GPU; the summary
-keeps where its roles ran and its validation pass rate before and after RL). The H100
-runs of 2026-11-27
+fastest "page" configuration, then what might lift the 1.7B step and decode (cuBLAS GEMMs;
+remat keeping the attention kernel's output, "context", then the attention block's
+outputs), decode at batch 64 with each kernel, cuBLAS for the 0.6B step, then the
+comparisons (the gather, remat, flags, logits chunk, command buffers, the einsum
+baselines), and last the README's demo command on the GPU (item 6: `jaxrl-scale train
+configs/cpu_tiny.yaml`, colocated by itself on one GPU; the summary keeps where its roles
+ran and its validation pass rate before and after RL). The H100 runs of 2026-11-27
 (benchmarks/results/gpu_h100_2026-11-27*/) set this order: what they left unmeasured or
 short of its target comes first.
 
