@@ -37,8 +37,9 @@ short of its target comes first.
 - train step (train_step_bench, compile + 1 warm-up + 3 timed steps, bfloat16 activations
   over the presets' float32 masters): qwen3_1p7b 16 x 4096 and qwen3_0p6b 32 x 2048 with
   cuDNN attention, remat full; on both, cuBLAS instead of XLA's Triton GEMMs and remat
-  attention (minimal with the attention's context kept; the 1.7B at two micro-batches); on
-  the 0.6B shape, remat dots, logits chunk 2048 against 512, XLA's latency-hiding
+  attention (the attention block's outputs kept; the 1.7B at two micro-batches); on the
+  1.7B, remat context (only the attention kernel's output kept, one micro-batch); on the
+  0.6B shape, remat dots, logits chunk 2048 against 512, XLA's latency-hiding
   scheduler; the einsum attention last (the issue's baseline). MFU against the chip's bf16
   spec peak with full and with causal (halved) attention FLOPs, and against a bf16 8192^3
   matmul measured in the same process; the two cuDNN remat-full runs also profile one
