@@ -165,6 +165,29 @@ def test_the_committed_predictions_cover_every_train_run():
             pred["kernel_bound_seconds"] * 1e3, rel=1e-3), run["name"]
 
 
+def test_the_demo_summary_lines_are_read_back():
+  """parse_demo on the run summary as the trainer renders it (`pipeline.summary.render`),
+  with and without a step-0 eval, and on the roles line of a one-GPU run; the suite's
+  summary keeps it with the exit code. (The smoke test reads a real demo's output.)"""
+  from jaxrl_scale.pipeline import summary as run_summary
+
+  base = dict(outcome="done", steps=200, compute_hours=0.1, sft_compute_hours=0.01,
+              flops=1e15, rl_wall_s=88.0, eval_s=3.0, checkpoint_s=2.0, compile_s=20.0,
+              final_pass_rate=0.9431, final_step=200)
+  text = ("  mode pipeline | gpu colocated: 1 devices [0] (fsdp=1, tp=1)\n"
+          + run_summary.render(dict(base, start_pass_rate=0.4162)))
+  got = gpu_suite.parse_demo(text)
+  assert got == dict(mode="pipeline", backend="gpu", colocated=True,
+                     devices="colocated: 1 devices [0] (fsdp=1, tp=1)", final_pass_rate=0.943,
+                     final_step=200, start_pass_rate=0.416, rl_time=got["rl_time"])
+  assert got["rl_time"].startswith("1m")
+  assert "start_pass_rate" not in gpu_suite.parse_demo(run_summary.render(base))
+  runs = [dict(name="demo_cpu_tiny", bench="jaxrl_scale_train", rc=0, seconds=88.0,
+               report=got)]
+  assert gpu_suite.summary(runs)["demo"] == dict(rc=0, seconds=88.0, **got)
+
+
+@pytest.mark.slow
 def test_the_demo_run_is_read_from_the_demos_own_output(tmp_path):
   """parse_demo on what `jaxrl-scale train` prints (the smoke-length demo run here, on CPU,
   where the roles get their own devices); the summary keeps it with the exit code."""
