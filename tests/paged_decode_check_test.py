@@ -6,10 +6,12 @@ import sys
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import paged_decode_check  # noqa: E402  (benchmarks/ is not a package)
+from tests.plan import gpu_plan_test  # noqa: E402
 
 
 def test_read_seconds_chains_every_step_and_hands_the_carry_on():
@@ -48,8 +50,10 @@ def test_sweep_checks_every_configuration_against_float32_and_picks_the_fastest(
                          num_stages=paged_triton.NUM_STAGES,
                          target_programs=paged_triton.TARGET_PROGRAMS)
   assert {c["kv_tokens_per_block"] for c in head} == {8, 16, 32, 64}
-  # "page": 1, 2 and 4 pages a block, 4 and 8 warps, 1 and 2 stages, a bigger grid.
-  assert len(page) == 3 * 2 * 2 + 1
+  # "page": 1, 2 and 4 pages a block, 4 and 8 warps, 1 and 2 stages (not 2 with 4 pages:
+  # over an H100's shared memory), a bigger grid.
+  assert len(page) == 3 * 2 * 2 - 2 + 1
+  assert not [c for c in page if c["kv_tokens_per_block"] == 16 and c["num_stages"] == 2]
   assert {c["kv_tokens_per_block"] for c in page} == {4, 8, 16}
   for configs in (head, page):
     assert {c["num_warps"] for c in configs} == {4, 8}
@@ -91,3 +95,41 @@ def test_a_wrong_kernel_shows_in_the_sweep(monkeypatch):
                                     peak=None, interpret=True, configs=configs)
   errs = {r["num_warps"]: r["max_abs_vs_f32"] for r in report["runs"]}
   assert errs[4] > 0.1 > errs[8]
+
+
+@pytest.mark.skipif(not gpu_plan_test._cuda_plan_available(),
+                    reason="JAX's CUDA plugin and cuDNN are not installed")
+def test_every_sweep_configuration_compiles_for_an_h100():
+  """XLA compiles the Triton kernels for an H100 without one (`plan`'s deviceless target),
+  Triton to PTX with its shared-memory check included (8 s): every configuration the sweep times at Qwen3-0.6B's shape
+  (batch 256) compiles, so none spends device time on a compile error; the two it leaves out
+  (4-page "page" blocks with 2 stages) do not."""
+  import functools
+
+  import jax
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  from jaxrl_scale.models import paged_triton
+  from jaxrl_scale.plan import chips
+
+  mesh = Mesh(np.array(chips.topology_devices(chips.resolve("h100"))[:1]), ("x",))
+  rep = NamedSharding(mesh, PartitionSpec())
+  batch, width = 256, 40
+  args = [jax.ShapeDtypeStruct(shape, dtype, sharding=rep) for shape, dtype in (
+      ((batch, 16, 128), jnp.bfloat16), ((batch * width + 1, 16, 16, 128), jnp.bfloat16),
+      ((batch, width), jnp.int32), ((batch,), jnp.int32))]
+
+  def compiles(cfg) -> str:
+    fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, **cfg))
+    try:
+      with jax.set_mesh(mesh):
+        fn.lower(*args).compile()
+    except Exception as e:  # pylint: disable=broad-except
+      return str(e).splitlines()[0]
+    return ""
+
+  for cfg in paged_decode_check.sweep_configs(16):
+    assert compiles(cfg) == "", cfg
+  left_out = dict(kernel="page", kv_tokens_per_block=64, num_warps=4, num_stages=2,
+                  target_programs=paged_triton.TARGET_PROGRAMS)
+  assert "Shared memory size limit exceeded" in compiles(left_out)
