@@ -1,4 +1,4 @@
-"""How exact the FP32 LM head's weight gradient is, against float64 NumPy.
+"""How exact the FP32 LM head's gradients are, against float64 NumPy.
 
     python benchmarks/head_grad_accuracy.py [--tokens 8192 --vocab 512 --hidden 64]
 
@@ -8,7 +8,9 @@ scaled by advantages of both signs over a token-average normaliser) and bf16 act
 the relative error in norm and the largest error per entry (over the sum of the terms'
 magnitudes) of dw from three pieces, from two (what the head runs), from one (a bf16
 cotangent, what every other weight gradient of a bf16 model gets) and of the float32 matmul
-at HIGHEST precision, all on this machine's default backend.
+at HIGHEST precision, all on this machine's default backend. Then the same for dh = g w
+(returned in bf16, the activations' dtype), from one piece (what the head runs) and two,
+next to the correctly rounded bf16 of the exact dh (what the float32 matmul returns).
 """
 
 from __future__ import annotations
@@ -63,6 +65,27 @@ def main(argv=None) -> None:
     err = got - want
     print(f"  {name:28s} relative error in norm {np.linalg.norm(err) / np.linalg.norm(want):.2e}"
           f", largest over its terms {np.max(np.abs(err) / terms):.2e}")
+
+  w = jnp.asarray(rng.standard_normal((v, d)) * 0.05, jnp.bfloat16)
+  w64 = np.asarray(w, np.float64)
+  want_h = g64 @ w64
+  to_bf16 = lambda x: np.asarray(jnp.asarray(x, jnp.float32).astype(jnp.bfloat16), np.float64)
+
+  def dh_from(k: int) -> np.ndarray:
+    out = [jnp.einsum("tv,vd->td", pieces[i], w, preferred_element_type=jnp.float32)
+           for i in range(k)]
+    total = out[-1]
+    for x in out[-2::-1]:
+      total = total + x
+    return to_bf16(total)
+
+  print(f"dh (bf16) of the same cotangent, a bf16 head of vocab {v} x hidden {d}")
+  for name, got in (("exact, rounded to bf16", to_bf16(want_h)),
+                    ("2 bf16 pieces", dh_from(2)),
+                    ("1 piece (the head's)", dh_from(1))):
+    err = got - want_h
+    print(f"  {name:28s} relative error in norm "
+          f"{np.linalg.norm(err) / np.linalg.norm(want_h):.2e}")
 
 
 if __name__ == "__main__":

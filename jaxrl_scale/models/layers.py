@@ -97,12 +97,15 @@ def fp32_logits(h_BTD: jax.Array, w: jax.Array, spec: str, param_dtype: Any) -> 
 
   The backward's cotangent g is float32. For bfloat16 it splits exactly into three
   bfloat16 pieces (hi + mid + lo: 3 x 8 significant bits, bfloat16 having float32's
-  exponent range), each of whose products with the 16-bit operand is again exact. dh = g w
-  and dw = h^T g both run as two bf16 passes, over hi and mid, summed in float32: lo is
-  under 2^-16 of g. dh is returned in bfloat16, whose rounding (2^-9) that lies under; dw
-  (float32, for the float32 master) is then within about 3e-6 of the exact gradient
+  exponent range), each of whose products with the 16-bit operand is again exact.
+  dw = h^T g runs as two bf16 passes, over hi and mid, summed in float32 (lo is under 2^-16
+  of g): float32 for the float32 master, within about 3e-6 of the exact gradient
   (relative, in norm, on RL-shaped cotangents), where the float32 matmul is within 3e-7
   and a bfloat16 cotangent, as every other weight gradient of a bf16 model gets, 2e-3.
+  dh = g w, which goes on in bfloat16 into the layers below (each of whose backward
+  passes rounds its cotangent to bf16 again), runs as one pass over hi: the bf16
+  cotangent a model without the FP32 head gives its last hidden state, off the exact dh
+  by 2.4e-3 in norm where its correctly rounded bf16 value is off by 1.7e-3.
   float16's backward (too narrow an exponent range for the pieces) is the float32 matmul
   at HIGHEST precision, and so is all of the head for any other pair of dtypes.
   """
@@ -157,13 +160,15 @@ def _exact_16bit_logits_bwd(spec, res, g):
   inputs, out = spec.split("->")
   lhs, rhs = inputs.split(",")
   g_K = bf16_pieces(g, 2)
-  # Two pieces, for dh and dw alike: the head's [tokens, V] matmuls a chunk are the forward,
-  # its recompute (`rl/logprobs.py`) and these four. dh dropped the third piece first (it
-  # is returned in bf16: 703 -> 682 ms on the qwen3_0p6b 32 x 2048 train step compiled for
-  # an H100), dw next (its relative error 3e-7 -> 3e-6, `tests/models/layers_test.py`;
-  # 669 -> 641 ms and 4.6 GiB fewer temporaries, the cotangent's pieces written once fewer
-  # as well; qwen3_1p7b 16 x 4096 1.49 -> 1.44 s; the 8B recipe on v5p-128 130 -> 127 s).
-  # One matmul per piece, summed smallest first. Contracting the pieces side by side in one
+  # The head's [tokens, V] matmuls a chunk are the forward, its recompute
+  # (`rl/logprobs.py`) and these three. dh dropped the third piece first (it is returned
+  # in bf16: 703 -> 682 ms on the qwen3_0p6b 32 x 2048 train step compiled for an H100),
+  # dw next (its relative error 3e-7 -> 3e-6, `tests/models/layers_test.py`; 669 -> 641 ms
+  # and 4.6 GiB fewer temporaries, the cotangent's pieces written once fewer as well;
+  # qwen3_1p7b 16 x 4096 1.49 -> 1.44 s; the 8B recipe on v5p-128 130 -> 127 s), then dh
+  # its second (2026-11-27: qwen3_1p7b 16 x 4096's matmul kernels 948 -> 907 ms a step,
+  # compiled for an H100; on the H100 its matmuls ran at 1.49x their bound, ~61 ms of a
+  # 2.29 s step). One matmul per piece, summed smallest first. Contracting the pieces side by side in one
   # matmul (w read once) gave the [K, B, T, D] float32 dh and its operands their own
   # buffers: +5.1 GB of temporaries on the qwen3_0p6b train step compiled for an H100; for
   # dw, XLA:TPU built the whole [V, D] on every chip (+4.6 GiB on the 8B recipe), and
@@ -171,8 +176,7 @@ def _exact_16bit_logits_bwd(spec, res, g):
   # 0.6B step). Each dw matmul is the float32 head's, so it is split over the devices as
   # that one was.
   w16 = w.astype(h_BTD.dtype)
-  dh = (jnp.einsum(f"{out},{rhs}->{lhs}", g_K[1], w16, preferred_element_type=jnp.float32)
-        + jnp.einsum(f"{out},{rhs}->{lhs}", g_K[0], w16, preferred_element_type=jnp.float32))
+  dh = jnp.einsum(f"{out},{rhs}->{lhs}", g_K[0], w16, preferred_element_type=jnp.float32)
   dw = (jnp.einsum(f"{lhs},{out}->{rhs}", h_BTD, g_K[1], preferred_element_type=jnp.float32)
         + jnp.einsum(f"{lhs},{out}->{rhs}", h_BTD, g_K[0], preferred_element_type=jnp.float32))
   return dh.astype(h_BTD.dtype), dw.astype(w.dtype)
