@@ -127,24 +127,26 @@ RUNS = [
     ("decode_kernel_sweep", 2, "check", dict(sweep=True)),
     ("decode_b256_triton_page", 2, "sampler",
      dict(batch=256, decode="triton", triton_kernel="page", tuned=True)),
-    # The H100 run of 2026-11-27 put XLA's Triton GEMM fusions among the 1.7B step's
-    # largest kernels: cuBLAS for all of them is the first comparison.
-    ("train_1p7b_16x4096_cudnn_full_cublas", 5, "train",
-     dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
-          xla_flags=CUBLAS_GEMM)),
     # Remat keeping only the attention kernel's output and statistics: its forward is not
-    # rerun (compiled FLOPs x1.36 against remat full's x1.40; attention's kernel-by-kernel
-    # bound 140 -> 109 ms), at one micro-batch (52.6 GiB planned against 44.4).
+    # rerun (compiled FLOPs x1.31 against remat full's x1.35; attention's kernel-by-kernel
+    # bound 140 -> 109 ms), at one micro-batch (52.6 GiB planned against 44.4). Scaled by
+    # each family's measured / bound ratio of remat full's H100 run, the likeliest 1.7B
+    # step past 35% MFU: the first comparison.
     ("train_1p7b_16x4096_cudnn_context", 3, "train",
      dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
           remat="context")),
+    # The H100 run of 2026-11-27 put XLA's Triton GEMM fusions among the 1.7B step's
+    # largest kernels: cuBLAS for all of them.
+    ("train_1p7b_16x4096_cudnn_full_cublas", 5, "train",
+     dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
+          xla_flags=CUBLAS_GEMM)),
     # The batch-256 decode's layer matmuls (M = 256) ran at about 30% of HBM bandwidth in
     # XLA's Triton GEMM fusions on the H100: the same with cuBLAS.
     ("decode_b256_triton_cublas", 5, "sampler",
      dict(batch=256, decode="triton", xla_flags=CUBLAS_GEMM)),
     # Remat keeping the attention block's outputs, at 2 micro-batches (53.7 GiB predicted;
-    # 73.6 at one, and remat dots 103-172 GiB, do not fit an H100): x1.30 compiled FLOPs
-    # against remat full's x1.40, the same kernel-by-kernel bound (gpu_plan.py).
+    # 73.6 at one, and remat dots 103-172 GiB, do not fit an H100): x1.25 compiled FLOPs
+    # against remat full's x1.35, the same kernel-by-kernel bound (gpu_plan.py).
     ("train_1p7b_16x4096_cudnn_attention", 3, "train",
      dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
           remat="attention")),
