@@ -8,8 +8,10 @@ For each run of `gpu_suite.py` (same shapes, attention, remat, logits chunk and 
 the run's own code builds it, with JAX's CUDA plugin and no GPU (`plan.chips`): the trainer
 alone on one GPU for the train steps (the bench holds no generator), decode of 256 or 64
 slots at 128 + 512 tokens on the other. It prints what XLA's memory analysis predicts per
-GPU (arguments, temporaries, the total against the share JAX preallocates), whether it fits,
-compiled / model FLOPs and the roofline bounds (the whole program's and kernel by kernel).
+GPU (arguments, temporaries, the total against the share JAX preallocates: the suite's 90%
+for the train steps, JAX's default 75% for decode, as the suite runs them), whether it fits,
+compiled / model FLOPs and the roofline bounds (the whole program's and kernel by kernel),
+and how many values XLA recomputes to keep the program under its memory limit.
 When a lent GPU runs the suite, its train_step_bench reports the device's own temporaries:
 the two are compared there.
 
@@ -62,6 +64,10 @@ def overrides(o: dict, bench: str, micro: int) -> tuple[list[str], str]:
 def plan_one(gpu: str, o: dict, bench: str, micro: int) -> dict:
   args, program = overrides(o, bench, micro)
   env = dict(os.environ, JAX_PLATFORMS="cpu")
+  if bench == "train":
+    # The suite runs the train benches with this share of the GPU: XLA's memory limit on
+    # the device (what it rematerializes to stay under) is set by it (`chips.gpu_target`).
+    env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(gpu_suite.TRAIN_MEM_FRACTION)
   if o.get("xla_flags"):
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + o["xla_flags"]).strip()
   if o.get("decode"):  # sampler_bench --decode-attention
@@ -82,7 +88,7 @@ def plan_one(gpu: str, o: dict, bench: str, micro: int) -> dict:
       "fits", "hbm_bytes_per_chip", "hbm_capacity_bytes", "arguments_bytes_per_chip",
       "temporaries_bytes_per_chip", "flops_ratio", "bound_seconds", "bound_by", "mfu_bound",
       "kernel_bound_seconds", "kernel_bound_seconds_by_family", "mfu_kernel_bound",
-      "tokens_per_second", "bytes_over_min", "error")})
+      "tokens_per_second", "bytes_over_min", "xla_rematerialized", "error")})
   return out
 
 
@@ -112,7 +118,8 @@ def main(argv=None) -> None:
             f"{r['arguments_bytes_per_chip'] / GIB:.1f}, temporaries "
             f"{r['temporaries_bytes_per_chip'] / GIB:.1f}), FLOPs x {r['flops_ratio']:.2f}, "
             f"bound {r['bound_seconds']:.3g} s ({r['bound_by']}; "
-            f"{r['kernel_bound_seconds']:.3g} s kernel by kernel){extra}; "
+            f"{r['kernel_bound_seconds']:.3g} s kernel by kernel){extra}"
+            f"{', XLA recomputes %d values' % r['xla_rematerialized'] if r.get('xla_rematerialized') else ''}; "
             f"compile {r['seconds']:.0f} s", flush=True)
   if args.json:
     import jax  # pylint: disable=g-import-not-at-top

@@ -31,7 +31,13 @@ peak, float32 CUDA-core peak, HBM bandwidth) from NVIDIA's datasheets for the SX
   H200 SXM 141 GB   989 TFLOP/s bf16, 67 TFLOP/s fp32, 4.8 TB/s
   A100 SXM4 80 GB   312 TFLOP/s bf16, 19.5 TFLOP/s fp32, 2.04 TB/s
 and device memory as the driver reports it. JAX preallocates XLA_PYTHON_CLIENT_MEM_FRACTION
-(default 0.75) of it, which is what a program can use (`usable_bytes`).
+(default 0.75) of it, which is what a program can use (`usable_bytes`), and compiles every
+program on a GPU against that allocator's size: XLA keeps a program's peak under it, less
+the program's arguments and outputs, times --xla_gpu_memory_limit_slop_factor (95%), by
+recomputing values instead of keeping them (its rematerialization pass) where the peak is
+above. The deviceless compile has no allocator, and XLA takes 80% of the target's device
+memory instead: `gpu_target` states the memory so that those 80% are the allocator's size
+at this process's XLA_PYTHON_CLIENT_MEM_FRACTION, the device's limit.
 """
 
 from __future__ import annotations
@@ -251,11 +257,18 @@ def topology_devices(sl: Slice) -> list:
   return list(topo.devices)
 
 
-def gpu_target(chip: Chip, cudnn: tuple[int, int]) -> str:
+def gpu_target(chip: Chip, cudnn: tuple[int, int], usable_bytes: int | None = None) -> str:
   """XLA's GPU target description (a GpuTargetConfigProto in text form) for `chip`: the
   device's limits as the CUDA driver reports them for the part, the cuDNN version the
-  compiler may use, and the CUDA runtime JAX's CUDA 12 plugin is built for."""
+  compiler may use, and the CUDA runtime JAX's CUDA 12 plugin is built for.
+
+  `usable_bytes`: what JAX's allocator holds on the device (`Slice.usable_bytes`). On a GPU,
+  JAX compiles with that as the module's memory size, against which XLA's scheduler and
+  rematerialization keep the program's peak; without a device XLA takes 80% of the
+  target's memory instead, so the target states usable_bytes / 0.8 (rounded up): the same
+  limit as on the device."""
   t = dict(chip.target)
+  memory = chip.hbm_bytes if usable_bytes is None else -(-usable_bytes * 100 // 80)
   major, minor = divmod(round(t["compute_capability"] * 10), 10)
   return "\n".join([
       "gpu_device_info {",
@@ -269,7 +282,7 @@ def gpu_target(chip: Chip, cudnn: tuple[int, int]) -> str:
       f"  memory_bandwidth: {int(t['memory_bandwidth'])}",
       f"  l2_cache_size: {int(t['l2_cache_size'])}",
       f"  clock_rate_ghz: {t['clock_rate_ghz']}",
-      f"  device_memory_size: {chip.hbm_bytes}",
+      f"  device_memory_size: {memory}",
       f"  shared_memory_per_block_optin: {int(t['shared_memory_per_block_optin'])}",
       f"  cuda_compute_capability {{ major: {major} minor: {minor} }}",
       "  registers_per_core_limit: 65536", "  registers_per_block_limit: 65536",
@@ -305,8 +318,9 @@ def gpu_topology_devices(sl: Slice) -> list:
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   hosts, per_host = (int(x) for x in sl.topology.split(":")[1].split("x")[1:])
   try:
-    topo = topologies.get_topology_desc(platform="cuda", target_config=gpu_target(sl.chip, cudnn),
-                                        topology=f"1x{hosts}x{per_host}")
+    topo = topologies.get_topology_desc(
+        platform="cuda", target_config=gpu_target(sl.chip, cudnn, sl.usable_bytes),
+        topology=f"1x{hosts}x{per_host}")
   except Exception as e:  # pylint: disable=broad-except
     first = str(e).strip().splitlines()[0][:200]
     raise UserError(f"--topology {sl.label!r}: JAX's CUDA plugin refused {sl.topology}: "

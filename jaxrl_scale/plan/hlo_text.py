@@ -16,6 +16,7 @@ _DTYPE_BYTES = {
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([0-9,]*)\]")
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _NAME_EQ = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+_REMAT = re.compile(r"\.remat\d*$")
 
 
 @dataclasses.dataclass
@@ -131,3 +132,12 @@ def _called(attrs: str, key: str) -> list[str]:
     return re.findall(r"%?([\w.\-]+)", m.group(1))
   m = re.search(key + r"=%?([\w.\-]+)", attrs)
   return [m.group(1)] if m else []
+
+
+def rematerialized(text: str) -> int:
+  """How many instructions of an optimized module are copies made by XLA's
+  rematerialization pass (named `<original>.remat`, `.remat2`, ...): values the program
+  computes again where they are used instead of keeping them, which XLA does when the
+  program's peak memory is above its limit."""
+  return sum(1 for line in text.splitlines()
+             if (m := _NAME_EQ.match(line)) and _REMAT.search(m.group(2)))

@@ -33,7 +33,7 @@ import jax
 
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.plan import chips as chips_lib
-from jaxrl_scale.plan import hlo_cost
+from jaxrl_scale.plan import hlo_cost, hlo_text
 from jaxrl_scale.plan import programs as programs_lib
 
 GIB = 2**30
@@ -89,7 +89,8 @@ def measure(program: programs_lib.Program, sl: chips_lib.Slice) -> dict[str, Any
   row["compile_seconds"] = time.perf_counter() - t0
   stats = compiled.memory_analysis()
   hbm = _hbm(stats) + program.also_resident
-  cost = hlo_cost.analyze(compiled.as_text(), paged_layers=program.paged_layers,
+  text = compiled.as_text()
+  cost = hlo_cost.analyze(text, paged_layers=program.paged_layers,
                           expert_shards=int(program.mesh.shape.get(mesh_lib.EXPERT_AXIS, 1)),
                           f32_cost=chip.f32_cost,
                           rates=(chip.peak_flops, chip.hbm_bandwidth))
@@ -118,7 +119,8 @@ def measure(program: programs_lib.Program, sl: chips_lib.Slice) -> dict[str, Any
                          if bound > 0 and program.tokens else None),
       tokens_per_second_per_chip=(program.tokens / bound / chips
                                   if bound > 0 and program.tokens else None),
-      unknown_loops=cost.unknown_loops)
+      unknown_loops=cost.unknown_loops,
+      xla_rematerialized=hlo_text.rematerialized(text))
   if program.min_bytes:
     least = sum(program.min_bytes.values())
     row.update(min_bytes_per_chip=least, bytes_over_min=cost.bytes / least,
@@ -156,6 +158,16 @@ def run_plan(cfg: Any, mcfg: Any, sl: chips_lib.Slice,
     progress("    " + _line(program.name, row))
   out["fits"] = all(r["fits"] for r in out["programs"].values())
   return out
+
+
+_REMAT_NOTE = ("XLA recomputes {n} values where they are used instead of keeping them "
+               "(its rematerialization: the program's peak was above the compiler's memory "
+               "limit); the FLOPs and bounds above include that work. Fewer rows per "
+               "micro-batch (optim.micro_batch_prompts) or a remat policy that keeps less "
+               "(optim.remat) leave it less to do")
+_REMAT_GPU = ("; the limit on a GPU is JAX's share of its memory "
+              "(XLA_PYTHON_CLIENT_MEM_FRACTION) less the program's arguments and outputs, "
+              "times --xla_gpu_memory_limit_slop_factor (95%)")
 
 
 def _gib(n: float | None) -> str:
@@ -223,6 +235,10 @@ def table(plan: dict[str, Any]) -> str:
     if fam and r.get("kernel_bound_seconds"):
       lines.append(f"  {name} kernels s by family: " + ", ".join(
           f"{f} {t:.3g} ({t / r['kernel_bound_seconds']:.0%})" for f, t in fam.items()))
+  for name, r in plan["programs"].items():
+    if r.get("xla_rematerialized"):
+      lines.append(f"  {name}: {_REMAT_NOTE.format(n=r['xla_rematerialized'])}"
+                   + (_REMAT_GPU if plan.get("platform") == "gpu" else ""))
   dec = plan["programs"].get("decode", {})
   if dec.get("tokens_per_second_per_chip"):
     lines.append(f"  decode roofline: {dec['tokens_per_second_per_chip']:,.0f} tok/s per chip "

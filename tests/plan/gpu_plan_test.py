@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxrl_scale.errors import UserError
-from jaxrl_scale.plan import chips, hlo_cost
+from jaxrl_scale.plan import chips, hlo_cost, hlo_text, report
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -275,9 +275,64 @@ def test_plan_command_on_gpus(capsys, monkeypatch):
   for row in plan["programs"].values():
     assert row["fits"] and row["hbm_capacity_bytes"] == usable
     assert 0 < row["hbm_bytes_per_chip"] < usable
+    assert row["xla_rematerialized"] == 0  # far under XLA's limit: nothing recomputed
+  assert "XLA recomputes" not in report.table(plan)
+  # A program XLA rematerialized says so under the table, with what leaves it less to do.
+  plan["programs"]["prefill"]["xla_rematerialized"] = 7
+  text = report.table(plan)
+  assert "  prefill: XLA recomputes 7 values where they are used" in text
+  assert "optim.micro_batch_prompts" in text and "XLA_PYTHON_CLIENT_MEM_FRACTION" in text
 
   args = parser.parse_args([str(ROOT / "configs" / "cpu_tiny.yaml"), *overrides,
                             "--topology", "h100-2", "--json", "--programs", "decode"])
   assert command.run(args) == 0
   plan = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert plan["devices"] == 2 and plan["programs"]["decode"]["chips"] == 1
+
+
+def _tanh_mlp_grad_at(fraction: float, monkeypatch) -> tuple[int, int, int, int]:
+  """(values XLA rematerialized, temporaries, argument bytes, JAX's share of the GPU) of a
+  12-layer tanh MLP's weight gradient over 3M rows (6 GB of bf16 activations a layer, each
+  kept for the backward pass) compiled for an H100 at XLA_PYTHON_CLIENT_MEM_FRACTION."""
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", str(fraction))
+  sl = chips.resolve("h100")
+  mesh = Mesh(np.array(chips.topology_devices(sl)).reshape(1), ("d",))
+  rows, d, layers = 3_000_000, 1024, 12
+  one = NamedSharding(mesh, P())
+  ws = [jax.ShapeDtypeStruct((d, d), jnp.bfloat16, sharding=one) for _ in range(layers)]
+  x = jax.ShapeDtypeStruct((rows, d), jnp.bfloat16, sharding=one)
+
+  def loss(ws, x):
+    for w in ws:
+      x = jnp.tanh(x @ w)
+    return jnp.sum(x.astype(jnp.float32))
+
+  compiled = jax.jit(jax.grad(loss)).lower(ws, x).compile()
+  stats = compiled.memory_analysis()
+  return (hlo_text.rematerialized(compiled.as_text()), stats.temp_size_in_bytes,
+          stats.argument_size_in_bytes, sl.usable_bytes)
+
+
+@needs_cuda_plugin
+def test_xla_keeps_a_programs_peak_under_jaxs_share_of_the_gpu(monkeypatch):
+  """On a GPU JAX compiles against its allocator's size, and XLA recomputes values (its
+  rematerialization) to keep the program's peak under that, less the arguments and
+  outputs, times its 95% slop. Without a device XLA would take 80% of the whole memory: the
+  target states the memory so that it takes JAX's share instead, as the device would. The
+  MLP's 12 activations (72 GB) fit neither share: less is recomputed at the larger one."""
+  sl = chips.resolve("h100")
+  target = chips.gpu_target(sl.chip, (9, 8), sl.usable_bytes)
+  memory = int(re.search(r"device_memory_size: (\d+)", target).group(1))
+  assert memory * 80 // 100 == sl.usable_bytes
+  n75, temp75, args75, usable75 = _tanh_mlp_grad_at(0.75, monkeypatch)
+  n90, temp90, args90, usable90 = _tanh_mlp_grad_at(0.9, monkeypatch)
+  assert n75 > n90 > 0, (n75, n90)
+  assert temp75 < temp90
+  for temp, args, usable in ((temp75, args75, usable75), (temp90, args90, usable90)):
+    assert temp <= (usable - args) * 0.95, (temp, args, usable)
+  # With the whole memory in the target, XLA takes 80% of it (more than JAX's 75%) and
+  # recomputes less than the device would.
+  whole = chips.gpu_target
+  monkeypatch.setattr(chips, "gpu_target", lambda chip, cudnn, usable=None: whole(chip, cudnn))
+  n_whole, temp_whole, _, _ = _tanh_mlp_grad_at(0.75, monkeypatch)
+  assert n_whole < n75 and temp_whole > temp75, (n_whole, n75)
