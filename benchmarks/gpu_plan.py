@@ -113,13 +113,14 @@ def main(argv=None) -> None:
         continue
       extra = (f", {r['bytes_over_min']:.2f}x min bytes" if r.get("bytes_over_min") else
                f", micro-batches {micro}")
+      remat = (f", XLA recomputes {r['xla_rematerialized']} values"
+               if r.get("xla_rematerialized") else "")
       print(f"{name}: {r['hbm_bytes_per_chip'] / GIB:.1f} GiB of {r['hbm_capacity_bytes'] / GIB:.1f}"
             f" ({'fits' if r['fits'] else 'DOES NOT FIT'}; arguments "
             f"{r['arguments_bytes_per_chip'] / GIB:.1f}, temporaries "
             f"{r['temporaries_bytes_per_chip'] / GIB:.1f}), FLOPs x {r['flops_ratio']:.2f}, "
             f"bound {r['bound_seconds']:.3g} s ({r['bound_by']}; "
-            f"{r['kernel_bound_seconds']:.3g} s kernel by kernel){extra}"
-            f"{', XLA recomputes %d values' % r['xla_rematerialized'] if r.get('xla_rematerialized') else ''}; "
+            f"{r['kernel_bound_seconds']:.3g} s kernel by kernel){extra}{remat}; "
             f"compile {r['seconds']:.0f} s", flush=True)
   if args.json:
     import jax  # pylint: disable=g-import-not-at-top

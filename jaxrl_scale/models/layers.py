@@ -168,8 +168,8 @@ def _exact_16bit_logits_bwd(spec, res, g):
   # qwen3_1p7b 16 x 4096 1.49 -> 1.44 s; the 8B recipe on v5p-128 130 -> 127 s), then dh
   # its second (2026-11-27: qwen3_1p7b 16 x 4096's matmul kernels 948 -> 907 ms a step,
   # compiled for an H100; on the H100 its matmuls ran at 1.49x their bound, ~61 ms of a
-  # 2.29 s step). One matmul per piece, summed smallest first. Contracting the pieces side by side in one
-  # matmul (w read once) gave the [K, B, T, D] float32 dh and its operands their own
+  # 2.29 s step). One matmul per piece, summed smallest first. Contracting the pieces side
+  # by side in one matmul (w read once) gave the [K, B, T, D] float32 dh and its operands their own
   # buffers: +5.1 GB of temporaries on the qwen3_0p6b train step compiled for an H100; for
   # dw, XLA:TPU built the whole [V, D] on every chip (+4.6 GiB on the 8B recipe), and
   # XLA:GPU wrote the stacked pieces with a separate concatenate (+35 ms, +4.6 GiB on the
