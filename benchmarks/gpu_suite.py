@@ -336,6 +336,8 @@ def prediction_of(row: dict | None) -> dict | None:
   for key in ("bound_seconds", "kernel_bound_seconds"):
     if row.get(key):
       out[key] = round(row[key], 4)
+  if row.get("xla_rematerialized") is not None:
+    out["xla_rematerialized"] = row["xla_rematerialized"]
   if row.get("kernel_bound_seconds_by_family"):
     out["kernel_bound_ms_by_family"] = {
         f: round(t * 1e3, 3) for f, t in row["kernel_bound_seconds_by_family"].items()}

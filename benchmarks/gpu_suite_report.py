@@ -117,7 +117,7 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
     out[name] = {k: rep[k] for k in ("median_step_s", "temp_gib", "mfu_causal_attention",
                                      "mfu_full_attention", "fraction_of_matmul_peak",
                                      "matmul_peak_tflop_s", "gpu_busy_fraction",
-                                     "family_ms_per_step") if k in rep}
+                                     "family_ms_per_step", "xla_rematerialized") if k in rep}
     if base.get("median_step_s"):
       out[name]["step_over_cudnn_full"] = round(rep["median_step_s"] / base["median_step_s"], 3)
     pred = planned.get(name)

@@ -152,6 +152,7 @@ def main() -> None:
   from jaxrl_scale import config
   from jaxrl_scale.models import config as model_config
   from jaxrl_scale.models import sharding
+  from jaxrl_scale.plan import hlo_text
   from jaxrl_scale.rl import train_step
 
   devices = jax.devices()[:args.fsdp * args.tp]
@@ -173,7 +174,9 @@ def main() -> None:
                                train_step.RLObjective(config.RLConfig(), temperature=1.0),
                                micro_batches=args.micro_batches)
   t = time.perf_counter()
-  trainer.compile(batch)
+  # Values XLA recomputed to keep the step under its memory limit (on a GPU, JAX's share
+  # of it less the arguments and outputs): `plan` predicts the count without the device.
+  remat = hlo_text.rematerialized(trainer.compile(batch).as_text())
   compile_s = time.perf_counter() - t
   batch = trainer.shard_batch(batch)
   trainer.step(batch)["loss"].block_until_ready()  # warm-up
@@ -206,7 +209,7 @@ def main() -> None:
   if trainer.memory_analysis is not None:
     m = trainer.memory_analysis
     print(f"memory: temporaries {m.temp_size_in_bytes / 2**30:.2f} GiB, arguments "
-          f"{m.argument_size_in_bytes / 2**30:.2f} GiB")
+          f"{m.argument_size_in_bytes / 2**30:.2f} GiB; XLA rematerialized {remat} values")
   print(f"model FLOPs per step: {flops / 1e12:.3f} TFLOP")
   print("per step: " + "; ".join(
       f"{t:.2f} s, {flops / t / 1e9:.1f} GFLOP/s vs peak {p / 1e9:.1f} = {f:.1%}"
@@ -222,7 +225,8 @@ def main() -> None:
                 params_m=round(num_params / 1e6, 2), compile_s=round(compile_s, 2),
                 model_tflop_per_step=flops / 1e12, median_step_s=step_s,
                 matmul_dtype=args.matmul_dtype, matmul_peak_tflop_s=peak / 1e12,
-                fraction_of_matmul_peak=statistics.median(fractions))
+                fraction_of_matmul_peak=statistics.median(fractions),
+                xla_rematerialized=remat)
   if trainer.memory_analysis is not None:
     report["temp_gib"] = trainer.memory_analysis.temp_size_in_bytes / 2**30
   causal = flops - attention_flops(cfg, rows, args.seq_len) / 2

@@ -55,6 +55,8 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   h100 = {r["name"]: r for r in gpu_suite.plan(81559, "/tmp/ck")}
   assert h100["train_1p7b_16x4096_cudnn_context"]["micro_batches"] == 1
   assert h100["train_1p7b_16x4096_cudnn_attention"]["micro_batches"] == 2
+  # At two micro-batches the plan had XLA recompute nothing (at one: 74 values).
+  assert h100["train_1p7b_16x4096_cudnn_attention"]["predicted"]["xla_rematerialized"] == 0
   assert "paged_decode_check.py --sweep" in lines[4]
   page = [x for x in lines if "--triton-kernel page" in x]
   assert [x.split(" ")[0] for x in page] == ["decode_b256_triton_page", "decode_b64_triton_page"]
@@ -241,10 +243,12 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
               hf_device="cuda")),
           dict(name="train_0p6b_32x2048_cudnn_full", rc=0,
                report=dict(median_step_s=2.0, family_ms_per_step={
-                   "matmul": 900.0, "attention": 300.0, "other": 700.0, "copy": 100.0}),
+                   "matmul": 900.0, "attention": 300.0, "other": 700.0, "copy": 100.0},
+                   xla_rematerialized=3),
                predicted=dict(temp_gib=27.7, bound_seconds=0.46, kernel_bound_seconds=0.8,
                               kernel_bound_ms_by_family={"matmul": 450.0, "attention": 100.0,
-                                                         "other": 250.0})),
+                                                         "other": 250.0},
+                              xla_rematerialized=0)),
           dict(name="train_0p6b_32x2048_cudnn_dots", rc=0, report=dict(median_step_s=1.5))]
   tokens = np.zeros((4, 8), np.int32)
   np.save(tmp_path / "tokens_decode_b256_triton.npy", tokens)
@@ -267,6 +271,8 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
   assert got["train_0p6b_32x2048_cudnn_dots"]["step_over_cudnn_full"] == 0.75
   full = got["train_0p6b_32x2048_cudnn_full"]
   assert full["step_over_kernel_bound"] == 2.5 and full["predicted"]["temp_gib"] == 27.7
+  # What XLA recomputed on the device beside what the plan said it would.
+  assert full["xla_rematerialized"] == 3 and full["predicted"]["xla_rematerialized"] == 0
   # Each profiled family against its share of the bound (no bound for copies: no ratio).
   assert full["family_over_kernel_bound"] == {"matmul": 2.0, "attention": 3.0, "other": 2.8}
   assert "step_over_kernel_bound" not in got["train_0p6b_32x2048_cudnn_dots"]  # no plan
