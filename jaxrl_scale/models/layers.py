@@ -81,10 +81,13 @@ def _round_through_bwd(dtype, _, g):
 _round_through.defvjp(_round_through_fwd, _round_through_bwd)
 
 
-def fp32_logits(h_BTD: jax.Array, w: jax.Array, spec: str, param_dtype: Any) -> jax.Array:
+def fp32_logits(h_BTD: jax.Array, w: jax.Array, spec: str, param_dtype: Any,
+                w16: jax.Array | None = None) -> jax.Array:
   """ScaleRL's FP32 LM head: float32 logits `einsum(spec, h_BTD, w)`, where `w` holds
   `param_dtype` values (`Transformer.head`: the generator's copy, or the trainer's float32
-  master rounded by `held`).
+  master rounded by `held`). `w16`: `fp32_head_operand(w, ...)` taken by a caller that runs
+  the head over chunks in a loop, once outside it (the cast is then not in every chunk);
+  the gradient still goes to w.
 
   When the activations and the weights are both of one 16-bit type, every product of the
   matmul is exact in float32 (8 + 8 significant bits for bfloat16, 11 + 11 for float16,
@@ -109,11 +112,22 @@ def fp32_logits(h_BTD: jax.Array, w: jax.Array, spec: str, param_dtype: Any) -> 
   float16's backward (too narrow an exponent range for the pieces) is the float32 matmul
   at HIGHEST precision, and so is all of the head for any other pair of dtypes.
   """
-  narrow = jnp.dtype(h_BTD.dtype)
+  if w16 is None or w16.dtype != h_BTD.dtype:
+    w16 = fp32_head_operand(w, h_BTD.dtype, param_dtype)
+  if w16 is not None:
+    return _exact_16bit_logits(h_BTD, w, w16, spec)
+  return _fp32_einsum(spec, h_BTD, w)
+
+
+def fp32_head_operand(w: jax.Array, dtype: Any, param_dtype: Any) -> jax.Array | None:
+  """The 16-bit weights `fp32_logits` multiplies activations of `dtype` with (w cast to
+  that dtype, outside autodiff: `fp32_logits` sends the gradient to w itself), or None
+  where it multiplies in float32 (other pairs of dtypes)."""
+  narrow = jnp.dtype(dtype)
   if narrow.itemsize == 2 and jnp.issubdtype(narrow, jnp.floating) and (
       jnp.dtype(param_dtype) == narrow):
-    return _exact_16bit_logits(h_BTD, w, spec)
-  return _fp32_einsum(spec, h_BTD, w)
+    return jax.lax.stop_gradient(w).astype(narrow)
+  return None
 
 
 def _fp32_einsum(spec: str, h: jax.Array, w: jax.Array) -> jax.Array:
@@ -143,20 +157,22 @@ def rounded(x: jax.Array, dtype: Any) -> jax.Array:
   return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _exact_16bit_logits(h_BTD: jax.Array, w: jax.Array, spec: str) -> jax.Array:
-  return jnp.einsum(spec, h_BTD, w.astype(h_BTD.dtype), preferred_element_type=jnp.float32)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _exact_16bit_logits(h_BTD: jax.Array, w: jax.Array, w16: jax.Array, spec: str
+                        ) -> jax.Array:
+  """The logits from w16 (w in h's dtype); the gradient goes to w, none to w16."""
+  return jnp.einsum(spec, h_BTD, w16, preferred_element_type=jnp.float32)
 
 
-def _exact_16bit_logits_fwd(h_BTD, w, spec):
-  return _exact_16bit_logits(h_BTD, w, spec), (h_BTD, w)
+def _exact_16bit_logits_fwd(h_BTD, w, w16, spec):
+  return _exact_16bit_logits(h_BTD, w, w16, spec), (h_BTD, w, w16)
 
 
 def _exact_16bit_logits_bwd(spec, res, g):
-  h_BTD, w = res
+  h_BTD, w, w16 = res
   if h_BTD.dtype != jnp.bfloat16:
     _, vjp = jax.vjp(functools.partial(_fp32_einsum, spec), h_BTD, w)
-    return vjp(g)
+    return (*vjp(g), None)
   inputs, out = spec.split("->")
   lhs, rhs = inputs.split(",")
   g_K = bf16_pieces(g, 2)
@@ -175,11 +191,10 @@ def _exact_16bit_logits_bwd(spec, res, g):
   # XLA:GPU wrote the stacked pieces with a separate concatenate (+35 ms, +4.6 GiB on the
   # 0.6B step). Each dw matmul is the float32 head's, so it is split over the devices as
   # that one was.
-  w16 = w.astype(h_BTD.dtype)
   dh = jnp.einsum(f"{out},{rhs}->{lhs}", g_K[0], w16, preferred_element_type=jnp.float32)
   dw = (jnp.einsum(f"{lhs},{out}->{rhs}", h_BTD, g_K[1], preferred_element_type=jnp.float32)
         + jnp.einsum(f"{lhs},{out}->{rhs}", h_BTD, g_K[0], preferred_element_type=jnp.float32))
-  return dh.astype(h_BTD.dtype), dw.astype(w.dtype)
+  return dh.astype(h_BTD.dtype), dw.astype(w.dtype), None
 
 
 _exact_16bit_logits.defvjp(_exact_16bit_logits_fwd, _exact_16bit_logits_bwd)

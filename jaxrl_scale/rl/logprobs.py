@@ -30,8 +30,17 @@ def _head_logprobs(model: nnx.Module, head: tuple[jax.Array, str], h_BTD: jax.Ar
 
 
 def _logits_fn(model: nnx.Module, spec: str):
-  """(h, w) -> the float32 logits of the model's LM head with weights w."""
-  return lambda h_BTD, w: model.logits(h_BTD, (w, spec)).astype(jnp.float32)
+  """(h, w[, operand]) -> the float32 logits of the model's LM head with weights w
+  (`operand`: `model.head_operand(w)`, taken once by the caller)."""
+  return lambda h_BTD, w, operand=None: model.logits(h_BTD, (w, spec), operand).astype(
+      jnp.float32)
+
+
+def _with_operand(logits_fn, operand: jax.Array | None):
+  """logits_fn as a function of (h, w) alone, with `operand` (if any) bound."""
+  if operand is None:
+    return logits_fn
+  return lambda h_BTD, w: logits_fn(h_BTD, w, operand)
 
 
 def _logprobs_of(logits_fn, h_BTD: jax.Array, w: jax.Array, targets_BT: jax.Array,
@@ -106,8 +115,8 @@ def _local_targets(targets_BT: jax.Array, vocab: int, vocab_axis: str | None
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4, 5))
 def _recomputed_head(logits_fn, h_BTD: jax.Array, w: jax.Array, targets_BT: jax.Array,
-                     temperature: float, vocab_axis: str | None = None
-                     ) -> tuple[jax.Array, jax.Array]:
+                     temperature: float, vocab_axis: str | None = None,
+                     operand: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """`_head_logprobs` of one chunk whose backward pass recomputes the logits once and
   goes straight from them to the head's gradients.
 
@@ -126,27 +135,30 @@ def _recomputed_head(logits_fn, h_BTD: jax.Array, w: jax.Array, targets_BT: jax.
 
   `vocab_axis` (`_logprobs_of`): w holds this device's slice of the vocabulary; the
   returned dh is then this slice's share, which the enclosing shard_map adds up.
+  `operand`: what the head multiplies with, cast from w outside the caller's chunk loop
+  (`_logits_fn`); it gets no gradient (w does).
   """
-  logp_BT, top1_BT, _ = _logprobs_of(logits_fn, h_BTD, w, targets_BT, temperature,
-                                     vocab_axis, one_pass=True)
+  logp_BT, top1_BT, _ = _logprobs_of(_with_operand(logits_fn, operand), h_BTD, w,
+                                     targets_BT, temperature, vocab_axis, one_pass=True)
   return logp_BT, top1_BT
 
 
-def _recomputed_head_fwd(logits_fn, h_BTD, w, targets_BT, temperature, vocab_axis=None):
-  logp_BT, top1_BT, lse_BT = _logprobs_of(logits_fn, h_BTD, w, targets_BT, temperature,
-                                          vocab_axis, one_pass=True)
-  return (logp_BT, top1_BT), (h_BTD, w, targets_BT, lse_BT)
+def _recomputed_head_fwd(logits_fn, h_BTD, w, targets_BT, temperature, vocab_axis=None,
+                         operand=None):
+  logp_BT, top1_BT, lse_BT = _logprobs_of(_with_operand(logits_fn, operand), h_BTD, w,
+                                          targets_BT, temperature, vocab_axis, one_pass=True)
+  return (logp_BT, top1_BT), (h_BTD, w, targets_BT, lse_BT, operand)
 
 
 def _recomputed_head_bwd(logits_fn, temperature, vocab_axis, res, g):
-  h_BTD, w, targets_BT, lse_BT = res
+  h_BTD, w, targets_BT, lse_BT, operand = res
   g_BT = g[0]
   if vocab_axis is not None:
     # The forward's log-probs are one value on every device along the vocabulary axis (a
     # psum); a shard_map (check_vma=False) hands each of them a share of its cotangent,
     # and the transpose of that psum adds the shares back.
     g_BT = jax.lax.psum(g_BT, vocab_axis)
-  logits_BTV, vjp = jax.vjp(logits_fn, h_BTD, w)
+  logits_BTV, vjp = jax.vjp(_with_operand(logits_fn, operand), h_BTD, w)
   inv_t = jnp.float32(1.0 / temperature)
   z_BTV = logits_BTV * inv_t if temperature != 1.0 else logits_BTV
   # d logp / d z = onehot(target) - softmax(z); through z = logits / T.
@@ -158,7 +170,7 @@ def _recomputed_head_bwd(logits_fn, temperature, vocab_axis, res, g):
   d_BTV = (g_BT * inv_t)[:, :, None] * (onehot_BTV.astype(jnp.float32)
                                         - jnp.exp(z_BTV - lse_BT[:, :, None]))
   dh_BTD, dw = vjp(d_BTV)
-  return dh_BTD, dw, None
+  return dh_BTD, dw, None, None
 
 
 _recomputed_head.defvjp(_recomputed_head_fwd, _recomputed_head_bwd)
@@ -166,9 +178,11 @@ _recomputed_head.defvjp(_recomputed_head_fwd, _recomputed_head_bwd)
 
 def _chunked_head(logits_fn, h_BTD: jax.Array, w: jax.Array, targets_BT: jax.Array,
                   chunk: int, temperature: float, vocab_axis: str | None = None,
-                  activation_sharding: NamedSharding | None = None
+                  activation_sharding: NamedSharding | None = None, operand_fn=None
                   ) -> tuple[jax.Array, jax.Array]:
-  """`_recomputed_head` over `chunk` positions at a time (the last chunk padded)."""
+  """`_recomputed_head` over `chunk` positions at a time (the last chunk padded).
+  `operand_fn`: w -> what the head multiplies with (`Transformer.head_operand`), taken
+  here once, not in every chunk."""
   b, t = targets_BT.shape
   n = -(-t // chunk)
   pad = n * chunk - t
@@ -181,8 +195,9 @@ def _chunked_head(logits_fn, h_BTD: jax.Array, w: jax.Array, targets_BT: jax.Arr
         activation_sharding.mesh, PartitionSpec(None, row_spec, None, None)))
   # Only the chunk's inputs and logsumexp are kept for the backward pass; its [B, c, V]
   # logits are recomputed there (`_recomputed_head`).
+  operand = None if operand_fn is None else operand_fn(w)
   one = lambda args: _recomputed_head(logits_fn, args[0], w, args[1], temperature,
-                                      vocab_axis)
+                                      vocab_axis, operand)
   logp_CBc, top1_CBc = jax.lax.map(one, (h_CBcD, tgt_CBc))
   return (logp_CBc.swapaxes(0, 1).reshape(b, n * chunk)[:, :t],
           top1_CBc.swapaxes(0, 1).reshape(b, n * chunk)[:, :t])
@@ -217,7 +232,7 @@ _gathered.defvjp(_gathered_fwd, _gathered_bwd)
 
 def _sharded_chunked_head(logits_fn, spec: str, h_BTD: jax.Array, w: jax.Array,
                           targets_BT: jax.Array, chunk: int, temperature: float,
-                          activation_sharding: NamedSharding | None
+                          activation_sharding: NamedSharding | None, operand_fn=None
                           ) -> tuple[jax.Array, jax.Array] | None:
   """The chunked head run by every device on its own rows (a shard_map), or None where the
   mesh is not laid out for it (no row sharding; a mesh axis that splits neither the rows
@@ -262,7 +277,8 @@ def _sharded_chunked_head(logits_fn, spec: str, h_BTD: jax.Array, w: jax.Array,
   def local(h_BTD, targets_BT, w):
     if split_d:
       w = _gathered(w, row_axes, d_axis)
-    return _chunked_head(logits_fn, h_BTD, w, targets_BT, chunk, temperature, tp)
+    return _chunked_head(logits_fn, h_BTD, w, targets_BT, chunk, temperature, tp,
+                         operand_fn=operand_fn)
 
   # check_vma=False: the transpose adds the cotangents of inputs not split over an axis
   # (h over 'tp'; w over the rows when its model dim does not split) across it, which is
@@ -339,12 +355,13 @@ def token_logprobs_and_stats(model: nnx.Module, tokens_BS: jax.Array, positions_
   else:
     logits_fn = _logits_fn(model, spec)
     sharded = _sharded_chunked_head(logits_fn, spec, h_BTD, w, targets_BT, chunk,
-                                    temperature, activation_sharding)
+                                    temperature, activation_sharding, model.head_operand)
     if sharded is not None:
       logp_BT, top1_BT = sharded
     else:
       logp_BT, top1_BT = _chunked_head(logits_fn, h_BTD, w, targets_BT, chunk, temperature,
-                                       activation_sharding=activation_sharding)
+                                       activation_sharding=activation_sharding,
+                                       operand_fn=model.head_operand)
   logp_BS = jnp.pad(logp_BT, ((0, 0), (1, 0)))
   top1_BS = jnp.pad(top1_BT, ((0, 0), (1, 0)))
   return logp_BS, top1_BS, stats

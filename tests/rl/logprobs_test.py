@@ -122,6 +122,73 @@ def test_chunked_head_backward_reruns_only_the_matmul():
   assert counts[4] == counts[0], counts
 
 
+def _casts_of_head_in_loops(jaxpr, head_shape, in_loop=False) -> int:
+  """float32 -> bfloat16 casts of a `head_shape` array inside scan bodies of `jaxpr`."""
+  n = 0
+  for eqn in jaxpr.eqns:
+    if (in_loop and eqn.primitive.name == "convert_element_type"
+        and eqn.invars[0].aval.shape == head_shape
+        and eqn.invars[0].aval.dtype == jnp.float32
+        and eqn.outvars[0].aval.dtype == jnp.bfloat16):
+      n += 1
+    inner = in_loop or eqn.primitive.name == "scan"
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else (value,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          n += _casts_of_head_in_loops(sub, head_shape, inner)
+  return n
+
+
+def test_chunked_head_casts_the_float32_master_once_outside_its_loop():
+  """The trainer's float32 master of a bf16 model's head reaches the FP32 head's bf16
+  matmuls through one cast taken before the chunk loop (`Transformer.head_operand`), not
+  one in every chunk forward and backward; the same log-probs and gradients, bit for bit,
+  as with the cast in the loop."""
+  cfg = model_config.ModelConfig(family="llama", vocab_size=V, hidden_size=D, num_layers=1,
+                                 num_heads=4, num_kv_heads=2, head_dim=12,
+                                 intermediate_size=64, param_dtype="bfloat16",
+                                 dtype="bfloat16")
+  graphdef, params = nnx.split(transformer.create_model(cfg))
+  params = jax.tree.map(lambda x: x.astype(jnp.float32), params)  # the trainer's masters
+  rng = np.random.default_rng(2)
+  tokens = jnp.asarray(rng.integers(0, V, (B, 13)), jnp.int32)
+  pos = jnp.broadcast_to(jnp.arange(13), (B, 13))
+  mask = jnp.ones((B, 13), bool)
+
+  def objective(p):
+    logp, _ = logprobs.token_logprobs(nnx.merge(graphdef, p), tokens, pos, mask, 4,
+                                      temperature=0.7)
+    return jnp.sum(logp * jnp.arange(13)[None, :]), logp
+
+  model = nnx.merge(graphdef, params)
+  w, spec = model.head()
+  assert w.dtype == jnp.float32 and sorted(w.shape) == sorted((V, D))
+  jaxpr = jax.make_jaxpr(jax.grad(objective, has_aux=True))(params).jaxpr
+  assert _casts_of_head_in_loops(jaxpr, w.shape) == 0
+
+  # The chunked head itself, with and without the operand taken outside its loop.
+  h = jnp.asarray(rng.standard_normal((B, 12, D)), jnp.bfloat16)
+  targets = tokens[:, 1:]
+  logits_fn = logprobs._logits_fn(model, spec)
+
+  def loss(h_, w_, operand_fn):
+    logp, _ = logprobs._chunked_head(logits_fn, h_, w_, targets, 4, 0.7,
+                                     operand_fn=operand_fn)
+    return jnp.sum(logp * jnp.arange(12)[None, :]), logp
+
+  outs, casts = [], []
+  for operand_fn in (model.head_operand, None):
+    grad = jax.grad(functools.partial(loss, operand_fn=operand_fn), argnums=(0, 1),
+                    has_aux=True)
+    outs.append(jax.jit(grad)(h, w))
+    casts.append(_casts_of_head_in_loops(jax.make_jaxpr(grad)(h, w).jaxpr, w.shape))
+  assert casts[0] == 0 and casts[1] >= 1, casts  # in the loop: the forward's at least
+  for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert outs[0][0][1].dtype == jnp.float32  # the master's gradient stays float32
+
+
 def _in_loop_collectives(compiled_text: str) -> list[tuple[str, str]]:
   """(opcode, shape) of every collective directly inside a while-loop body."""
   from jaxrl_scale.plan import hlo_cost, hlo_text  # pylint: disable=g-import-not-at-top
