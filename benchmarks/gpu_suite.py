@@ -129,7 +129,7 @@ RUNS = [
      dict(batch=256, decode="triton", triton_kernel="page", tuned=True)),
     # Remat keeping only the attention kernel's output and statistics: its forward is not
     # rerun (compiled FLOPs x1.31 against remat full's x1.35; attention's kernel-by-kernel
-    # bound 140 -> 109 ms), at one micro-batch (52.6 GiB planned against 44.4). Scaled by
+    # bound 140 -> 109 ms), at one micro-batch (51.4 GiB planned against 44.3). Scaled by
     # each family's measured / bound ratio of remat full's H100 run, the likeliest 1.7B
     # step past 35% MFU: the first comparison.
     ("train_1p7b_16x4096_cudnn_context", 3, "train",
@@ -144,8 +144,8 @@ RUNS = [
     # XLA's Triton GEMM fusions on the H100: the same with cuBLAS.
     ("decode_b256_triton_cublas", 5, "sampler",
      dict(batch=256, decode="triton", xla_flags=CUBLAS_GEMM)),
-    # Remat keeping the attention block's outputs, at 2 micro-batches (53.7 GiB predicted;
-    # 73.6 at one, and remat dots 103-172 GiB, do not fit an H100): x1.25 compiled FLOPs
+    # Remat keeping the attention block's outputs, at 2 micro-batches (52.6 GiB predicted;
+    # 72.4 at one, and remat dots 103-172 GiB, do not fit an H100): x1.25 compiled FLOPs
     # against remat full's x1.35, the same kernel-by-kernel bound (gpu_plan.py).
     ("train_1p7b_16x4096_cudnn_attention", 3, "train",
      dict(preset="qwen3_1p7b", prompts=4, gens=4, seq_len=4096, attention="cudnn",
