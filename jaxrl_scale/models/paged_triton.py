@@ -1,34 +1,40 @@
-"""Decode attention on NVIDIA GPUs: JAX's Pallas GPU (Triton) paged attention kernel read
-straight from the sampler's page pool (`paged_attention.paged_attention(impl="triton")`).
+"""Decode attention on NVIDIA GPUs: paged attention in Pallas GPU (Triton) kernels read
+straight from the sampler's page pool, after JAX's (`paged_attention.paged_attention(
+impl="triton")`, whose loop "head" runs).
 
 JAX's wrapper (`jax.experimental.pallas.ops.gpu.paged_attention.paged_attention`) wants
 separate key and value pools [K, pages, C, H]. Ours interleaves them, [pages, C, 2K, H]
 (keys at even heads, values at odd: the TPU kernel's layout, `paged_attention.interleave_kv`),
 and splitting or transposing it would copy the whole pool every step, more than the gather
-this replaces. So this module runs the same kernel body (`paged_attention_kernel`) under its
-own `pallas_call`, whose block specs pick kv head k's keys (head 2k) and values (head 2k + 1)
-out of the one pool: the pool goes in twice as the same buffer and stays where it is. The
-rest follows JAX's wrapper: one grid program per (row, kv head, block of 16 query heads,
-split of the row's pages), split partial results combined at the end (here in float32);
-a row's pages split only as far as a small grid needs (`num_splits`).
+this replaces. So this module runs its own `pallas_call`s, whose block specs pick kv head
+k's keys (head 2k) and values (head 2k + 1) out of the one pool: the pool goes in twice as
+the same buffer and stays where it is. As in JAX's wrapper, a row's pages split into parts
+run in parallel only as far as a small grid needs (`num_splits`), their partial results
+combined at the end (here in float32); with one split (the grid big enough: Qwen3-0.6B at
+batch 256 on an H100) the kernel normalises and writes the output in the queries' dtype
+itself, and nothing is combined.
 
-The kernel has no softmax scale: queries are scaled by head_dim ** -0.5 before it. It masks
-each row's positions >= its length and skips pages past it; a row of length 0 reads nothing
-and gets zeros. Sliding windows do not exist in our model families (the loader refuses
-them) and neither do logit softcaps, so neither is passed.
+The kernels have no softmax scale: queries are scaled by head_dim ** -0.5 before them. They
+mask each row's positions >= its length and skip pages past it; a row of length 0 reads
+nothing and gets zeros. Sliding windows do not exist in our model families (the loader
+refuses them) and neither do logit softcaps, so neither is handled.
 
 Two kernels (`KERNELS`), the same arguments and results:
-- "head" (the default, `KERNEL`): JAX's kernel body as above, one program per (row, kv
-  head): each page gives it that head's 256-byte key and value rows at the pool's stride (a
-  page of Qwen3-0.6B is 64 KB; one program reads 8 KB of it as 32 pieces), and a GQA group
-  of fewer than 16 query heads is padded to 16 (Qwen3: 2 -> 16, the output 8x the rows).
+- "head" (the default, `KERNEL`; `_head_kernel`, JAX's kernel body's loop): one program per
+  (row, kv head): each page gives it that head's 256-byte key and value rows at the pool's
+  stride (a page of Qwen3-0.6B is 64 KB; one program reads 8 KB of it as 32 pieces). A
+  Triton dot takes 16 rows at least, so a GQA group of fewer query heads (Qwen3: 2) is
+  loaded as 16 rows from the row's [N, H] queries, those past the group masked, and its
+  results stored likewise: the padding lives in registers, not in a padded copy of the
+  queries and an 8x float32 output in memory (JAX's wrapper pads both).
 - "page" (`_page_kernel`, ours): one program per row reads whole pages, every kv head's
   keys and values (the contiguous 64 KB), and dots all of the row's query heads against
   every (position, kv head) key of the block, masking the pairs of different heads (a
   block-diagonal score matrix: the same dot FLOPs as "head"'s padded group of 2, none
-  padded for 16 or more query heads). On the H100 of 2026-11-27 "head" read the live KV at
-  55% of HBM bandwidth at batch 256 in the decode step; "page" is what the GPU suite
-  compares with it (`benchmarks/paged_decode_check.py --sweep`), unmeasured until then.
+  padded for 16 or more query heads). On the H100 of 2026-11-27 "head" (then with JAX's
+  padded copies) read the live KV at 55% of HBM bandwidth at batch 256 in the decode step;
+  "page" is what the GPU suite compares with it (`benchmarks/paged_decode_check.py
+  --sweep`), unmeasured until then.
 """
 
 from __future__ import annotations
@@ -58,11 +64,11 @@ MAX_SPLITS = 16
 QUERY_HEADS_PER_BLOCK = 16
 # Grid programs (rows x kv heads x query-head blocks x splits) to aim for: a row's pages are
 # split only while the grid has fewer programs than this (about 8 per SM of an H100, enough
-# loads in flight to keep HBM busy). Every split writes a float32 partial output of
-# QUERY_HEADS_PER_BLOCK rows, padding included, live pages or not, which the combine reads
-# back: with a split per 128-position block, Qwen3-0.6B at batch 256 and 128 + 512 tokens
-# spent a fifth of its decode bytes on them (`plan --topology h100`). On the H100, 1 and
-# 4096 were within the sweep's spread of 1024 at both batches.
+# loads in flight to keep HBM busy). With several splits, each writes a float32 partial
+# output of the row's query heads, live pages or not, which the combine reads back: with a
+# split per 128-position block (and JAX's 16 padded rows a kv head), Qwen3-0.6B at batch
+# 256 and 128 + 512 tokens spent a fifth of its decode bytes on them (`plan --topology
+# h100`). On the H100, 1 and 4096 were within the sweep's spread of 1024 at both batches.
 TARGET_PROGRAMS = 1024
 # Triton's launch parameters for the kernel (JAX's wrapper: 8 warps, 2 stages; tuned as
 # above).
@@ -122,7 +128,9 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
   splits = num_splits(b, n, x // 2, blocks, max_splits, target_programs, kernel=kernel)
   per_split = -(-blocks // splits) * pages_per_block
   # Padding columns point at page 0: loaded with the block they fall in, masked by length.
-  table_BM = jnp.pad(table_BM.astype(jnp.int32), ((0, 0), (0, splits * per_split - width)))
+  table_BM = table_BM.astype(jnp.int32)
+  if splits * per_split > width:
+    table_BM = jnp.pad(table_BM, ((0, 0), (0, splits * per_split - width)))
   # The kernel applies no softmax scale; the queries go in scaled, in the pool's dtype (the
   # kernel's dots take one dtype).
   dtype = q_BNH.dtype
@@ -149,49 +157,119 @@ def num_splits(rows: int, heads: int, kv_heads: int, blocks: int,
 def _row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: jax.Array, *,
          pages_per_block: int, splits: int, interpret: bool, num_warps: int,
          num_stages: int) -> jax.Array:
-  """One row (vmapped over rows, as JAX's `paged_attention_unbatched`)."""
+  """One row for "head" (vmapped over rows): a program per (kv head, block of 16 of its
+  query heads, split of the row's pages)."""
   n, h = q_NH.shape
   q_pages, c, x, _ = kv_QCXH.shape
   k = x // 2
   g = n // k
   per_split = table_M.shape[0] // splits
   block_h = QUERY_HEADS_PER_BLOCK
-  q_KGH = q_NH.reshape(k, g, h)
-  if g % block_h:
-    q_KGH = jnp.pad(q_KGH, ((0, 0), (0, -g % block_h), (0, 0)))
-  gp = q_KGH.shape[1]
-  kernel = functools.partial(jax_paged.paged_attention_kernel, num_heads=g,
-                             pages_per_compute_block=pages_per_block,
-                             mask_value=jax_paged.DEFAULT_MASK_VALUE, attn_logits_soft_cap=None)
+  # The kernel loads its group's query heads straight from the row's [N, H] (16 rows from
+  # the group's first, those past the group masked): no copy of the queries padded to 16 a
+  # group. Only a row of fewer than 16 heads is padded, so that 16 rows exist to address.
+  q_RH = q_NH if n >= block_h else jnp.pad(q_NH, ((0, block_h - n), (0, 0)))
+  rows = q_RH.shape[0]
+  kernel = functools.partial(_head_kernel, group=g, pages_per_block=pages_per_block)
   pool_block = (q_pages, c, None, h)  # every page of one head: the kernel indexes the pages
-  o_SKGH, l_SKG, m_SKG = pl.pallas_call(
-      kernel,
-      grid=(k, gp // block_h, splits),
-      in_specs=[
-          pl.BlockSpec((None, block_h, h), lambda i, j, s: (i, j, 0)),
-          pl.BlockSpec(pool_block, lambda i, j, s: (0, 0, 2 * i, 0)),  # keys of kv head i
-          None,
-          pl.BlockSpec(pool_block, lambda i, j, s: (0, 0, 2 * i + 1, 0)),  # its values
-          None,
-          pl.BlockSpec((None, per_split), lambda i, j, s: (s, 0)),
-          pl.BlockSpec((1,), lambda i, j, s: (0,)),
-      ],
-      out_specs=[
-          pl.BlockSpec((None, None, block_h, h), lambda i, j, s: (s, i, j, 0)),
-          pl.BlockSpec((None, None, block_h), lambda i, j, s: (s, i, j)),
-          pl.BlockSpec((None, None, block_h), lambda i, j, s: (s, i, j)),
-      ],
-      # Float32 partial outputs (JAX's wrapper keeps them in q's dtype): the split combine
-      # below then rounds once, not once per split.
-      out_shape=[jax.ShapeDtypeStruct((splits, k, gp, h), jnp.float32),
-                 jax.ShapeDtypeStruct((splits, k, gp), jnp.float32),
-                 jax.ShapeDtypeStruct((splits, k, gp), jnp.float32)],
-      interpret=interpret,
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-      name="paged_decode_attention",
-  )(q_KGH, kv_QCXH, None, kv_QCXH, None, table_M.reshape(splits, per_split), len_1)
-  o_SKGH, l_SKG, m_SKG = o_SKGH[:, :, :g], l_SKG[:, :, :g], m_SKG[:, :, :g]
-  return _combine(o_SKGH, l_SKG, m_SKG).reshape(n, h)  # float32
+  in_specs = [
+      pl.BlockSpec((rows, h), lambda i, j, s: (0, 0)),
+      pl.BlockSpec(pool_block, lambda i, j, s: (0, 0, 2 * i, 0)),  # keys of kv head i
+      pl.BlockSpec(pool_block, lambda i, j, s: (0, 0, 2 * i + 1, 0)),  # its values
+      pl.BlockSpec((None, per_split), lambda i, j, s: (s, 0)),
+      pl.BlockSpec((1,), lambda i, j, s: (0,)),
+  ]
+  args = (q_RH, kv_QCXH, kv_QCXH, table_M.reshape(splits, per_split), len_1)
+  grid = (k, -(-g // block_h), splits)
+  return _call(kernel, grid, in_specs, args, rows, h, splits, q_RH.dtype, interpret=interpret,
+               num_warps=num_warps, num_stages=num_stages,
+               name="paged_decode_attention")[:n]
+
+
+def _call(kernel, grid, in_specs, args, rows: int, h: int, splits: int, dtype, *,
+          interpret: bool, num_warps: int, num_stages: int, name: str) -> jax.Array:
+  """Runs a row's kernel: with one split, its output [rows, H] comes normalised in the
+  queries' dtype straight from the kernel; with several, each split's float32 partial
+  output and softmax sums and maxima, combined here (`_combine`, float32). A program writes
+  only its own query heads' rows of the row's block."""
+  params = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+  if splits == 1:
+    return pl.pallas_call(
+        kernel, grid=grid, in_specs=in_specs,
+        out_specs=pl.BlockSpec((rows, h), lambda *_: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((rows, h), dtype),
+        interpret=interpret, compiler_params=params, name=name)(*args)
+  # Float32 partial outputs (JAX's wrapper keeps them in q's dtype): the combine then
+  # rounds once, not once per split.
+  o_SRH, l_SR, m_SR = pl.pallas_call(
+      kernel, grid=grid, in_specs=in_specs,
+      out_specs=[pl.BlockSpec((None, rows, h), lambda *ids: (ids[-1], 0, 0)),
+                 pl.BlockSpec((None, rows), lambda *ids: (ids[-1], 0)),
+                 pl.BlockSpec((None, rows), lambda *ids: (ids[-1], 0))],
+      out_shape=[jax.ShapeDtypeStruct((splits, rows, h), jnp.float32),
+                 jax.ShapeDtypeStruct((splits, rows), jnp.float32),
+                 jax.ShapeDtypeStruct((splits, rows), jnp.float32)],
+      interpret=interpret, compiler_params=params, name=name)(*args)
+  return _combine(o_SRH, l_SR, m_SR)
+
+
+def _finish(o, l, m, out_refs, rows, mask=None) -> None:
+  """Writes a program's results for query rows `rows` (a `pl.ds`; where `mask`, if given):
+  with one output ref (one split), the output normalised in its dtype (zeros for a row of
+  length 0); with three, the split's unnormalised float32 output, softmax sums and maxima
+  (what `_combine` takes)."""
+  rows_mask = None if mask is None else mask[:, None]
+  if len(out_refs) == 1:
+    (o_ref,) = out_refs
+    out = jnp.where(l[:, None] > 0, o / jnp.maximum(l, 1e-30)[:, None], 0.0)
+    plgpu.store(o_ref.at[rows], out.astype(o_ref.dtype), mask=rows_mask)
+    return
+  o_ref, l_ref, m_ref = out_refs
+  plgpu.store(o_ref.at[rows], o, mask=rows_mask)
+  plgpu.store(l_ref.at[rows], l, mask=mask)
+  plgpu.store(m_ref.at[rows], m, mask=mask)
+
+
+def _head_kernel(q_ref, k_ref, v_ref, table_ref, len_ref, *out_refs, group: int,
+                 pages_per_block: int):
+  """One (kv head i, block j of 16 of its query heads, split) of one row: q_ref the row's
+  queries [R, H] (kv head i's at rows i * group ...), k_ref and v_ref head i's keys and
+  values [pages, C, H], table_ref the split's page ids, len_ref [1] the row's length. The
+  loop is JAX's kernel body's (`paged_attention_kernel`); the queries are loaded and the
+  results stored 16 rows at a time, masked past the group."""
+  i, j, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  block_h = QUERY_HEADS_PER_BLOCK
+  _, c, h = k_ref.shape
+  per_split = table_ref.shape[0]
+  block_k = pages_per_block * c
+  live = jax.lax.broadcasted_iota(jnp.int32, (block_h,), 0) + j * block_h < group
+  rows = pl.ds(i * group + j * block_h, block_h)
+  q = plgpu.load(q_ref.at[rows], mask=live[:, None], other=0.0)
+  first = split * per_split
+  end = jnp.minimum(pl.cdiv(len_ref[0], c), first + per_split)
+  col = jax.lax.broadcasted_iota(jnp.int32, (block_h, block_k), 1)
+  log2e = math.log2(math.e)
+
+  def body(t, carry):
+    o, m, l = carry
+    ids = table_ref[pl.ds(t * pages_per_block, pages_per_block)]
+    keys = k_ref[ids].reshape(block_k, h)
+    values = v_ref[ids].reshape(block_k, h)
+    pos = (first + t * pages_per_block) * c + col
+    s = jnp.where(pos < len_ref[0], plgpu.dot(q, keys.T), jax_paged.DEFAULT_MASK_VALUE)
+    m_next = jnp.maximum(m, s.max(axis=-1))
+    correction = jnp.exp2((m - m_next) * log2e)
+    p = jnp.exp2((s - m_next[:, None]) * log2e)
+    o = correction[:, None] * o + plgpu.dot(p.astype(values.dtype), values)
+    return o, m_next, correction * l + p.sum(axis=-1)
+
+  init = (jnp.zeros((block_h, h), jnp.float32),
+          jnp.full((block_h,), jnp.finfo(jnp.float32).min, jnp.float32),
+          jnp.zeros((block_h,), jnp.float32))
+  o, m, l = jax.lax.cond(
+      first >= end, lambda: init,
+      lambda: jax.lax.fori_loop(0, pl.cdiv(end - first, pages_per_block), body, init))
+  _finish(o, l, m, out_refs, rows, live)
 
 
 def _combine(o_S_H: jax.Array, l_S_: jax.Array, m_S_: jax.Array) -> jax.Array:
@@ -214,7 +292,7 @@ def _page_row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: ja
   k = x // 2
   per_split = table_M.shape[0] // splits
   rows = -(-n // QUERY_HEADS_PER_BLOCK) * QUERY_HEADS_PER_BLOCK  # the dot's 16-row minimum
-  q_RH = jnp.pad(q_NH, ((0, rows - n), (0, 0)))
+  q_RH = q_NH if rows == n else jnp.pad(q_NH, ((0, rows - n), (0, 0)))
   # [pages, C*K, 2, H] (a reshape: no copy); the block specs take its keys ([..., 0, :])
   # and values ([..., 1, :]) from the one buffer, as "head"'s do, and a page's load is
   # [pages, C*K, H] -> [pages * C*K, H] in the kernel, the reshape JAX's kernel does.
@@ -222,38 +300,25 @@ def _page_row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: ja
   pool_block = (q_pages, c * k, None, h)
   kernel = functools.partial(_page_kernel, group=n // k, kv_heads=k,
                              pages_per_block=pages_per_block)
-  o_SRH, l_SR, m_SR = pl.pallas_call(
-      kernel,
-      grid=(splits,),
-      in_specs=[
-          pl.BlockSpec((rows, h), lambda s: (0, 0)),
-          pl.BlockSpec(pool_block, lambda s: (0, 0, 0, 0)),  # every kv head's keys
-          pl.BlockSpec(pool_block, lambda s: (0, 0, 1, 0)),  # and values
-          pl.BlockSpec((None, per_split), lambda s: (s, 0)),
-          pl.BlockSpec((1,), lambda s: (0,)),
-      ],
-      out_specs=[
-          pl.BlockSpec((None, rows, h), lambda s: (s, 0, 0)),
-          pl.BlockSpec((None, rows), lambda s: (s, 0)),
-          pl.BlockSpec((None, rows), lambda s: (s, 0)),
-      ],
-      out_shape=[jax.ShapeDtypeStruct((splits, rows, h), jnp.float32),
-                 jax.ShapeDtypeStruct((splits, rows), jnp.float32),
-                 jax.ShapeDtypeStruct((splits, rows), jnp.float32)],
-      interpret=interpret,
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-      name="paged_decode_attention_page",
-  )(q_RH, kv_QT2H, kv_QT2H, table_M.reshape(splits, per_split), len_1)
-  return _combine(o_SRH[:, :n], l_SR[:, :n], m_SR[:, :n])  # float32
+  in_specs = [
+      pl.BlockSpec((rows, h), lambda s: (0, 0)),
+      pl.BlockSpec(pool_block, lambda s: (0, 0, 0, 0)),  # every kv head's keys
+      pl.BlockSpec(pool_block, lambda s: (0, 0, 1, 0)),  # and values
+      pl.BlockSpec((None, per_split), lambda s: (s, 0)),
+      pl.BlockSpec((1,), lambda s: (0,)),
+  ]
+  args = (q_RH, kv_QT2H, kv_QT2H, table_M.reshape(splits, per_split), len_1)
+  return _call(kernel, (splits,), in_specs, args, rows, h, splits, q_RH.dtype,
+               interpret=interpret, num_warps=num_warps, num_stages=num_stages,
+               name="paged_decode_attention_page")[:n]
 
 
-def _page_kernel(q_ref, k_ref, v_ref, table_ref, len_ref, o_ref, l_ref, m_ref, *,
-                 group: int, kv_heads: int, pages_per_block: int):
+def _page_kernel(q_ref, k_ref, v_ref, table_ref, len_ref, *out_refs, group: int,
+                 kv_heads: int, pages_per_block: int):
   """One split of one row: q_ref [R, H] (query head r of kv head r // group; rows past the
   heads are padding), k_ref and v_ref the pool's keys and values [pages, C * K, H] (position
   c's kv head k at c * K + k), table_ref the split's page ids, len_ref [1] the row's length.
-  Writes the split's unnormalised output [R, H], its softmax sums and maxima [R], as JAX's
-  kernel does."""
+  Writes its results as `_finish` says."""
   split = pl.program_id(0)
   r, h = q_ref.shape
   k = kv_heads
@@ -287,6 +352,4 @@ def _page_kernel(q_ref, k_ref, v_ref, table_ref, len_ref, o_ref, l_ref, m_ref, *
   o, m, l = jax.lax.cond(
       first >= end, lambda: init,
       lambda: jax.lax.fori_loop(0, pl.cdiv(end - first, pages_per_block), body, init))
-  o_ref[...] = o
-  l_ref[...] = l
-  m_ref[...] = m
+  _finish(o, l, m, out_refs, pl.ds(0, r))

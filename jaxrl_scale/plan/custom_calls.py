@@ -127,7 +127,8 @@ def ragged_paged(inst: _Inst, shapes: dict[str, str], paged_layers: int,
   the average length the pool was sized for (`sampler.kv_cache_tokens`): the pool's bytes
   / L, plus the queries, the page table and the output. FLOPs: QK^T and PV of the N query
   heads over those positions, 4 N H per position. The Triton kernels' FLOPs are their dots'
-  (padding included): "head" pads each kv head's query group to the dot's 16 rows; "page"
+  (padding included): "head" pads each kv head's query group to the dot's 16 rows (in
+  registers: its queries come in as [B, N, H]); "page"
   (pool viewed as [L*P, C*K, 2, H]) dots every query head against every kv head's key of a
   position, 4 N H per (position, kv head).
   """
@@ -141,11 +142,11 @@ def ragged_paged(inst: _Inst, shapes: dict[str, str], paged_layers: int,
   if not pools:
     return None
   d, pool = max(pools, key=lambda a: math.prod(a[1]))
-  if page:  # queries [B, N, H] (N padded to the MMA tile); the page table is 3-D too
+  if triton:  # queries [B, N, H] (N padded to the MMA tile); the page table is 3-D too
     queries = [dims for t, dims in operands if len(dims) == 3 and t.startswith(("f", "bf"))]
-  elif triton:  # queries [B, K, G, H]: K kv heads' G query heads (padded to the MMA tile)
-    queries = [dims[1:] for _, dims in operands if len(dims) == 4 and dims != pool][:1]
-    queries = [(q[0], q[0] * q[1], q[2]) for q in queries]
+    if not page:  # "head" dots each kv head's query group padded to the tile
+      kv = max(1, pool[2] // 2)
+      queries = [(b, kv * -(-max(1, n // kv) // 16) * 16, h) for b, n, h in queries]
   else:  # queries [T, N, H]
     queries = [dims for _, dims in operands if len(dims) == 3]
   if not queries:

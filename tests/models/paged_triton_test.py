@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 from jax.sharding import AxisType
 
 from jaxrl_scale.config import SamplerConfig
@@ -47,6 +48,11 @@ def _numpy_attention(q_BNH, kv_QCXH, table_BM, lens_B):
     (4, 1, 8, 128, 16, 1024),  # MHA; the module's block size: one block, one split
     (2, 2, 4, 4, 16, 1),  # a grid big enough already: one split runs all 7 blocks in turn
     (2, 12, 4, 12, 2, 1024),  # 24 query heads (> 16, not a multiple); 3-page blocks
+    # Qwen3's grouping (16 query heads over 8 kv heads, 2 a group): the queries and outputs
+    # addressed in place 16 rows at a time, masked past the group (the last group's rows
+    # run past the array); one split (normalised in the kernel) and several.
+    (8, 2, 4, 8, 16, 1),
+    (8, 2, 4, 8, 4, 1024),
 ])
 def test_kernel_matches_float64_numpy(kernel, kv, groups, page, tokens_per_block, splits,
                                       target):
@@ -189,6 +195,67 @@ def test_lowers_for_cuda_to_one_triton_call_on_the_pool_itself(kernel):
     assert calls[0].count(pool) == 2
     made = [x for x in lines if x.strip().startswith(operands[1] + " = ")]
     assert len(made) == 1 and "stablehlo.reshape %arg1" in made[0], made
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_a_program_writes_only_its_own_query_rows(splits):
+  """"head"'s programs share a row's output block, 16 rows each from their group's first
+  (past the group: the next group's rows, or past the array). On a GPU they run at once, so
+  a store past the group would race with the next group's program; interpret mode runs
+  them in turn and the later program overwrites the garbage, so the numeric tests cannot
+  see it. Here one program writes rows 2..17 of 20 with 3 of them live into outputs filled
+  with a sentinel: only those 3 rows change."""
+  h, n = 8, 20
+  o = np.arange(16 * h, dtype=np.float32).reshape(16, h) + 1
+  l = np.arange(16, dtype=np.float32) + 2
+  m = np.arange(16, dtype=np.float32) - 3
+
+  def kernel(*refs):
+    row = jax.lax.broadcasted_iota(jnp.float32, (16,), 0)
+    o_ = jax.lax.broadcasted_iota(jnp.float32, (16, h), 0) * h + jax.lax.broadcasted_iota(
+        jnp.float32, (16, h), 1) + 1
+    paged_triton._finish(o_, row + 2, row - 3, refs[len(refs) // 2:], pl.ds(2, 16), row < 3)
+
+  shapes = [(n, h)] if splits == 1 else [(n, h), (n,), (n,)]
+  sentinels = [np.full(s, -7.0, np.float32) for s in shapes]
+  out = pl.pallas_call(kernel, out_shape=[jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes],
+                       input_output_aliases={i: i for i in range(len(shapes))},
+                       interpret=True)(*sentinels)
+  want = [x.copy() for x in sentinels]
+  want[0][2:5] = o[:3] / l[:3, None] if splits == 1 else o[:3]
+  if splits > 1:
+    want[1][2:5], want[2][2:5] = l[:3], m[:3]
+  for got, w in zip(out, want):
+    np.testing.assert_allclose(np.asarray(got), w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
+def test_one_split_writes_the_output_in_the_pool_dtype_from_the_kernel(kernel):
+  """Qwen3-0.6B's shapes at batch 256: the grid is big enough without splitting, so the
+  kernel normalises and writes [rows, 16, 128] bf16 itself. Nothing pads the queries to 16
+  a GQA group or writes float32 partial results for a combine: the lowered program has no
+  pad and no reduction, and nothing in float32 after the kernel."""
+  rows, width, pages = 256, 40, 2000
+  args = (jax.ShapeDtypeStruct((rows, 16, 128), jnp.bfloat16),
+          jax.ShapeDtypeStruct((pages, 16, 16, 128), jnp.bfloat16),
+          jax.ShapeDtypeStruct((rows, width), jnp.int32),
+          jax.ShapeDtypeStruct((rows,), jnp.int32))
+  # "head" does not split at its default grid target (2048 programs); "page", a program a
+  # row, is told not to.
+  fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, interpret=False,
+                                 kernel=kernel, target_programs=None if kernel == "head" else 1))
+  h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132,
+                                     platform="gpu")
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",),
+                                                                abstract_device=h100)):
+    text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  calls = [x for x in text.splitlines() if "custom_call @__gpu$xla.gpu.triton" in x]
+  assert len(calls) == 1
+  assert calls[0].rstrip().endswith(f"-> tensor<{rows}x16x128xbf16>"), calls[0][-200:]
+  assert "stablehlo.pad" not in text and "stablehlo.reduce" not in text
+  main = text.split("func.func public @main")[1].split("func.func")[0]
+  after = main.split("custom_call @__gpu$xla.gpu.triton")[1].split("\n", 1)[1]
+  assert "xf32>" not in after, after  # the queries are scaled in float32 before; no more
 
 
 def test_auto_picks_the_kernel_on_gpu_only_where_triton_fits():

@@ -212,6 +212,19 @@ def test_the_run_compiles_for_an_h100_with_the_gpu_kernels():
   calls = layers * cfg.sampler.decode_chunk
   assert whole.bytes - charged.bytes == pytest.approx(calls * pool * (1 - 1 / layers), rel=0.02)
   assert charged.flops > 0 and math.isfinite(charged.flops)
+  # Each call's FLOPs: its dots, every kv head's query group padded to 16 rows against that
+  # head's keys of one layer's pages (the queries come in as [B, N, H]; by hand).
+  from jaxrl_scale.plan import custom_calls  # pylint: disable=g-import-not-at-top
+  k, h = mcfg.num_kv_heads, mcfg.head_dim
+  group = -(-(mcfg.num_heads // k) // 16) * 16
+  positions = pool / layers / (2 * k * h * 2)
+  comps, _ = hlo_text.parse(decode)
+  found = [custom_calls.ragged_paged(i, {x.name: x.shape for x in insts}, layers)
+           for insts in comps.values() for i in insts
+           if i.opcode == "custom-call" and 'name = "paged_decode_attention"' in i.attrs]
+  assert len(found) == layers
+  for flops, _ in found:
+    assert flops == pytest.approx(4 * k * group * h * positions, rel=1e-6)
 
 
 @needs_cuda_plugin
