@@ -49,12 +49,17 @@ def kernels(xplane_path: str) -> list[tuple[str, float, float]]:
   return out
 
 
+# The kernels a profile keeps (by total time; the JSON) and prints (the log).
+TOP = 40
+LOGGED = 15
+
+
 def family(name: str) -> str:
   return next((f for f, pattern in FAMILIES if pattern.search(name)), "other")
 
 
 def summarize(events: list[tuple[str, float, float]], wall_s: float, steps: int,
-              top: int = 12) -> dict:
+              top: int = TOP) -> dict:
   """The busy share of `wall_s`, ms per step by kernel family and the `top` kernels by
   total time (summed durations: kernels on different streams may overlap, so the families
   can add up to more than the busy time)."""
@@ -107,7 +112,7 @@ def profile(fn, steps, log, label: str, unit: str = "step") -> dict:
       f"trace in {trace_dir})")
   log(f"[profile] ms per {unit} by kernel family: " + ", ".join(
       f"{f} {ms:.3f}" for f, ms in out["family_ms_per_step"].items()))
-  for k in out["top_kernels"]:
+  for k in out["top_kernels"][:LOGGED]:
     log(f"[profile]   {k['ms_per_step']:9.3f} ms  x{k['calls']:<6d} {k['family']:9s} "
         f"{k['name'][:100]}")
   return out
