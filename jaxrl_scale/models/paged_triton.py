@@ -230,6 +230,44 @@ def _finish(o, l, m, out_refs, rows, mask=None) -> None:
   plgpu.store(m_ref.at[rows], m, mask=mask)
 
 
+def _attend(q, k_ref, v_ref, table_ref, length, first, *, pages_per_block: int,
+            positions_per_page: int, kv_heads: int = 1, allowed=None):
+  """The kernels' loop (JAX's kernel body's): queries q [R, H] over a split's pages, page
+  `first` of the row on, `pages_per_block` pages a step (JAX's online softmax in base 2).
+  k_ref and v_ref: [pages, positions_per_page * kv_heads, H] (key column j of a page is
+  position j // kv_heads); table_ref: the split's page ids; positions >= `length` masked,
+  and (query row, key column) pairs where `allowed` [R, cols] is False. Pages past the
+  length are not read. Returns the unnormalised output [R, H] and the softmax maxima and
+  sums [R], float32 (zeros, float32 min and zeros when no page is live)."""
+  r, h = q.shape
+  c = positions_per_page
+  end = jnp.minimum(pl.cdiv(length, c), first + table_ref.shape[0])
+  cols = pages_per_block * c * kv_heads
+  col = jax.lax.broadcasted_iota(jnp.int32, (r, cols), 1)
+  log2e = math.log2(math.e)
+
+  def body(t, carry):
+    o, m, l = carry
+    ids = table_ref[pl.ds(t * pages_per_block, pages_per_block)]
+    keys = k_ref[ids].reshape(cols, h)
+    values = v_ref[ids].reshape(cols, h)
+    live = (first + t * pages_per_block) * c + col // kv_heads < length
+    if allowed is not None:
+      live &= allowed
+    s = jnp.where(live, plgpu.dot(q, keys.T), jax_paged.DEFAULT_MASK_VALUE)
+    m_next = jnp.maximum(m, s.max(axis=-1))
+    correction = jnp.exp2((m - m_next) * log2e)
+    p = jnp.exp2((s - m_next[:, None]) * log2e)
+    o = correction[:, None] * o + plgpu.dot(p.astype(values.dtype), values)
+    return o, m_next, correction * l + p.sum(axis=-1)
+
+  init = (jnp.zeros((r, h), jnp.float32), jnp.full((r,), jnp.finfo(jnp.float32).min,
+                                                   jnp.float32), jnp.zeros((r,), jnp.float32))
+  return jax.lax.cond(
+      first >= end, lambda: init,
+      lambda: jax.lax.fori_loop(0, pl.cdiv(end - first, pages_per_block), body, init))
+
+
 def _head_kernel(q_ref, k_ref, v_ref, table_ref, len_ref, *out_refs, group: int,
                  pages_per_block: int):
   """One (kv head i, block j of 16 of its query heads, split) of one row: q_ref the row's
@@ -239,36 +277,13 @@ def _head_kernel(q_ref, k_ref, v_ref, table_ref, len_ref, *out_refs, group: int,
   results stored 16 rows at a time, masked past the group."""
   i, j, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   block_h = QUERY_HEADS_PER_BLOCK
-  _, c, h = k_ref.shape
+  c = k_ref.shape[1]
   per_split = table_ref.shape[0]
-  block_k = pages_per_block * c
   live = jax.lax.broadcasted_iota(jnp.int32, (block_h,), 0) + j * block_h < group
   rows = pl.ds(i * group + j * block_h, block_h)
   q = plgpu.load(q_ref.at[rows], mask=live[:, None], other=0.0)
-  first = split * per_split
-  end = jnp.minimum(pl.cdiv(len_ref[0], c), first + per_split)
-  col = jax.lax.broadcasted_iota(jnp.int32, (block_h, block_k), 1)
-  log2e = math.log2(math.e)
-
-  def body(t, carry):
-    o, m, l = carry
-    ids = table_ref[pl.ds(t * pages_per_block, pages_per_block)]
-    keys = k_ref[ids].reshape(block_k, h)
-    values = v_ref[ids].reshape(block_k, h)
-    pos = (first + t * pages_per_block) * c + col
-    s = jnp.where(pos < len_ref[0], plgpu.dot(q, keys.T), jax_paged.DEFAULT_MASK_VALUE)
-    m_next = jnp.maximum(m, s.max(axis=-1))
-    correction = jnp.exp2((m - m_next) * log2e)
-    p = jnp.exp2((s - m_next[:, None]) * log2e)
-    o = correction[:, None] * o + plgpu.dot(p.astype(values.dtype), values)
-    return o, m_next, correction * l + p.sum(axis=-1)
-
-  init = (jnp.zeros((block_h, h), jnp.float32),
-          jnp.full((block_h,), jnp.finfo(jnp.float32).min, jnp.float32),
-          jnp.zeros((block_h,), jnp.float32))
-  o, m, l = jax.lax.cond(
-      first >= end, lambda: init,
-      lambda: jax.lax.fori_loop(0, pl.cdiv(end - first, pages_per_block), body, init))
+  o, m, l = _attend(q, k_ref, v_ref, table_ref, len_ref[0], split * per_split,
+                    pages_per_block=pages_per_block, positions_per_page=c)
   _finish(o, l, m, out_refs, rows, live)
 
 
@@ -320,36 +335,17 @@ def _page_kernel(q_ref, k_ref, v_ref, table_ref, len_ref, *out_refs, group: int,
   c's kv head k at c * K + k), table_ref the split's page ids, len_ref [1] the row's length.
   Writes its results as `_finish` says."""
   split = pl.program_id(0)
-  r, h = q_ref.shape
+  r = q_ref.shape[0]
   k = kv_heads
   c = k_ref.shape[1] // k
   per_split = table_ref.shape[0]
-  cols = pages_per_block * c * k  # a block's keys: (page, position, kv head), in pool order
-  first = split * per_split
-  end = jnp.minimum(pl.cdiv(len_ref[0], c), first + per_split)
   q = q_ref[...]
-  col = jax.lax.broadcasted_iota(jnp.int32, (r, cols), 1)
-  same_head = col % k == jax.lax.broadcasted_iota(jnp.int32, (r, cols), 0) // group
-  log2e = math.log2(math.e)
-
-  def body(i, carry):
-    o, m, l = carry
-    ids = table_ref[pl.ds(i * pages_per_block, pages_per_block)]
-    keys = k_ref[ids].reshape(cols, h)
-    values = v_ref[ids].reshape(cols, h)
-    pos = (first + i * pages_per_block) * c + col // k
-    s = jnp.where(same_head & (pos < len_ref[0]), plgpu.dot(q, keys.T),
-                  jax_paged.DEFAULT_MASK_VALUE)
-    m_next = jnp.maximum(m, s.max(axis=-1))
-    correction = jnp.exp2((m - m_next) * log2e)
-    p = jnp.exp2((s - m_next[:, None]) * log2e)
-    o = correction[:, None] * o + plgpu.dot(p.astype(values.dtype), values)
-    return o, m_next, correction * l + p.sum(axis=-1)
-
-  init = (jnp.zeros((r, h), jnp.float32),
-          jnp.full((r,), jnp.finfo(jnp.float32).min, jnp.float32),
-          jnp.zeros((r,), jnp.float32))
-  o, m, l = jax.lax.cond(
-      first >= end, lambda: init,
-      lambda: jax.lax.fori_loop(0, pl.cdiv(end - first, pages_per_block), body, init))
+  # A block's keys are (page, position, kv head) in pool order: query row r sees kv head
+  # r // group's only.
+  cols = pages_per_block * c * k
+  same_head = (jax.lax.broadcasted_iota(jnp.int32, (r, cols), 1) % k
+               == jax.lax.broadcasted_iota(jnp.int32, (r, cols), 0) // group)
+  o, m, l = _attend(q, k_ref, v_ref, table_ref, len_ref[0], split * per_split,
+                    pages_per_block=pages_per_block, positions_per_page=c, kv_heads=k,
+                    allowed=same_head)
   _finish(o, l, m, out_refs, pl.ds(0, r))

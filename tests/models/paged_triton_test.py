@@ -162,26 +162,31 @@ def test_greedy_decode_through_the_sampler_matches_the_gather(kernel, monkeypatc
     np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
-def test_lowers_for_cuda_to_one_triton_call_on_the_pool_itself(kernel):
-  """Qwen3-0.6B's decode attention shapes (16 query heads of 128 over 8 kv heads, pages of
-  16, bfloat16) lower for CUDA without a GPU: Triton accepts the block specs, and the one
-  kernel call takes the whole pool as both its key and its value operand (no copy; "page"
-  a reshape of it, [pages, 16 * 8, 2, 128], which XLA makes a bitcast)."""
-  rows, width, pages = 4, 40, 200
+def _lowered_for_cuda(rows: int, pages: int, **kw) -> str:
+  """StableHLO text of the kernel lowered for CUDA at Qwen3-0.6B's decode attention shapes
+  (16 query heads of 128 over 8 kv heads, pages of 16, bfloat16; 40 pages a row)."""
   args = (jax.ShapeDtypeStruct((rows, 16, 128), jnp.bfloat16),
           jax.ShapeDtypeStruct((pages, 16, 16, 128), jnp.bfloat16),
-          jax.ShapeDtypeStruct((rows, width), jnp.int32),
+          jax.ShapeDtypeStruct((rows, 40), jnp.int32),
           jax.ShapeDtypeStruct((rows,), jnp.int32))
-  fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, interpret=False,
-                                 kernel=kernel))
+  fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, interpret=False, **kw))
   # The target GPU named, as `plan` does with its deviceless topology: from jax 0.11 Pallas'
   # Triton lowering asks the abstract mesh for it when no GPU is attached (0.10 assumed sm90).
   h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132,
                                      platform="gpu")
   with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",),
                                                                 abstract_device=h100)):
-    text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
+def test_lowers_for_cuda_to_one_triton_call_on_the_pool_itself(kernel):
+  """Qwen3-0.6B's decode attention shapes (16 query heads of 128 over 8 kv heads, pages of
+  16, bfloat16) lower for CUDA without a GPU: Triton accepts the block specs, and the one
+  kernel call takes the whole pool as both its key and its value operand (no copy; "page"
+  a reshape of it, [pages, 16 * 8, 2, 128], which XLA makes a bitcast)."""
+  rows, pages = 4, 200
+  text = _lowered_for_cuda(rows, pages, kernel=kernel)
   lines = text.splitlines()
   calls = [x for x in lines if "custom_call @__gpu$xla.gpu.triton" in x]
   assert len(calls) == 1
@@ -235,20 +240,11 @@ def test_one_split_writes_the_output_in_the_pool_dtype_from_the_kernel(kernel):
   kernel normalises and writes [rows, 16, 128] bf16 itself. Nothing pads the queries to 16
   a GQA group or writes float32 partial results for a combine: the lowered program has no
   pad and no reduction, and nothing in float32 after the kernel."""
-  rows, width, pages = 256, 40, 2000
-  args = (jax.ShapeDtypeStruct((rows, 16, 128), jnp.bfloat16),
-          jax.ShapeDtypeStruct((pages, 16, 16, 128), jnp.bfloat16),
-          jax.ShapeDtypeStruct((rows, width), jnp.int32),
-          jax.ShapeDtypeStruct((rows,), jnp.int32))
+  rows = 256
   # "head" does not split at its default grid target (2048 programs); "page", a program a
   # row, is told not to.
-  fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, interpret=False,
-                                 kernel=kernel, target_programs=None if kernel == "head" else 1))
-  h100 = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132,
-                                     platform="gpu")
-  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",),
-                                                                abstract_device=h100)):
-    text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  text = _lowered_for_cuda(rows, 2000, kernel=kernel,
+                           target_programs=None if kernel == "head" else 1)
   calls = [x for x in text.splitlines() if "custom_call @__gpu$xla.gpu.triton" in x]
   assert len(calls) == 1
   assert calls[0].rstrip().endswith(f"-> tensor<{rows}x16x128xbf16>"), calls[0][-200:]
