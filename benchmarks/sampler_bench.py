@@ -197,6 +197,25 @@ def _sampler(model, args, slots: int, max_new: int):
   return engine.Sampler(model, cfg, eos_ids=())  # no EOS: every row runs its full budget
 
 
+class Phases:
+  """Wall seconds of the bench's phases, from the process's start (imports and JAX's start
+  count toward the first): where a device run's time goes beside the timed decode."""
+
+  def __init__(self):
+    self.seconds: dict[str, float] = {}
+    self._last = self._start = time.perf_counter()
+
+  def lap(self, name: str) -> None:
+    now = time.perf_counter()
+    self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._last, 2)
+    self._last = now
+
+  def line(self) -> str:
+    total = time.perf_counter() - self._start
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in self.seconds.items())
+    return f"[time] {total:.1f} s in all: {parts} (s)"
+
+
 def _timed(sampler, requests, repeats: int = 1) -> tuple[float, list]:
   """Best wall time over `repeats` runs (the machine may be shared), and the outputs."""
   best = float("inf")
@@ -354,6 +373,7 @@ def set_triton(kernel: str | None, config: dict[str, int]) -> dict:
 
 def main() -> int:
   args = _parse()
+  phases = Phases()
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   if not args.skip_hf and args.hf_device != "cpu":
     # transformers may share the GPU: JAX would otherwise take 75% of it up front. The
@@ -367,6 +387,7 @@ def main() -> int:
   if args.decode_attention != "auto":  # read when the decode programs are traced
     paged_attention.AUTO_IMPL = args.decode_attention
   triton = set_triton(args.triton_kernel, args.triton_config)
+  phases.lap("imports")
   report: dict = {}
   log_file = sys.stderr if args.json else sys.stdout
 
@@ -380,7 +401,9 @@ def main() -> int:
       _write_preset(args.preset, path)
     else:
       _write_checkpoint(args, path)
+    phases.lap("checkpoint")
   model, model_cfg = hf_io.load_hf_model(path, param_dtype=args.dtype)
+  phases.lap("load")
   if args.attention != model_cfg.attention_impl:
     model_cfg = dataclasses.replace(model_cfg, attention_impl=args.attention)
     model.cfg = model_cfg  # read by the layer loop at trace time (prefill's attention)
@@ -410,6 +433,7 @@ def main() -> int:
   # 1. Fixed-batch decode throughput. Ours and transformers alternate, best of each kept, so
   # both sides see the same background load on a shared machine.
   sampler = _sampler(model, args, args.batch, args.new_tokens)
+  phases.lap("sampler")
   decode_impl = paged_attention.paged_impl(sampler.mesh, model_cfg.head_dim,
                                            sampler.cfg.page_size)
   report["decode_attention"] = decode_impl
@@ -427,6 +451,7 @@ def main() -> int:
       hf = hf_baseline.HF(path, args.dtype, device)
     except hf_baseline.HFFailed as e:
       hf = hf_baseline.failed(e, report, log)
+    phases.lap("hf_load")
   # torch on the CPU gets its best of one thread and its default count: with the cores
   # oversubscribed (a shared machine), one thread is often several times faster than
   # OpenMP's default. On a GPU the thread count only feeds kernel launches: the default.
@@ -434,23 +459,29 @@ def main() -> int:
       [args.hf_threads] if args.hf_threads else
       [hf.default_threads] if hf.device == "cuda" else sorted({1, hf.default_threads}))
   _timed(sampler, reqs)  # compile
+  phases.lap("compile")
   try:
     for t in hf_threads:
       hf.generate(prompts, 4, t, args.temperature)  # warm-up
   except hf_baseline.HFFailed as e:
     hf, hf_threads = hf_baseline.failed(e, report, log), []
+  if not args.skip_hf:
+    phases.lap("hf_warmup")
   ours_s = float("inf")
   hf_s = {t: float("inf") for t in hf_threads}
   hf_tokens = None
   for _ in range(args.repeats):
     seconds, outs = _timed(sampler, reqs)
     ours_s = min(ours_s, seconds)
+    phases.lap("timed")
     try:
       for t in hf_threads:
         seconds, hf_tokens = hf.generate(prompts, args.new_tokens, t, args.temperature)
         hf_s[t] = min(hf_s[t], seconds)
     except hf_baseline.HFFailed as e:
       hf, hf_threads = hf_baseline.failed(e, report, log), []
+    if not args.skip_hf:
+      phases.lap("hf_timed")
   assert all(o.num_tokens == args.new_tokens for o in outs)
   if args.save_tokens:  # e.g. to compare two decode attention paths' greedy tokens
     np.save(args.save_tokens, np.asarray([o.tokens for o in outs], np.int32))
@@ -480,6 +511,7 @@ def main() -> int:
   if not args.skip_floor:
     report.update(_limits(args, model_cfg, matmul_params, ours_tps,
                           None if hf is None else hf_tps, log))
+    phases.lap("floor")
   steps = sampler.stats.chunks * args.chunk
   line, fields = _roofline(sampler, model_cfg, args, ours_s / max(steps, 1),
                            args.prompt_len + args.new_tokens / 2)
@@ -487,9 +519,13 @@ def main() -> int:
   log(line)
   if args.profile:
     report.update(_profiled(sampler, reqs, args, log))
+    phases.lap("profile")
 
   if not args.skip_mixed:
     report.update(_mixed(args, model, prompts, rng, log))
+    phases.lap("mixed")
+  report["phases_s"] = phases.seconds
+  log(phases.line())
   if args.json:
     print(json.dumps(report), flush=True)
   return 0

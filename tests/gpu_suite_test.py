@@ -2,6 +2,7 @@
 benches' reports, and (slow) every variant at tiny shapes (the measurements need a GPU)."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -37,20 +38,22 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   assert len(lines) == len(gpu_suite.RUNS) == 23
   assert lines[0].startswith("decode_kernel_check (item 2)")
   assert "paged_decode_check.py" in lines[0] and "--sweep" not in lines[0]
-  # Three of the issue's targets are measured first (after the kernel check), then the
-  # kernel sweep and the b256 decode with the fastest "page" configuration, then what might
-  # lift the 1.7B step the H100 run measured at 33.9% and the b256 decode (42.8%): remat
-  # keeping the attention kernel's outputs (the likeliest past 35%), cuBLAS GEMMs, remat
-  # keeping the attention block's outputs (at 2 micro-batches: 1 does not fit an H100),
-  # then batch 64 with each kernel.
+  # After the kernel check: the 1.7B step with remat keeping the attention kernel's outputs
+  # (the likeliest past the 35% the H100 run missed at 33.9%), and remat full again, its
+  # baseline in the same call, both while the decode checkpoint is written in the
+  # background; then the b256 decode target (with transformers), the kernel sweep and b256
+  # with the fastest "page" configuration, batch 64 with each kernel, the 0.6B step (met),
+  # then cuBLAS GEMMs and remat keeping the attention block's outputs (at 2 micro-batches:
+  # 1 does not fit an H100).
   names = [x.split(" ")[0] for x in lines]
-  assert names[1:10] == [
-      "decode_b256_triton", "train_1p7b_16x4096_cudnn_full", "train_0p6b_32x2048_cudnn_full",
-      "decode_kernel_sweep", "decode_b256_triton_page", "train_1p7b_16x4096_cudnn_context",
+  assert names[1:13] == [
+      "train_1p7b_16x4096_cudnn_context", "train_1p7b_16x4096_cudnn_full",
+      "decode_b256_triton", "decode_kernel_sweep", "decode_b256_triton_page",
+      "decode_b64_triton", "decode_b64_triton_page", "train_0p6b_32x2048_cudnn_full",
       "train_1p7b_16x4096_cudnn_full_cublas", "decode_b256_triton_cublas",
-      "train_1p7b_16x4096_cudnn_attention"]
-  assert names[10:12] == ["decode_b64_triton", "decode_b64_triton_page"]
-  assert "--remat context" in lines[6] and "--remat attention" in lines[9]
+      "train_1p7b_16x4096_cudnn_attention", "train_0p6b_32x2048_cudnn_full_cublas"]
+  assert "--remat context" in lines[1] and "--profile" in lines[1]
+  assert "--remat full" in lines[2] and "--remat attention" in lines[11]
   # On an H100 the plan sizes remat "context" at one micro-batch, "attention" at two.
   h100 = {r["name"]: r for r in gpu_suite.plan(81559, "/tmp/ck")}
   assert h100["train_1p7b_16x4096_cudnn_context"]["micro_batches"] == 1
@@ -62,8 +65,8 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   assert [x.split(" ")[0] for x in page] == ["decode_b256_triton_page", "decode_b64_triton_page"]
   assert not any("--triton-config" in x for x in lines)  # added only once the sweep ran
   # The batch-256 target run is profiled and times transformers on the same device.
-  assert lines[1].startswith("decode_b256_triton (item 2)") and "--profile" in lines[1]
-  assert "--skip-hf" not in lines[1]
+  assert lines[3].startswith("decode_b256_triton (item 2)") and "--profile" in lines[3]
+  assert "--skip-hf" not in lines[3]
   decode = [x for x in lines if "sampler_bench.py" in x]
   assert len(decode) == 8 and all("--save-tokens" in x for x in decode)
   for batch in (64, 256):
@@ -364,7 +367,7 @@ def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch)
   assert train["jax"] == jax.__version__
   assert train["packages"]["flax"] == importlib.metadata.version("flax")
   assert [r["name"] for r in suite["runs"]] == [name for name, *_ in gpu_suite.RUNS]
-  assert [r["batch"] for r in sampler["runs"]] == [256, 256, 256, 64, 64, 256, 64, 256]
+  assert [r["batch"] for r in sampler["runs"]] == [256, 256, 64, 64, 256, 256, 64, 256]
   assert len(train["runs"]) == 12
   assert all(r["skipped"] == "budget" for r in suite["runs"])
   assert suite["summary"] == {}
@@ -408,6 +411,72 @@ def test_the_suite_passes_the_sweeps_choice_to_the_tuned_runs(tmp_path, monkeypa
   runs = {r["name"]: r for r in json.loads((tmp_path / "gpu_suite.json").read_text())["runs"]}
   assert runs["decode_b256_triton_page"]["triton_config"]["num_stages"] == 2
   assert "triton_config" not in runs["decode_b64_triton_page"]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_checkpoint_is_written_while_the_first_runs_go_on(tmp_path, monkeypatch, fails):
+  """main, its runs stubbed, the writer a 1-second process: the runs before the first decode
+  run start while the checkpoint is still being written (not after it), the decode runs
+  start once it is there; a failed write skips the decode runs with its cause and the
+  other runs still run."""
+  import json
+
+  seen = []
+  checkpoint = tmp_path / "gpu_suite_qwen3_0p6b"
+
+  def fake_run(run, log, timeout):
+    seen.append((run["name"], checkpoint.is_dir()))
+    return {**{k: v for k, v in run.items() if k != "argv"}, "rc": 0, "report": None}
+
+  script = ("import os, sys, time; time.sleep(1); "
+            + ("sys.exit('OSError: disk full')" if fails else "os.makedirs(sys.argv[1]); "
+               "print('import 0.1 s, random init 0.2 s, save 0.3 s')"))
+  monkeypatch.setattr(gpu_suite, "gpu_info", lambda: ("NVIDIA H100 80GB HBM3", 81559))
+  monkeypatch.setattr(gpu_suite, "run_one", fake_run)
+  monkeypatch.setattr(gpu_suite.tempfile, "gettempdir", lambda: str(tmp_path))
+  monkeypatch.setattr(gpu_suite, "writer_command", lambda path: [sys.executable, "-c", script,
+                                                                 path])
+  assert gpu_suite.main(["--out", str(tmp_path / "out"), "--commit", "abc", "--only",
+                         "decode_kernel_check,train_1p7b_16x4096_cudnn_context,"
+                         "decode_b256_gather,decode_b64_gather,train_0p6b_32x2048_einsum"]
+                        ) == 0
+  log = (tmp_path / "out" / "gpu_suite.log").read_text()
+  runs = {r["name"]: r for r in json.loads(
+      (tmp_path / "out" / "gpu_suite.json").read_text())["runs"]}
+  assert seen[:2] == [("decode_kernel_check", False), ("train_1p7b_16x4096_cudnn_context", False)]
+  if not fails:
+    assert seen[2:] == [("decode_b256_gather", True), ("decode_b64_gather", True),
+                        ("train_0p6b_32x2048_einsum_full", True)]
+    assert "=== wrote the Qwen3-0.6B-shaped checkpoint in" in log
+    assert "(import 0.1 s, random init 0.2 s, save 0.3 s)" in log
+  else:
+    assert seen[2:] == [("train_0p6b_32x2048_einsum_full", False)]
+    for name in ("decode_b256_gather", "decode_b64_gather"):
+      assert runs[name]["skipped"] == ("writing the checkpoint failed (exit 1): "
+                                       "OSError: disk full")
+
+
+def test_a_killed_write_leaves_no_checkpoint_that_looks_whole(tmp_path, monkeypatch):
+  """The checkpoint appears under its name only once saved whole: a write that dies while
+  saving leaves only PATH.partial, so a later suite writes it again instead of loading half."""
+  import types
+
+  class Model:
+    def eval(self):
+      return self
+
+    def save_pretrained(self, path):
+      os.makedirs(path)
+      (pathlib.Path(path) / "config.json").write_text("{}")
+      raise OSError("No space left on device")
+
+  fake = types.SimpleNamespace(
+      Qwen3Config=lambda **kw: kw,
+      AutoModelForCausalLM=types.SimpleNamespace(from_config=lambda cfg, dtype: Model()))
+  monkeypatch.setitem(sys.modules, "transformers", fake)
+  with pytest.raises(OSError, match="No space"):
+    gpu_suite.write_checkpoint(str(tmp_path / "ck"))
+  assert not (tmp_path / "ck").exists() and (tmp_path / "ck.partial").is_dir()
 
 
 @pytest.mark.slow

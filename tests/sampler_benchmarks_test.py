@@ -2,8 +2,10 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import jax
 import pytest
@@ -158,9 +160,18 @@ def test_a_transformers_failure_is_reported_and_our_decode_still_measured(tmp_pa
   monkeypatch.setattr(hf_baseline, "HF", Failing)
   monkeypatch.setattr(sys, "argv", ["sampler_bench.py", "--quick", "--skip-mixed",
                                     "--skip-floor", "--repeats", "1", "--json"])
+  start = time.perf_counter()
   assert sampler_bench.main() == 0
+  wall = time.perf_counter() - start
   out = capsys.readouterr()
   report = json.loads(out.out.strip().splitlines()[-1])
   assert report["hf_error"] == "OutOfMemoryError: CUDA out of memory"
+  # Where the run's time went, every phase in order, adding up to no more than its wall time
+  # (a device run's overhead beside the timed decode).
+  phases = report["phases_s"]
+  assert list(phases) == ["imports", "checkpoint", "load", "sampler", "hf_load", "compile",
+                          "hf_warmup", "timed", "hf_timed"]
+  assert all(v >= 0 for v in phases.values()) and sum(phases.values()) <= wall + 0.1
+  assert re.search(r"^\[time\] [\d.]+ s in all: imports [\d.]+, checkpoint", out.err, re.M)
   assert report["ours_tok_s"] > 0 and "hf_tok_s" not in report and "ratio" not in report
   assert "[decode] transformers failed, no comparison: OutOfMemoryError" in out.err
