@@ -198,17 +198,21 @@ def _sampler(model, args, slots: int, max_new: int):
 
 
 class Phases:
-  """Wall seconds of the bench's phases, from the process's start (imports and JAX's start
-  count toward the first): where a device run's time goes beside the timed decode."""
+  """Wall seconds of the bench's phases, from main's start (imports and JAX's start count
+  toward the first): where a device run's time goes beside the timed decode. Each phase is
+  logged as it ends (`log`), so a run killed at its time limit still shows how far it got."""
 
-  def __init__(self):
+  def __init__(self, log=None):
     self.seconds: dict[str, float] = {}
+    self.log = log
     self._last = self._start = time.perf_counter()
 
   def lap(self, name: str) -> None:
     now = time.perf_counter()
     self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._last, 2)
     self._last = now
+    if self.log is not None:
+      self.log(f"[time] {name}: {self.seconds[name]:.1f} s")
 
   def line(self) -> str:
     total = time.perf_counter() - self._start
@@ -387,12 +391,14 @@ def main() -> int:
   if args.decode_attention != "auto":  # read when the decode programs are traced
     paged_attention.AUTO_IMPL = args.decode_attention
   triton = set_triton(args.triton_kernel, args.triton_config)
-  phases.lap("imports")
   report: dict = {}
   log_file = sys.stderr if args.json else sys.stdout
 
   def log(line: str) -> None:
     print(line, file=log_file, flush=True)
+
+  phases.log = log
+  phases.lap("imports")
 
   path = args.model
   if path is None:

@@ -173,5 +173,9 @@ def test_a_transformers_failure_is_reported_and_our_decode_still_measured(tmp_pa
                           "hf_warmup", "timed", "hf_timed"]
   assert all(v >= 0 for v in phases.values()) and sum(phases.values()) <= wall + 0.1
   assert re.search(r"^\[time\] [\d.]+ s in all: imports [\d.]+, checkpoint", out.err, re.M)
+  # Each phase is logged as it ends: a run killed at its time limit shows how far it got.
+  # (--quick runs 2 repeats: "timed" and "hf_timed" end twice, their sums logged)
+  logged = re.findall(r"^\[time\] (\w+): [\d.]+ s$", out.err, re.M)
+  assert list(dict.fromkeys(logged)) == list(phases) and len(logged) == len(phases) + 2
   assert report["ours_tok_s"] > 0 and "hf_tok_s" not in report and "ratio" not in report
   assert "[decode] transformers failed, no comparison: OutOfMemoryError" in out.err
