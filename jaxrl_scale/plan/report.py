@@ -258,8 +258,20 @@ def table(plan: dict[str, Any]) -> str:
                  "allocator fragmentation and runtime buffers may not fit in that"
                  + ("; the GPU estimate has come out up to 20% low" if keep == HEADROOM_GPU
                     else ""))
+  if plan.get("platform") == "gpu":
+    lines.append(measured_note())
   lines.append("fits: yes" if plan["fits"] else "fits: NO")
   return "\n".join(lines)
+
+
+def measured_note() -> str:
+  """Under a GPU plan: what the bounds became on a real H100 (`chips.H100_MEASURED`)."""
+  m = chips_lib.H100_MEASURED
+  train = " and ".join(f"{r:.2f}x ({shape})" for shape, r in m["train_step_over_kernel_bound"])
+  decode = " and ".join(f"{f:.0%} (batch {b})" for b, f in m["decode_fraction_of_roofline"])
+  return (f"  measured on one H100 ({m['date']}, docs/gpu.md): the train steps took {train} "
+          f"their 'kernels s' bound; decode read HBM at {decode} of its roofline. Expect a "
+          f"step about that far from the bounds above, not at them")
 
 
 def advice(plan: dict[str, Any]) -> str | None:

@@ -296,11 +296,38 @@ def test_plan_command_on_gpus(capsys, monkeypatch):
   assert "  prefill: XLA recomputes 7 values where they are used" in text
   assert "optim.micro_batch_prompts" in text and "XLA_PYTHON_CLIENT_MEM_FRACTION" in text
 
+  # Under the table: how far a real H100's steps were from these bounds.
+  assert report.measured_note() in text and "measured on one H100 (2026-11-27" in text
+  plan["platform"] = "tpu"
+  assert "measured on one H100" not in report.table(plan)
+
   args = parser.parse_args([str(ROOT / "configs" / "cpu_tiny.yaml"), *overrides,
                             "--topology", "h100-2", "--json", "--programs", "decode"])
   assert command.run(args) == 0
   plan = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert plan["devices"] == 2 and plan["programs"]["decode"]["chips"] == 1
+
+
+def test_the_measured_ratios_a_gpu_plan_prints_are_the_device_runs():
+  """`chips.H100_MEASURED` holds what the committed H100 runs measured (the suite's
+  summaries), not numbers typed beside them: each train step over its kernel-by-kernel
+  bound, decode's fraction of the roofline at batch 256 and 64."""
+  results = ROOT / "benchmarks" / "results"
+  first = json.loads((results / "gpu_h100_2026-11-27" / "gpu_suite.json").read_text())
+  second = json.loads((results / "gpu_h100_2026-11-27b" / "gpu_suite.json").read_text())
+  m = chips.H100_MEASURED
+  assert first["date"].startswith(m["date"]) and "H100" in first["device"]
+  summary = first["summary"]
+  assert dict(m["train_step_over_kernel_bound"]) == {
+      "qwen3_1p7b 16 x 4096": summary["train_1p7b_16x4096_cudnn_full"]["step_over_kernel_bound"],
+      "qwen3_0p6b 32 x 2048": summary["train_0p6b_32x2048_cudnn_full"]["step_over_kernel_bound"]}
+  b64 = next(r for r in second["runs"] if r["name"] == "decode_b64_triton")["report"]
+  assert dict(m["decode_fraction_of_roofline"]) == {
+      256: round(summary["decode_b256"]["triton_fraction_of_roofline"], 4),
+      64: round(b64["fraction_of_roofline"], 4)}
+  note = report.measured_note()
+  assert "1.64x (qwen3_1p7b 16 x 4096) and 1.70x (qwen3_0p6b 32 x 2048)" in note
+  assert "43% (batch 256) and 40% (batch 64)" in note
 
 
 def _tanh_mlp_grad_at(fraction: float, monkeypatch) -> tuple[int, int, int, int]:
