@@ -5,7 +5,9 @@
     python benchmarks/gpu_suite.py --cpu-smoke                            # every variant, tiny
 
 The variants, most important first (a budget cut drops the tail; `RUNS` has each one's
-issue item): the decode kernels' check; the 1.7B step with remat keeping the attention
+issue item): the decode kernels' check; the train step's loss and gradients with cuDNN's
+attention against the einsum path and a float32 reference (`train_attention_check.py`,
+issue 34's correctness target); the 1.7B step with remat keeping the attention
 kernel's output ("context", the likeliest past 35% MFU) and with remat full, its baseline
 in the same call; decode with the Triton kernel at batch 256 (with transformers on the same
 GPU); the kernel sweep ("page" against "head") and decode at batch 256 with the fastest
@@ -117,6 +119,9 @@ CUBLAS_GEMM = "--xla_gpu_enable_triton_gemm=false"
 # profiler: the GPU-busy share and the time by kernel (benchmarks/gpu_profile.py).
 RUNS = [
     ("decode_kernel_check", 2, "check", {}),
+    # The train step's loss and gradients with cuDNN's attention against the einsum path and
+    # a float32 reference (issue 34's correctness target; never run on a GPU before).
+    ("attention_check", 1, "attn", {}),
     # Remat keeping only the attention kernel's output and statistics: its forward is not
     # rerun (compiled FLOPs x1.31 against remat full's x1.35; attention's kernel-by-kernel
     # bound 140 -> 109 ms), at one micro-batch (51.4 GiB planned against 44.3). Scaled by
@@ -191,9 +196,9 @@ RUNS = [
     ("demo_cpu_tiny", 6, "demo", {}),
 ]
 BENCHES = {"train": "train_step_bench", "sampler": "sampler_bench",
-           "check": "paged_decode_check", "demo": DEMO_BENCH}
+           "check": "paged_decode_check", "attn": "train_attention_check", "demo": DEMO_BENCH}
 TIMEOUT_S = {"train_1p7b": 200.0, "train": 130.0, "sampler": 120.0, "check": 90.0,
-             "sweep": 120.0, "demo": 240.0}
+             "attn": 120.0, "sweep": 120.0, "demo": 240.0}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -387,6 +392,9 @@ def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
       run["argv"] = ["paged_decode_check.py", *(["--quick"] if smoke else []),
                      *(["--sweep"] if o.get("sweep") else []), "--json"]
       run["timeout_s"] = TIMEOUT_S["sweep" if o.get("sweep") else "check"]
+    elif bench == "attn":
+      run["argv"] = ["train_attention_check.py", *(["--quick"] if smoke else []), "--json"]
+      run["timeout_s"] = TIMEOUT_S["attn"]
     elif bench == "demo":
       run["out_dir"] = os.path.join(os.path.dirname(os.path.abspath(tokens_dir)),
                                     "gpu_suite_demo")

@@ -70,6 +70,14 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
     out["decode_kernel_bf16"] = {k: check[k] for k in (
         "triton_vs_gather", "triton_vs_f32", "page_vs_f32", "triton_us", "page_us",
         "gather_us", "triton", "page", "gather") if k in check}
+  # The train step's loss and gradients with cuDNN's attention (exit 1 when outside the
+  # tolerance: read whatever its report says, from any exit).
+  attn = next((r.get("report") for r in runs if r["name"] == "attention_check"
+               and r.get("report")), None)
+  if attn:
+    out["train_attention"] = {k: attn[k] for k in (
+        "passed", "kernel", "ways", "cudnn_vs_einsum", "tolerance", "reference_loss")
+        if k in attn}
   swept = by.get("decode_kernel_sweep", {}).get("sweep")
   if swept:
     out["decode_kernel_sweep"] = dict(defaults=swept.get("defaults"), best=swept.get("best"),

@@ -35,10 +35,14 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
                         "--dry-run"], capture_output=True, text=True, timeout=60, check=True)
   lines = out.stdout.strip().splitlines()
-  assert len(lines) == len(gpu_suite.RUNS) == 23
+  assert len(lines) == len(gpu_suite.RUNS) == 24
   assert lines[0].startswith("decode_kernel_check (item 2)")
   assert "paged_decode_check.py" in lines[0] and "--sweep" not in lines[0]
-  # After the kernel check: the 1.7B step with remat keeping the attention kernel's outputs
+  # Then the train step's loss and gradients with cuDNN against einsum (the correctness
+  # target), at its GPU shapes (no --quick).
+  assert lines[1].startswith("attention_check (item 1): python3 "
+                             "train_attention_check.py --json")
+  # After the checks: the 1.7B step with remat keeping the attention kernel's outputs
   # (the likeliest past the 35% the H100 run missed at 33.9%), and remat full again, its
   # baseline in the same call, both while the decode checkpoint is written in the
   # background; then the b256 decode target (with transformers), the kernel sweep and b256
@@ -46,27 +50,27 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   # then cuBLAS GEMMs and remat keeping the attention block's outputs (at 2 micro-batches:
   # 1 does not fit an H100).
   names = [x.split(" ")[0] for x in lines]
-  assert names[1:13] == [
+  assert names[2:14] == [
       "train_1p7b_16x4096_cudnn_context", "train_1p7b_16x4096_cudnn_full",
       "decode_b256_triton", "decode_kernel_sweep", "decode_b256_triton_page",
       "decode_b64_triton", "decode_b64_triton_page", "train_0p6b_32x2048_cudnn_full",
       "train_1p7b_16x4096_cudnn_full_cublas", "decode_b256_triton_cublas",
       "train_1p7b_16x4096_cudnn_attention", "train_0p6b_32x2048_cudnn_full_cublas"]
-  assert "--remat context" in lines[1] and "--profile" in lines[1]
-  assert "--remat full" in lines[2] and "--remat attention" in lines[11]
+  assert "--remat context" in lines[2] and "--profile" in lines[2]
+  assert "--remat full" in lines[3] and "--remat attention" in lines[12]
   # On an H100 the plan sizes remat "context" at one micro-batch, "attention" at two.
   h100 = {r["name"]: r for r in gpu_suite.plan(81559, "/tmp/ck")}
   assert h100["train_1p7b_16x4096_cudnn_context"]["micro_batches"] == 1
   assert h100["train_1p7b_16x4096_cudnn_attention"]["micro_batches"] == 2
   # At two micro-batches the plan had XLA recompute nothing (at one: 74 values).
   assert h100["train_1p7b_16x4096_cudnn_attention"]["predicted"]["xla_rematerialized"] == 0
-  assert "paged_decode_check.py --sweep" in lines[4]
+  assert "paged_decode_check.py --sweep" in lines[5]
   page = [x for x in lines if "--triton-kernel page" in x]
   assert [x.split(" ")[0] for x in page] == ["decode_b256_triton_page", "decode_b64_triton_page"]
   assert not any("--triton-config" in x for x in lines)  # added only once the sweep ran
   # The batch-256 target run is profiled and times transformers on the same device.
-  assert lines[3].startswith("decode_b256_triton (item 2)") and "--profile" in lines[3]
-  assert "--skip-hf" not in lines[3]
+  assert lines[4].startswith("decode_b256_triton (item 2)") and "--profile" in lines[4]
+  assert "--skip-hf" not in lines[4]
   decode = [x for x in lines if "sampler_bench.py" in x]
   assert len(decode) == 8 and all("--save-tokens" in x for x in decode)
   for batch in (64, 256):
@@ -502,5 +506,10 @@ def test_cpu_smoke_runs_every_variant(tmp_path):
   assert suite["summary"]["decode_b256"]["greedy_tokens_equal"] == 1.0
   assert suite["summary"]["decode_b64"]["greedy_tokens_equal"] == 1.0
   assert suite["summary"]["decode_kernel_bf16"]["triton_vs_f32"] < 0.05
+  # The train step's loss and gradients through the cuDNN path's code (XLA's implementation
+  # here) within tolerance of the einsum path, read back into the summary.
+  attn = suite["summary"]["train_attention"]
+  assert attn["passed"] is True and attn["kernel"] == "xla"
+  assert set(attn["ways"]) == {"einsum", "cudnn"}
   swept = suite["summary"]["decode_kernel_sweep"]
   assert swept["errors"] == 0 and set(swept["best"]) == {"4"}
