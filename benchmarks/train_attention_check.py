@@ -13,7 +13,8 @@ differentiates: micro-batch loop, FP32 head, float32 masters) of rows with promp
 completions of different lengths (padding where the trainer's batches have it), one random
 model (seed 0, float32 masters), three ways:
 
-  reference   float32 activations, einsum attention (the float32 truth)
+  reference   float32 activations, einsum attention, float32 matmuls at full precision
+              (not a GPU's default TF32): the truth
   einsum      bfloat16 activations, einsum attention (the CPU path at the paper's dtypes)
   cudnn       bfloat16 activations, cuDNN flash attention (on a GPU; elsewhere the same code
               through JAX's XLA implementation, as the CPU tests run it)
@@ -145,7 +146,10 @@ def main(argv=None) -> int:
                        devices=jax.devices()[:1])
   batch = rl_batch(args)
   start = time.perf_counter()
-  ref = loss_and_grads(model_config(args, "float32", "einsum"), batch, mesh)
+  # Full float32 matmuls for the reference: a GPU's default for float32 is TF32 (10-bit
+  # mantissas), which would put an error of bf16's order into the truth itself.
+  with jax.default_matmul_precision("highest"):
+    ref = loss_and_grads(model_config(args, "float32", "einsum"), batch, mesh)
   ways = {"einsum": loss_and_grads(model_config(args, "bfloat16", "einsum"), batch, mesh)}
   fused = attention.fused_attention
   if kernel != "cudnn":
