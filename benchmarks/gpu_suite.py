@@ -20,7 +20,7 @@ itself on one GPU; the summary keeps where its roles ran and its validation pass
 before and after RL). The H100 runs of 2026-11-27 (benchmarks/results/gpu_h100_2026-11-27*/)
 set this order: what they left unmeasured or short of its target comes first. The decode
 runs' checkpoint (45-52 s to write on the device then) is written by a background process
-from the suite's start (`CheckpointWriter`, CPU only), while the first runs, which do not
+from the suite's start (`random_checkpoint.CheckpointWriter`, CPU only), while the first runs, which do not
 read it, go on; the first decode run waits for it. Each sampler_bench run reports where
 its time went beside the timed decode (`phases_s`: imports, load, compile, transformers'
 load and warm-up, the timed runs, the profile).
@@ -92,14 +92,10 @@ import tempfile
 import time
 
 from gpu_suite_report import DEMO_BENCH, last_json, parse_demo, parse_train, summary
+from random_checkpoint import CheckpointWriter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-QWEN3_0P6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                  num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                  head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True,
-                  rope_theta=1000000.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 # Recorded in every JSON header beside jax and jaxlib: the device image's own versions, not
 # our pins (the suite runs the copied tree with the machine's python3).
@@ -421,86 +417,6 @@ def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
       run["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(TRAIN_MEM_FRACTION)
     runs.append(run)
   return runs
-
-
-def write_checkpoint(path: str) -> str:
-  """Writes the random Qwen3-0.6B-shaped checkpoint (into PATH.partial, then renamed: a
-  killed write leaves no checkpoint that looks whole); returns where the time went (12 s on
-  a 2-core CPU, 45-52 s on the device machine in 2026-11, hence `CheckpointWriter`)."""
-  t = time.perf_counter()
-  import torch
-  import transformers
-
-  imported = time.perf_counter()
-  torch.manual_seed(0)
-  cfg = transformers.Qwen3Config(**QWEN3_0P6B)
-  model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-  built = time.perf_counter()
-  partial = path + ".partial"
-  shutil.rmtree(partial, ignore_errors=True)
-  model.save_pretrained(partial)
-  os.replace(partial, path)
-  return (f"import {imported - t:.1f} s, random init {built - imported:.1f} s, save "
-          f"{time.perf_counter() - built:.1f} s")
-
-
-# The writer's torch threads: the runs beside it keep most of the host's cores.
-WRITER_THREADS = 4
-
-
-def writer_command(path: str) -> list[str]:
-  """The process that writes the checkpoint (`write_checkpoint`), on the CPU only."""
-  return [sys.executable, "-c",
-          "import sys, gpu_suite; print(gpu_suite.write_checkpoint(sys.argv[1]))", path]
-
-
-class CheckpointWriter:
-  """Writes the decode runs' checkpoint in a background process from the suite's start, so
-  the runs before the first decode run (the kernel check, train steps) use the time it
-  takes; the first decode run waits for it (`wait`). CPU only (no CUDA device visible to
-  it, WRITER_THREADS torch threads): it neither takes GPU memory from a run nor competes
-  for the GPU."""
-
-  def __init__(self, path: str, log):
-    self.path, self.log = path, log
-    self.error: str | None = None
-    self.start = time.perf_counter()
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(WRITER_THREADS),
-               PYTHONUNBUFFERED="1")
-    log(f"=== writing the Qwen3-0.6B-shaped checkpoint in the background ({path})")
-    self.proc = subprocess.Popen(writer_command(path), cwd=HERE, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-  def wait(self, timeout: float) -> str | None:
-    """None once the checkpoint is there; else why not (the write failed, or did not end
-    within `timeout` s: then it is stopped). Logs the outcome once."""
-    if self.proc is None:
-      return self.error
-    waited = time.perf_counter()
-    try:
-      out, _ = self.proc.communicate(timeout=max(timeout, 0.1))
-    except subprocess.TimeoutExpired:
-      self.stop()
-      self.error = f"the checkpoint was not written within {timeout:.0f} s of waiting"
-      self.log(f"=== {self.error}")
-      return self.error
-    lines = [x for x in (out or "").splitlines() if x.strip()]
-    last = lines[-1] if lines else ""
-    if self.proc.returncode != 0 or not os.path.isdir(self.path):
-      self.error = f"writing the checkpoint failed (exit {self.proc.returncode}): {last[:300]}"
-      self.log(f"=== {self.error}")
-    else:
-      self.log(f"=== wrote the Qwen3-0.6B-shaped checkpoint in "
-               f"{time.perf_counter() - self.start:.1f} s ({last}); the first decode run "
-               f"waited {time.perf_counter() - waited:.1f} s for it")
-    self.proc = None
-    return self.error
-
-  def stop(self) -> None:
-    if self.proc is not None and self.proc.poll() is None:
-      self.proc.kill()
-      self.proc.wait()
-    self.proc = None
 
 
 def run_one(run: dict, log, timeout: float) -> dict:

@@ -73,6 +73,8 @@ import numpy as np
 
 import gpu_profile  # benchmarks/ is on sys.path when run
 import hf_baseline
+import random_checkpoint
+from phases import Phases
 from train_step_bench import matmul_peak
 
 # Peak HBM bandwidth (GB/s) of common accelerators, for the roofline line; --hbm-gbps wins.
@@ -173,18 +175,13 @@ def _write_preset(name: str, path: str) -> None:
 
 
 def _write_checkpoint(args, path: str) -> None:
-  import torch
-  import transformers
-
-  cfg = transformers.Qwen3Config(
-      vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-      num_hidden_layers=args.layers, num_attention_heads=args.heads,
-      num_key_value_heads=args.kv_heads, head_dim=args.hidden // args.heads,
-      max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-      tie_word_embeddings=False)
-  torch.manual_seed(0)
-  model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-  model.save_pretrained(path)
+  """A random float32 Qwen3 of the shape flags (`random_checkpoint.write_qwen3`)."""
+  random_checkpoint.write_qwen3(
+      path, "float32", vocab_size=args.vocab, hidden_size=args.hidden,
+      intermediate_size=args.intermediate, num_hidden_layers=args.layers,
+      num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+      head_dim=args.hidden // args.heads, max_position_embeddings=4096, bos_token_id=1,
+      eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
 
 
 def _sampler(model, args, slots: int, max_new: int):
@@ -195,29 +192,6 @@ def _sampler(model, args, slots: int, max_new: int):
   cfg = SamplerConfig(num_slots=slots, max_new_tokens=max_new, temperature=args.temperature,
                       top_k=0, top_p=1.0, decode_chunk=args.chunk, prompt_buckets=(bucket,))
   return engine.Sampler(model, cfg, eos_ids=())  # no EOS: every row runs its full budget
-
-
-class Phases:
-  """Wall seconds of the bench's phases, from main's start (imports and JAX's start count
-  toward the first): where a device run's time goes beside the timed decode. Each phase is
-  logged as it ends (`log`), so a run killed at its time limit still shows how far it got."""
-
-  def __init__(self, log=None):
-    self.seconds: dict[str, float] = {}
-    self.log = log
-    self._last = self._start = time.perf_counter()
-
-  def lap(self, name: str) -> None:
-    now = time.perf_counter()
-    self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._last, 2)
-    self._last = now
-    if self.log is not None:
-      self.log(f"[time] {name}: {self.seconds[name]:.1f} s")
-
-  def line(self) -> str:
-    total = time.perf_counter() - self._start
-    parts = ", ".join(f"{k} {v:.1f}" for k, v in self.seconds.items())
-    return f"[time] {total:.1f} s in all: {parts} (s)"
 
 
 def _timed(sampler, requests, repeats: int = 1) -> tuple[float, list]:

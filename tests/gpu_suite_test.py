@@ -12,6 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import gpu_suite  # noqa: E402  (benchmarks/ is not a package)
+import random_checkpoint  # noqa: E402
 
 # train_step_bench --quick's report, as printed on this machine.
 TRAIN_REPORT = """\
@@ -398,7 +399,6 @@ def test_the_suite_passes_the_sweeps_choice_to_the_tuned_runs(tmp_path, monkeypa
   monkeypatch.setattr(gpu_suite, "gpu_info", lambda: ("NVIDIA H100 80GB HBM3", 81559))
   monkeypatch.setattr(gpu_suite, "run_one", fake_run)
   monkeypatch.setattr(gpu_suite.tempfile, "gettempdir", lambda: str(tmp_path))
-  monkeypatch.setattr(gpu_suite, "write_checkpoint", lambda path: "stub")
   monkeypatch.setattr(gpu_suite.os.path, "isdir", lambda path: True)
   assert gpu_suite.main(["--out", str(tmp_path), "--commit", "abc",
                          "--only", "decode_kernel_sweep,decode_b256_triton_page,"
@@ -438,8 +438,8 @@ def test_the_checkpoint_is_written_while_the_first_runs_go_on(tmp_path, monkeypa
   monkeypatch.setattr(gpu_suite, "gpu_info", lambda: ("NVIDIA H100 80GB HBM3", 81559))
   monkeypatch.setattr(gpu_suite, "run_one", fake_run)
   monkeypatch.setattr(gpu_suite.tempfile, "gettempdir", lambda: str(tmp_path))
-  monkeypatch.setattr(gpu_suite, "writer_command", lambda path: [sys.executable, "-c", script,
-                                                                 path])
+  monkeypatch.setattr(random_checkpoint, "writer_command",
+                      lambda path: [sys.executable, "-c", script, path])
   assert gpu_suite.main(["--out", str(tmp_path / "out"), "--commit", "abc", "--only",
                          "decode_kernel_check,train_1p7b_16x4096_cudnn_context,"
                          "decode_b256_gather,decode_b64_gather,train_0p6b_32x2048_einsum"]
@@ -479,7 +479,7 @@ def test_a_killed_write_leaves_no_checkpoint_that_looks_whole(tmp_path, monkeypa
       AutoModelForCausalLM=types.SimpleNamespace(from_config=lambda cfg, dtype: Model()))
   monkeypatch.setitem(sys.modules, "transformers", fake)
   with pytest.raises(OSError, match="No space"):
-    gpu_suite.write_checkpoint(str(tmp_path / "ck"))
+    random_checkpoint.write_qwen3_0p6b(str(tmp_path / "ck"))
   assert not (tmp_path / "ck").exists() and (tmp_path / "ck.partial").is_dir()
 
 
