@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,8 +73,11 @@ class CheckpointWriter:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=str(WRITER_THREADS),
                PYTHONUNBUFFERED="1")
     log(f"=== writing the Qwen3-0.6B-shaped checkpoint in the background ({path})")
+    # Its output goes to a file, not a pipe nobody reads until it ends (a full pipe would
+    # stall it).
+    self.output = tempfile.TemporaryFile(mode="w+")
     self.proc = subprocess.Popen(writer_command(path), cwd=HERE, env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                 stdout=self.output, stderr=subprocess.STDOUT, text=True)
 
   def wait(self, timeout: float) -> str | None:
     """None once the checkpoint is there; else why not (the write failed, or did not end
@@ -82,13 +86,15 @@ class CheckpointWriter:
       return self.error
     waited = time.perf_counter()
     try:
-      out, _ = self.proc.communicate(timeout=max(timeout, 0.1))
+      self.proc.wait(timeout=max(timeout, 0.1))
     except subprocess.TimeoutExpired:
       self.stop()
       self.error = f"the checkpoint was not written within {timeout:.0f} s of waiting"
       self.log(f"=== {self.error}")
       return self.error
-    lines = [x for x in (out or "").splitlines() if x.strip()]
+    self.output.seek(0)
+    lines = [x for x in self.output.read().splitlines() if x.strip()]
+    self.output.close()
     last = lines[-1] if lines else ""
     if self.proc.returncode != 0 or not os.path.isdir(self.path):
       self.error = f"writing the checkpoint failed (exit {self.proc.returncode}): {last[:300]}"
@@ -105,3 +111,4 @@ class CheckpointWriter:
       self.proc.kill()
       self.proc.wait()
     self.proc = None
+    self.output.close()
