@@ -91,7 +91,8 @@ import sys
 import tempfile
 import time
 
-from gpu_suite_report import DEMO_BENCH, last_json, parse_demo, parse_train, summary
+from gpu_suite_report import (DEMO_BENCH, last_json, parse_demo, parse_sampler, parse_train,
+                               summary)
 from random_checkpoint import CheckpointWriter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -444,6 +445,8 @@ def run_one(run: dict, log, timeout: float) -> dict:
                 output_tail=text[-3000:], report=last_json(text))
   if run["bench"] == "train_step_bench" and result["report"] is None:
     result["report"] = parse_train(text) or None
+  if run["bench"] == "sampler_bench" and result["report"] is None:
+    result["report"] = parse_sampler(text) or None
   if run["bench"] == BENCHES["demo"]:
     result["report"] = parse_demo(text) or None
   return result

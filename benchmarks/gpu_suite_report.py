@@ -49,6 +49,20 @@ def parse_train(text: str) -> dict:
   return out
 
 
+def parse_sampler(text: str) -> dict:
+  """A sampler_bench run's own numbers from its log when its JSON line is missing (killed at
+  its time limit, e.g. while transformers generated): the best of its timed runs so far."""
+  runs = re.findall(r"^\[decode\] ours, run \d+: (\d+) tokens/s(?: \(([\d.]+)% of the HBM "
+                    r"roofline\))?", text, re.M)
+  if not runs:
+    return {}
+  best = max(runs, key=lambda r: int(r[0]))
+  out = {"ours_tok_s": float(best[0]), "partial": True}
+  if best[1]:
+    out["fraction_of_roofline"] = round(float(best[1]) / 100, 4)
+  return out
+
+
 def last_json(text: str) -> dict | None:
   line = next((x for x in reversed(text.splitlines()) if x.startswith("{")), None)
   try:
@@ -62,7 +76,10 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
   read bandwidth beside the gather's, its fastest block configuration per batch; decode
   kernel vs gather per batch (tok/s, roofline, and with `out_dir` the share of equal greedy
   tokens), each train variant's MFU and step time against its shape's cuDNN remat-full run."""
-  by = {r["name"]: r.get("report") or {} for r in runs if r.get("rc") == 0}
+  # Runs that ended well, and decode runs killed after their own timed runs (their numbers
+  # so far, marked partial: `parse_sampler`).
+  by = {r["name"]: r.get("report") or {} for r in runs
+        if r.get("rc") == 0 or (r.get("report") or {}).get("partial")}
   planned = {r["name"]: r["predicted"] for r in runs if r.get("predicted")}
   out = {}
   check = by.get("decode_kernel_check", {}).get("bfloat16")

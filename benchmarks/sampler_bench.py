@@ -450,10 +450,18 @@ def main() -> int:
   ours_s = float("inf")
   hf_s = {t: float("inf") for t in hf_threads}
   hf_tokens = None
-  for _ in range(args.repeats):
+  total = args.batch * args.new_tokens
+  for i in range(args.repeats):
     seconds, outs = _timed(sampler, reqs)
     ours_s = min(ours_s, seconds)
     phases.lap("timed")
+    # Logged now, not only after transformers' turn: a run killed at its time limit while
+    # transformers generates still says what ours did (gpu_suite_report.parse_sampler).
+    fraction = _roofline(sampler, model_cfg, args,
+                         seconds / max(sampler.stats.chunks * args.chunk, 1),
+                         args.prompt_len + args.new_tokens / 2)[1].get("fraction_of_roofline")
+    log(f"[decode] ours, run {i + 1}: {total / seconds:.0f} tokens/s"
+        + (f" ({fraction:.1%} of the HBM roofline)" if fraction is not None else ""))
     try:
       for t in hf_threads:
         seconds, hf_tokens = hf.generate(prompts, args.new_tokens, t, args.temperature)
@@ -465,7 +473,6 @@ def main() -> int:
   assert all(o.num_tokens == args.new_tokens for o in outs)
   if args.save_tokens:  # e.g. to compare two decode attention paths' greedy tokens
     np.save(args.save_tokens, np.asarray([o.tokens for o in outs], np.int32))
-  total = args.batch * args.new_tokens
   ours_tps = total / ours_s
   report["ours_tok_s"] = round(ours_tps, 1)
   log(f"[decode] ours: {total} tokens in {ours_s:.2f} s = {ours_tps:.0f} tokens/s "

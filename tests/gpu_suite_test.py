@@ -417,6 +417,30 @@ def test_the_suite_passes_the_sweeps_choice_to_the_tuned_runs(tmp_path, monkeypa
   assert "triton_config" not in runs["decode_b64_triton_page"]
 
 
+def test_a_decode_run_killed_while_transformers_runs_keeps_its_own_numbers(tmp_path):
+  """A sampler run killed at its limit after its own timed runs (transformers still
+  generating, as on the H100 on 2026-11-27b) keeps the best of them, marked partial, and the
+  summary reads it; a run killed before any timed run has no report."""
+  script = ("import sys, time; print('[decode] ours, run 1: 29000 tokens/s (42.1% of the HBM "
+            "roofline)', flush=True); print('[decode] ours, run 2: 30500 tokens/s (44.3% of "
+            "the HBM roofline)', flush=True); print('[time] hf_timed: 1.0 s', flush=True); "
+            "time.sleep(60)")
+  run = dict(name="decode_b256_triton", item=2, bench="sampler_bench", batch=256,
+             argv=["-c", script], env={})
+  result = gpu_suite.run_one(run, lambda text: None, timeout=3.0)
+  assert result["rc"] == 124
+  assert result["report"] == {"ours_tok_s": 30500.0, "fraction_of_roofline": 0.443,
+                              "partial": True}
+  gather = dict(name="decode_b256_gather", rc=0, report={"ours_tok_s": 16000.0,
+                                                         "fraction_of_roofline": 0.23})
+  summary = gpu_suite.summary([result, gather])
+  assert summary["decode_b256"]["triton_tok_s"] == 30500.0
+  assert summary["decode_b256"]["triton_fraction_of_roofline"] == 0.443
+  early = gpu_suite.run_one(dict(run, argv=["-c", "import time; time.sleep(60)"]),
+                            lambda text: None, timeout=1.0)
+  assert early["rc"] == 124 and early["report"] is None
+
+
 @pytest.mark.parametrize("fails", [False, True])
 def test_the_checkpoint_is_written_while_the_first_runs_go_on(tmp_path, monkeypatch, fails):
   """main, its runs stubbed, the writer a 1-second process: the runs before the first decode

@@ -174,6 +174,8 @@ def test_a_transformers_failure_is_reported_and_our_decode_still_measured(tmp_pa
   assert all(v >= 0 for v in phases.values()) and sum(phases.values()) <= wall + 0.1
   assert re.search(r"^\[time\] [\d.]+ s in all: imports [\d.]+, checkpoint", out.err, re.M)
   # Each phase is logged as it ends: a run killed at its time limit shows how far it got.
+  # Each timed run of ours is logged as it ends (what a run killed later still shows).
+  assert len(re.findall(r"^\[decode\] ours, run [12]: \d+ tokens/s$", out.err, re.M)) == 2
   # (--quick runs 2 repeats: "timed" and "hf_timed" end twice, their sums logged)
   logged = re.findall(r"^\[time\] (\w+): [\d.]+ s$", out.err, re.M)
   assert list(dict.fromkeys(logged)) == list(phases) and len(logged) == len(phases) + 2
