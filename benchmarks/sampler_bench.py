@@ -451,15 +451,19 @@ def main() -> int:
   hf_s = {t: float("inf") for t in hf_threads}
   hf_tokens = None
   total = args.batch * args.new_tokens
+  live_len = args.prompt_len + args.new_tokens / 2  # a row's average length while decoding
+
+  def step_seconds(seconds: float) -> float:  # of the last generate (its stats)
+    return seconds / max(sampler.stats.chunks * args.chunk, 1)
+
   for i in range(args.repeats):
     seconds, outs = _timed(sampler, reqs)
     ours_s = min(ours_s, seconds)
     phases.lap("timed")
     # Logged now, not only after transformers' turn: a run killed at its time limit while
     # transformers generates still says what ours did (gpu_suite_report.parse_sampler).
-    fraction = _roofline(sampler, model_cfg, args,
-                         seconds / max(sampler.stats.chunks * args.chunk, 1),
-                         args.prompt_len + args.new_tokens / 2)[1].get("fraction_of_roofline")
+    fraction = _roofline(sampler, model_cfg, args, step_seconds(seconds),
+                         live_len)[1].get("fraction_of_roofline")
     log(f"[decode] ours, run {i + 1}: {total / seconds:.0f} tokens/s"
         + (f" ({fraction:.1%} of the HBM roofline)" if fraction is not None else ""))
     try:
@@ -499,9 +503,7 @@ def main() -> int:
     report.update(_limits(args, model_cfg, matmul_params, ours_tps,
                           None if hf is None else hf_tps, log))
     phases.lap("floor")
-  steps = sampler.stats.chunks * args.chunk
-  line, fields = _roofline(sampler, model_cfg, args, ours_s / max(steps, 1),
-                           args.prompt_len + args.new_tokens / 2)
+  line, fields = _roofline(sampler, model_cfg, args, step_seconds(ours_s), live_len)
   report.update(fields)
   log(line)
   if args.profile:

@@ -104,6 +104,7 @@ def rl_batch(args, seed: int = 0):
 
 def loss_and_grads(cfg, batch, mesh):
   """(loss, every gradient leaf as float32 NumPy) of one RL step's objective."""
+  import jax
   import numpy as np
 
   from jaxrl_scale import config
@@ -114,7 +115,6 @@ def loss_and_grads(cfg, batch, mesh):
   trainer = train_step.Trainer(model, mesh, config.OptimConfig(lr=1e-6, warmup_steps=0),
                                train_step.RLObjective(config.RLConfig(), temperature=1.0))
   loss, grads = trainer.loss_and_grads(batch)
-  import jax  # pylint: disable=g-import-not-at-top
   return float(loss), [np.asarray(g, np.float32) for g in jax.tree.leaves(grads)]
 
 
