@@ -93,8 +93,10 @@ def paged_attention(q_B1NH: jax.Array, k_B1KH: jax.Array, v_B1KH: jax.Array,
     raise ValueError("paged attention impl 'ragged' needs the generator mesh")
   if impl in ("ragged", "triton") and view is not None:
     raise ValueError(f"paged attention impl {impl!r} reads the pool itself; it takes no view")
-  if impl == "triton" and not _interpret(mesh):
-    why = triton_unsupported(q_B1NH.shape[-1], page_size)
+  if impl == "triton":
+    # Interpret mode (off GPUs) runs any shape, but not without the backend either.
+    why = (paged_triton.UNAVAILABLE if _interpret(mesh)
+           else triton_unsupported(q_B1NH.shape[-1], page_size))
     if why:
       raise ValueError(f"paged attention impl 'triton': {why}")
   return _paged(q_B1NH, interleave_kv(k_B1KH[:, 0], v_B1KH[:, 0]), kv_LDPCXH, layer, table_BM,
@@ -126,8 +128,11 @@ def _interpret(mesh: jax.sharding.Mesh | None) -> bool:
 
 
 def triton_unsupported(head_dim: int, page_size: int | None) -> str:
-  """Why the Triton kernel cannot compile for these shapes ('' when it can): Triton tiles are
-  powers of two, and its dots need at least 16 along the head dim."""
+  """Why the Triton kernel cannot run ('' when it can): this jax has no Pallas Triton
+  backend (`paged_triton.UNAVAILABLE`), or it cannot compile for these shapes (Triton tiles
+  are powers of two, and its dots need at least 16 along the head dim)."""
+  if paged_triton.UNAVAILABLE:
+    return paged_triton.UNAVAILABLE
   if head_dim < 16 or head_dim & (head_dim - 1):
     return f"head_dim {head_dim} is not a power of two >= 16"
   if page_size is not None and page_size & (page_size - 1):

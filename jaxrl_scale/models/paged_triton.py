@@ -44,9 +44,23 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
-from jax.experimental.pallas.ops.gpu import paged_attention as jax_paged
+
+# JAX deprecated its Pallas Triton backend in 0.11 ("will be removed in a future JAX
+# version"; still in 0.12.0.1). Without it decode on a GPU gathers instead
+# (`paged_attention.triton_unsupported` names why); the rest of the package imports as ever.
+try:
+  from jax.experimental.pallas import triton as plgpu
+  UNAVAILABLE = ""
+except ImportError as e:  # pragma: no cover - only a jax without the backend
+  plgpu = None
+  UNAVAILABLE = (f"jax {jax.__version__} has no Pallas Triton backend "
+                 f"(jax.experimental.pallas.triton: {e})")
+
+# A masked score: JAX's paged-attention kernels' value (finite, so that a block with every
+# position masked keeps its softmax sums finite).
+MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 # KV positions one kernel step loads per (row, kv head), the most splits of a row's pages
 # run in parallel (JAX's default k_splits), and query heads per block (the smallest a Triton
@@ -109,6 +123,8 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
   Returns:
     out_BNH in q's dtype.
   """
+  if UNAVAILABLE:
+    raise ValueError(f"triton paged attention: {UNAVAILABLE}")
   b, n, h = q_BNH.shape
   _, c, x, _ = kv_QCXH.shape
   kernel = kernel or KERNEL
@@ -254,7 +270,7 @@ def _attend(q, k_ref, v_ref, table_ref, length, first, *, pages_per_block: int,
     live = (first + t * pages_per_block) * c + col // kv_heads < length
     if allowed is not None:
       live &= allowed
-    s = jnp.where(live, plgpu.dot(q, keys.T), jax_paged.DEFAULT_MASK_VALUE)
+    s = jnp.where(live, plgpu.dot(q, keys.T), MASK_VALUE)
     m_next = jnp.maximum(m, s.max(axis=-1))
     correction = jnp.exp2((m - m_next) * log2e)
     p = jnp.exp2((s - m_next[:, None]) * log2e)

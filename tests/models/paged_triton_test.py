@@ -261,6 +261,48 @@ def test_auto_picks_the_kernel_on_gpu_only_where_triton_fits():
   assert "sampler.page_size 12" in paged_attention.triton_unsupported(128, 12)
 
 
+_WITHOUT_TRITON = """
+import sys
+sys.modules["jax.experimental.pallas.triton"] = None  # a jax without the backend
+import jax.numpy as jnp
+from jaxrl_scale.models import paged_attention as p
+from tests.models import attention_test
+print(p.paged_triton.UNAVAILABLE)
+print(p.triton_unsupported(128, 16))
+p.mesh_platform = lambda mesh: "gpu"  # what auto picks on a GPU
+print(p.paged_impl(None, 128, 16))
+case = attention_test._paged_case(1, rows=4, h=16, seed=1)
+pool, table, pos, q, k_new, v_new, write = (jnp.asarray(x) for x in case)
+out, _, _ = p.paged_attention(q, k_new, v_new, pool, jnp.int32(0), table, pos, write,
+                              view_pages=table.shape[1], impl="auto")
+print(out.shape)
+try:
+  p.paged_attention(q, k_new, v_new, pool, jnp.int32(0), table, pos, write,
+                    view_pages=table.shape[1], impl="triton")
+except ValueError as e:
+  print(e)
+"""
+
+
+def test_a_jax_without_the_triton_backend_gathers_on_gpu_and_names_why():
+  """JAX deprecated its Pallas Triton backend in 0.11 (still in 0.12.0.1): where a jax lacks
+  it, the package still imports, "auto" on a GPU gathers, and asking for "triton" stops
+  with one line that says why (a fresh interpreter whose import of the backend fails)."""
+  out = subprocess.run([sys.executable, "-c", _WITHOUT_TRITON], capture_output=True,
+                       text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+  assert out.returncode == 0, out.stderr[-2000:]
+  lines = out.stdout.strip().splitlines()
+  why = f"jax {jax.__version__} has no Pallas Triton backend"
+  assert lines[0].startswith(why) and lines[1] == lines[0]
+  assert lines[2] == "gather"
+  assert lines[3] == "(4, 1, 4, 16)"
+  assert lines[4] == f"paged attention impl 'triton': {lines[0]}"
+  # With the backend (this interpreter), the same GPU picks the kernel.
+  assert paged_triton.UNAVAILABLE == ""
+  assert paged_attention.triton_unsupported(128, 16) == ""
+
+
 def test_a_bad_override_is_named(monkeypatch):
   monkeypatch.setattr(paged_attention, "AUTO_IMPL", "flash")
   pool, table, pos, q, k_new, v_new, write = _paged_case(1)

@@ -2,6 +2,7 @@
 H100 without a GPU (JAX's CUDA plugin with a deviceless topology), with the kernels a GPU
 run takes: cuDNN's fused attention in the train step, the Triton paged kernel in decode."""
 
+import collections
 import importlib.util
 import json
 import math
@@ -157,9 +158,9 @@ def test_left_padding_cond_holds_the_kernel_and_copies_only_its_residuals():
   copied = [hlo_cost._strip_layout(i.shape) for br in plain for i in comps[br]
             if i.opcode == "copy" and hlo_cost._strip_layout(i.shape) in big]
   # What is left: the forward's plain branch hands q, k, v on to the backward (the
-  # kernel's residuals, as cond outputs), one copy each; the output and the gradients
-  # are the kernels' own buffers.
-  assert sorted(copied) == sorted(big), copied
+  # kernel's residuals, as cond outputs), at most one copy each (jax 0.10.2's XLA copies
+  # all three; 0.12.0.1's one); the output and the gradients are the kernels' own buffers.
+  assert not collections.Counter(copied) - collections.Counter(big), copied
 
 
 def _tiny_gpu_run():

@@ -117,6 +117,15 @@ def _micro_scan(jaxpr):
   return None
 
 
+def _num_consts(scan) -> int:
+  """How many of a scan's inputs are loop constants: its `num_consts` (jax 0.10.2); jax 0.12
+  has none, and groups the inputs as (constants, carry, xs) in `ft_in` instead."""
+  if "num_consts" in scan.params:
+    return scan.params["num_consts"]
+  consts, _, _ = scan.params["ft_in"].update(scan.invars).unpack()
+  return len(list(consts))
+
+
 def test_the_micro_batch_loop_reads_bf16_copies_not_the_masters():
   trainer = _trainer(_cfg(False), _mesh())
   batch = trainer.shard_batch(_batch())
@@ -124,7 +133,7 @@ def test_the_micro_batch_loop_reads_bf16_copies_not_the_masters():
   closed = jax.make_jaxpr(fn)(*train_step._split_state(trainer.state), trainer._rest, batch)
   scan = _micro_scan(closed.jaxpr)
   assert scan is not None
-  consts = [(v.aval.shape, v.aval.dtype) for v in scan.invars[:scan.params["num_consts"]]]
+  consts = [(v.aval.shape, v.aval.dtype) for v in scan.invars[:_num_consts(scan)]]
   # Each copied weight (experts, attention, norms, dense MLP) goes in as its bf16 copy, and
   # no float32 array of its shape is a loop constant (its float32 gradient sum is a carry).
   copied = [x.shape for x, d in zip(jax.tree.leaves(trainer.params),
