@@ -55,7 +55,8 @@ def sweep_configs(page: int, every_head: bool = False) -> list[dict]:
   to a grid 4x the default's target. "page" (whole pages, every kv head a program): 1, 2 and
   4 pages per step (a [pages x 16 x 8, 128] tile of keys and one of values at Qwen3-0.6B's
   shape) with 4 and 8 warps and 1 and 2 stages (4 pages: 1 stage), then its default block
-  with splits up to a grid 4x the target."""
+  with no split (a program a row: no float32 partial outputs to combine) and with splits up
+  to a grid 4x the target."""
   from jaxrl_scale.models import paged_triton  # pylint: disable=g-import-not-at-top
 
   target = paged_triton.TARGET_PROGRAMS
@@ -76,7 +77,8 @@ def sweep_configs(page: int, every_head: bool = False) -> list[dict]:
                target_programs=target)
           for n in (1, 2, 4) for w in (4, 8) for st in (1, 2) if (n, st) != (4, 2)]
   out += [dict(kernel="page", kv_tokens_per_block=paged_triton.PAGE_KV_TOKENS_PER_BLOCK,
-               num_warps=warps, num_stages=stages, target_programs=4 * target)]
+               num_warps=warps, num_stages=stages, target_programs=t)
+          for t in (1, 4 * target)]
   return out
 
 

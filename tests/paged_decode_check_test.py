@@ -51,8 +51,10 @@ def test_sweep_checks_every_configuration_against_float32_and_picks_the_fastest(
                          target_programs=paged_triton.TARGET_PROGRAMS)
   assert {c["kv_tokens_per_block"] for c in head} == {8, 16, 32, 64}
   # "page": 1, 2 and 4 pages a block, 4 and 8 warps, 1 and 2 stages (not 2 with 4 pages:
-  # over an H100's shared memory), a bigger grid.
-  assert len(page) == 3 * 2 * 2 - 2 + 1
+  # over an H100's shared memory), no split and a bigger grid.
+  assert len(page) == 3 * 2 * 2 - 2 + 2
+  assert {c["target_programs"] for c in page} == {
+      1, paged_triton.TARGET_PROGRAMS, 4 * paged_triton.TARGET_PROGRAMS}
   assert not [c for c in page if c["kv_tokens_per_block"] == 16 and c["num_stages"] == 2]
   assert {c["kv_tokens_per_block"] for c in page} == {4, 8, 16}
   for configs in (head, page):
