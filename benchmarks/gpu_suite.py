@@ -10,8 +10,10 @@ attention against the einsum path and a float32 reference (`train_attention_chec
 issue 34's correctness target); the 1.7B step with remat keeping the attention
 kernel's output ("context", the likeliest past 35% MFU) and with remat full, its baseline
 in the same call; decode with the Triton kernel at batch 256 (with transformers on the same
-GPU); the kernel sweep ("page" against "head") and decode at batch 256 with the fastest
-"page" configuration; decode at batch 64 with each kernel; the 0.6B step (its target met);
+GPU) and at batch 64, the two decode targets; the kernel sweep ("page" against "head", and
+each loading a block's keys and values as one tile) and decode with each kernel's fastest
+configuration (the default kernel's only where that is not its defaults); the 0.6B step
+(its target met);
 then what else might lift the 1.7B step and decode (cuBLAS GEMMs, remat keeping the
 attention block's outputs), cuBLAS for the 0.6B step, then the comparisons (the gather,
 remat, flags, logits chunk, command buffers, the einsum baselines), and last the README's
@@ -28,8 +30,9 @@ load and warm-up, the timed runs, the profile).
 - the decode kernels' numbers on the device first (paged_decode_check: both Triton kernels
   against the gather and a float32 attention, bf16 and float32, at Qwen3-0.6B's attention
   shape, with each read's time and GB/s of live KV; the tests can only run them in interpret
-  mode on CPU); after three targets' runs, the "page" kernel's block sizes, warps and stages
-  beside "head"'s defaults at batch 64 and 256 (`--sweep`: what to set `paged_triton`'s
+  mode on CPU); after the targets' runs, the "page" kernel's block sizes, warps and stages
+  beside "head"'s defaults, and both with keys and values loaded as one tile
+  (`paged_triton.JOINT_KV`), at batch 64 and 256 (`--sweep`: what to set `paged_triton`'s
   defaults to, and which kernel); the decode runs marked tuned use the fastest.
 - decode (sampler_bench): a random Qwen3-0.6B-shaped checkpoint (hidden 1024, 28 layers,
   16 heads of 128, 8 kv heads, MLP 3072, vocab 151936, tied; written once with
@@ -63,7 +66,7 @@ output tail.
 
 The device machine's working tree has no .git and no install: pass the commit as GIT_COMMIT;
 each bench imports jaxrl_scale from this tree (PYTHONPATH) with the machine's own python3 and
-packages (jax 0.11.2 there in 2026-11, where `--cpu-smoke` passes too). Train runs get 90% of
+packages (jax 0.11.2 there in 2026-11; `--cpu-smoke` passes with it and with 0.12.0.1). Train runs get 90% of
 the GPU (XLA_PYTHON_CLIENT_MEM_FRACTION=0.9) and are sized by what `gpu_plan.py` predicted
 for them without a GPU (benchmarks/results/gpu_plan_h100.json below 100 GiB of GPU memory,
 gpu_plan_h200.json above): one micro-batch if the prediction leaves 20% of that free, else
@@ -134,14 +137,18 @@ RUNS = [
     # The batch-256 decode target also measures transformers on the same GPU (item 7's 5x).
     ("decode_b256_triton", 2, "sampler", dict(batch=256, decode="triton", profile=True,
                                               hf=True)),
+    # 39.8% of the roofline with the tuned "head" kernel on the H100 (2026-11-27b): the
+    # second decode target, before the sweep (about 16 configurations at two batches).
+    ("decode_b64_triton", 2, "sampler", dict(batch=64, decode="triton")),
     # The "head" kernel read the live KV at 55% of HBM bandwidth in the b256 step on the
-    # H100 (2026-11-27): the "page" kernel's block sizes timed beside "head"'s defaults,
-    # then the b256 decode with the fastest "page" configuration end to end.
+    # H100 (2026-11-27): the "page" kernel's block sizes, and both kernels with keys and
+    # values loaded as one tile, timed beside "head"'s defaults; then decode with the
+    # fastest configuration of each kernel end to end.
     ("decode_kernel_sweep", 2, "check", dict(sweep=True)),
+    ("decode_b256_triton_tuned", 2, "sampler",
+     dict(batch=256, decode="triton", tuned=True, only_tuned=True)),
     ("decode_b256_triton_page", 2, "sampler",
      dict(batch=256, decode="triton", triton_kernel="page", tuned=True)),
-    # 39.8% of the roofline with the tuned "head" kernel on the H100 (2026-11-27b).
-    ("decode_b64_triton", 2, "sampler", dict(batch=64, decode="triton")),
     ("decode_b64_triton_page", 2, "sampler",
      dict(batch=64, decode="triton", triton_kernel="page", tuned=True)),
     # 27.5% MFU on the H100 (2026-11-27): met; measured again for the record.
@@ -195,7 +202,7 @@ RUNS = [
 BENCHES = {"train": "train_step_bench", "sampler": "sampler_bench",
            "check": "paged_decode_check", "attn": "train_attention_check", "demo": DEMO_BENCH}
 TIMEOUT_S = {"train_1p7b": 200.0, "train": 130.0, "sampler": 120.0, "check": 90.0,
-             "attn": 120.0, "sweep": 120.0, "demo": 240.0}
+             "attn": 120.0, "sweep": 180.0, "demo": 240.0}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -295,19 +302,29 @@ def demo_argv(out_dir: str, smoke: bool) -> list[str]:
           *short, "--output-dir", out_dir]
 
 
+TUNED_KEYS = ("kv_tokens_per_block", "num_warps", "num_stages", "target_programs", "joint_kv")
+
+
 def tuned(run: dict, results: list[dict]) -> dict | None:
   """For a run with `tuned`: its kernel's fastest block configuration at its batch in the
-  kernel sweep among `results` (None when the sweep did not run, failed or has none)."""
+  kernel sweep among `results` (None when the sweep did not run, failed or has none; for a
+  run of the default kernel, also when that is the kernel's defaults, which the sweep
+  reports: the run would repeat an untuned one)."""
   if not run.get("tuned"):
     return None
   sweep = next((r.get("report") or {} for r in results
                 if r["name"] == "decode_kernel_sweep" and r.get("rc") == 0), {}).get("sweep")
-  best = ((sweep or {}).get("best_by_kernel") or {}).get(run.get("triton_kernel", "head"), {})
+  kernel = run.get("triton_kernel", "head")
+  best = ((sweep or {}).get("best_by_kernel") or {}).get(kernel, {})
   row = best.get(str(run["batch"]))
   if not row:
     return None
-  return {k: row[k] for k in ("kv_tokens_per_block", "num_warps", "num_stages",
-                              "target_programs") if k in row}
+  config = {k: int(row[k]) for k in TUNED_KEYS if k in row}
+  defaults = (sweep or {}).get("defaults") or {}
+  if defaults.get("kernel") == kernel and config == {
+      k: int(defaults[k]) for k in TUNED_KEYS if k in defaults}:
+    return None
+  return config
 
 
 TRAIN_MEM_FRACTION = 0.9
@@ -517,8 +534,14 @@ def main(argv=None) -> int:
       if config:  # the kernel sweep's fastest configuration for this run's kernel and batch
         run = dict(run, triton_config=config, argv=[
             *run["argv"], "--triton-config", ",".join(f"{k}={v}" for k, v in config.items())])
-      left = args.deadline_s - (time.perf_counter() - start)
-      result = run_one(run, log, max(1.0, min(run["timeout_s"], left)) if not smoke else 900.0)
+      if run.get("only_tuned") and not config and not smoke:
+        why = "the kernel sweep found nothing faster than the defaults, or did not run"
+        log(f"=== {run['name']}: skipped, {why}")
+        result = {**{k: v for k, v in run.items() if k != "argv"}, "skipped": why}
+      else:
+        left = args.deadline_s - (time.perf_counter() - start)
+        result = run_one(run, log,
+                         max(1.0, min(run["timeout_s"], left)) if not smoke else 900.0)
     results.append(result)
     _write(args.out, header, results, tokens_dir)
   if writer is not None:  # no decode run started (the budget, --only): not left running

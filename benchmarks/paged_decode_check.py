@@ -56,29 +56,38 @@ def sweep_configs(page: int, every_head: bool = False) -> list[dict]:
   4 pages per step (a [pages x 16 x 8, 128] tile of keys and one of values at Qwen3-0.6B's
   shape) with 4 and 8 warps and 1 and 2 stages (4 pages: 1 stage), then its default block
   with no split (a program a row: no float32 partial outputs to combine) and with splits up
-  to a grid 4x the target."""
+  to a grid 4x the target. Both kernels' defaults also with a block's keys and values loaded
+  the other way (`paged_triton.JOINT_KV`: one tile or two; "head" at one and two stages)."""
   from jaxrl_scale.models import paged_triton  # pylint: disable=g-import-not-at-top
 
   target = paged_triton.TARGET_PROGRAMS
   warps, stages = paged_triton.NUM_WARPS, paged_triton.NUM_STAGES
-  out = [dict(kernel="head", kv_tokens_per_block=paged_triton.KV_TOKENS_PER_BLOCK,
-              num_warps=warps, num_stages=stages, target_programs=target)]
+  joint = paged_triton.JOINT_KV
+  head_block = paged_triton.KV_TOKENS_PER_BLOCK
+  out = [dict(kernel="head", kv_tokens_per_block=head_block, num_warps=warps,
+              num_stages=stages, target_programs=target, joint_kv=joint)]
   if every_head:
     out += [dict(kernel="head", kv_tokens_per_block=page * n, num_warps=w, num_stages=st,
-                 target_programs=target)
+                 target_programs=target, joint_kv=joint)
             for n in (2, 4, 8, 16) for w in (4, 8) for st in (1, 2)
-            if (page * n, w, st) != (paged_triton.KV_TOKENS_PER_BLOCK, warps, stages)]
-    out += [dict(kernel="head", kv_tokens_per_block=paged_triton.KV_TOKENS_PER_BLOCK,
-                 num_warps=warps, num_stages=stages, target_programs=t)
+            if (page * n, w, st) != (head_block, warps, stages)]
+    out += [dict(kernel="head", kv_tokens_per_block=head_block, num_warps=warps,
+                 num_stages=stages, target_programs=t, joint_kv=joint)
             for t in (1, 4 * target)]
+  # Keys and values loaded the other way (`paged_triton.JOINT_KV`), at one and two stages.
+  out += [dict(kernel="head", kv_tokens_per_block=head_block, num_warps=warps,
+               num_stages=st, target_programs=target, joint_kv=not joint) for st in (1, 2)]
   # 4 pages with 2 stages ask for 276 KiB of shared memory at Qwen3-0.6B's shape, more than
   # an H100's 227 (XLA's compile for an H100 without one says so): left out.
   out += [dict(kernel="page", kv_tokens_per_block=page * n, num_warps=w, num_stages=st,
-               target_programs=target)
+               target_programs=target, joint_kv=joint)
           for n in (1, 2, 4) for w in (4, 8) for st in (1, 2) if (n, st) != (4, 2)]
-  out += [dict(kernel="page", kv_tokens_per_block=paged_triton.PAGE_KV_TOKENS_PER_BLOCK,
-               num_warps=warps, num_stages=stages, target_programs=t)
+  page_block = paged_triton.PAGE_KV_TOKENS_PER_BLOCK
+  out += [dict(kernel="page", kv_tokens_per_block=page_block, num_warps=warps,
+               num_stages=stages, target_programs=t, joint_kv=joint)
           for t in (1, 4 * target)]
+  out += [dict(kernel="page", kv_tokens_per_block=page_block, num_warps=warps,
+               num_stages=stages, target_programs=target, joint_kv=not joint)]
   return out
 
 
@@ -196,7 +205,8 @@ def sweep(rng, batches: list[int], max_len: int, shape: tuple, reps: int, repeat
   defaults = dict(kernel=paged_triton.KERNEL,
                   kv_tokens_per_block=paged_triton.KV_TOKENS_PER_BLOCK,
                   num_warps=paged_triton.NUM_WARPS, num_stages=paged_triton.NUM_STAGES,
-                  target_programs=paged_triton.TARGET_PROGRAMS)
+                  target_programs=paged_triton.TARGET_PROGRAMS,
+                  joint_kv=paged_triton.JOINT_KV)
   return dict(defaults=defaults, reps=reps, runs=rows, best=best,
               best_by_kernel=best_by_kernel)
 

@@ -314,11 +314,15 @@ def _roofline(sampler, model_cfg, args, step_seconds: float, live_len: float,
 
 # --triton-config's keys: the `paged_triton` constant each one sets.
 TRITON_CONFIG = {"kv_tokens_per_block": None, "num_warps": "NUM_WARPS",
-                 "num_stages": "NUM_STAGES", "target_programs": "TARGET_PROGRAMS"}
+                 "num_stages": "NUM_STAGES", "target_programs": "TARGET_PROGRAMS",
+                 "joint_kv": "JOINT_KV"}
+# Keys that are switches (0 or 1) rather than sizes.
+TRITON_SWITCHES = ("joint_kv",)
 
 
 def triton_config(text: str | None) -> dict[str, int]:
-  """--triton-config "k=v,..." as {key: positive int}; ValueError naming a bad part."""
+  """--triton-config "k=v,..." as {key: positive int, or 0/1 for a switch}; ValueError
+  naming a bad part."""
   out = {}
   for part in filter(None, (text or "").split(",")):
     key, sep, value = part.partition("=")
@@ -328,7 +332,9 @@ def triton_config(text: str | None) -> dict[str, int]:
       out[key] = int(value)
     except ValueError:
       raise ValueError(f"{part!r}: {value!r} is not an integer") from None
-    if out[key] < 1:
+    if key in TRITON_SWITCHES and out[key] not in (0, 1):
+      raise ValueError(f"{part!r}: must be 0 or 1")
+    if key not in TRITON_SWITCHES and out[key] < 1:
       raise ValueError(f"{part!r}: must be >= 1")
   return out
 
@@ -343,7 +349,8 @@ def set_triton(kernel: str | None, config: dict[str, int]) -> dict:
   blocks = ("KV_TOKENS_PER_BLOCK" if paged_triton.KERNEL == "head"
             else "PAGE_KV_TOKENS_PER_BLOCK")
   for key, value in config.items():
-    setattr(paged_triton, TRITON_CONFIG[key] or blocks, value)
+    setattr(paged_triton, TRITON_CONFIG[key] or blocks,
+            bool(value) if key in TRITON_SWITCHES else value)
   return dict(kernel=paged_triton.KERNEL,
               kv_tokens_per_block=getattr(paged_triton, blocks),
               **{k: getattr(paged_triton, v) for k, v in TRITON_CONFIG.items() if v})

@@ -36,7 +36,7 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
                         "--dry-run"], capture_output=True, text=True, timeout=60, check=True)
   lines = out.stdout.strip().splitlines()
-  assert len(lines) == len(gpu_suite.RUNS) == 24
+  assert len(lines) == len(gpu_suite.RUNS) == 25
   assert lines[0].startswith("decode_kernel_check (item 2)")
   assert "paged_decode_check.py" in lines[0] and "--sweep" not in lines[0]
   # Then the train step's loss and gradients with cuDNN against einsum (the correctness
@@ -46,26 +46,27 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   # After the checks: the 1.7B step with remat keeping the attention kernel's outputs
   # (the likeliest past the 35% the H100 run missed at 33.9%), and remat full again, its
   # baseline in the same call, both while the decode checkpoint is written in the
-  # background; then the b256 decode target (with transformers), the kernel sweep and b256
-  # with the fastest "page" configuration, batch 64 with each kernel, the 0.6B step (met),
-  # then cuBLAS GEMMs and remat keeping the attention block's outputs (at 2 micro-batches:
-  # 1 does not fit an H100).
+  # background; then both decode targets (batch 256 with transformers, then 64), the kernel
+  # sweep and decode with each kernel's fastest configuration (the default kernel's only if
+  # that is not its defaults), the 0.6B step (met), then cuBLAS GEMMs and remat keeping the
+  # attention block's outputs (at 2 micro-batches: 1 does not fit an H100).
   names = [x.split(" ")[0] for x in lines]
-  assert names[2:14] == [
+  assert names[2:15] == [
       "train_1p7b_16x4096_cudnn_context", "train_1p7b_16x4096_cudnn_full",
-      "decode_b256_triton", "decode_kernel_sweep", "decode_b256_triton_page",
-      "decode_b64_triton", "decode_b64_triton_page", "train_0p6b_32x2048_cudnn_full",
-      "train_1p7b_16x4096_cudnn_full_cublas", "decode_b256_triton_cublas",
-      "train_1p7b_16x4096_cudnn_attention", "train_0p6b_32x2048_cudnn_full_cublas"]
+      "decode_b256_triton", "decode_b64_triton", "decode_kernel_sweep",
+      "decode_b256_triton_tuned", "decode_b256_triton_page", "decode_b64_triton_page",
+      "train_0p6b_32x2048_cudnn_full", "train_1p7b_16x4096_cudnn_full_cublas",
+      "decode_b256_triton_cublas", "train_1p7b_16x4096_cudnn_attention",
+      "train_0p6b_32x2048_cudnn_full_cublas"]
   assert "--remat context" in lines[2] and "--profile" in lines[2]
-  assert "--remat full" in lines[3] and "--remat attention" in lines[12]
+  assert "--remat full" in lines[3] and "--remat attention" in lines[13]
   # On an H100 the plan sizes remat "context" at one micro-batch, "attention" at two.
   h100 = {r["name"]: r for r in gpu_suite.plan(81559, "/tmp/ck")}
   assert h100["train_1p7b_16x4096_cudnn_context"]["micro_batches"] == 1
   assert h100["train_1p7b_16x4096_cudnn_attention"]["micro_batches"] == 2
   # At two micro-batches the plan had XLA recompute nothing (at one: 74 values).
   assert h100["train_1p7b_16x4096_cudnn_attention"]["predicted"]["xla_rematerialized"] == 0
-  assert "paged_decode_check.py --sweep" in lines[5]
+  assert "paged_decode_check.py --sweep" in lines[6]
   page = [x for x in lines if "--triton-kernel page" in x]
   assert [x.split(" ")[0] for x in page] == ["decode_b256_triton_page", "decode_b64_triton_page"]
   assert not any("--triton-config" in x for x in lines)  # added only once the sweep ran
@@ -73,7 +74,7 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   assert lines[4].startswith("decode_b256_triton (item 2)") and "--profile" in lines[4]
   assert "--skip-hf" not in lines[4]
   decode = [x for x in lines if "sampler_bench.py" in x]
-  assert len(decode) == 8 and all("--save-tokens" in x for x in decode)
+  assert len(decode) == 9 and all("--save-tokens" in x for x in decode)
   for batch in (64, 256):
     for impl in ("triton", "gather"):
       assert sum(x.startswith(f"decode_b{batch}_{impl} ") and f"--batch {batch} " in x
@@ -121,6 +122,22 @@ def test_a_tuned_run_gets_the_sweeps_fastest_configuration_for_its_kernel_and_ba
   assert gpu_suite.tuned(page256, [sweep]) == dict(kv_tokens_per_block=32, num_warps=8,
                                                    num_stages=1, target_programs=1024)
   assert gpu_suite.tuned(runs["decode_b64_triton_page"], [sweep])["kv_tokens_per_block"] == 16
+  # The default kernel's tuned run: only when its fastest row is not its defaults (which
+  # decode_b256_triton measured already); joint_kv goes on as 0 or 1.
+  head256 = runs["decode_b256_triton_tuned"]
+  assert head256["only_tuned"]
+  defaults = dict(kernel="head", kv_tokens_per_block=64, num_warps=8, num_stages=1,
+                  target_programs=1024, joint_kv=False)
+  at_defaults = dict(sweep, report={"sweep": {
+      "defaults": defaults,
+      "best_by_kernel": {"head": {"256": dict(defaults, batch=256, us=150.0)}}}})
+  assert gpu_suite.tuned(head256, [at_defaults]) is None
+  joint = dict(sweep, report={"sweep": {
+      "defaults": defaults,
+      "best_by_kernel": {"head": {"256": dict(defaults, batch=256, joint_kv=True, us=120.0)}}}})
+  assert gpu_suite.tuned(head256, [joint]) == dict(kv_tokens_per_block=64, num_warps=8,
+                                                   num_stages=1, target_programs=1024,
+                                                   joint_kv=1)
 
 
 def test_without_predictions_a_small_gpu_splits_the_1p7b_batch():
@@ -372,7 +389,7 @@ def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch)
   assert train["jax"] == jax.__version__
   assert train["packages"]["flax"] == importlib.metadata.version("flax")
   assert [r["name"] for r in suite["runs"]] == [name for name, *_ in gpu_suite.RUNS]
-  assert [r["batch"] for r in sampler["runs"]] == [256, 256, 64, 64, 256, 256, 64, 256]
+  assert [r["batch"] for r in sampler["runs"]] == [256, 64, 256, 256, 64, 256, 256, 64, 256]
   assert len(train["runs"]) == 12
   assert all(r["skipped"] == "budget" for r in suite["runs"])
   assert suite["summary"] == {}
@@ -402,7 +419,7 @@ def test_the_suite_passes_the_sweeps_choice_to_the_tuned_runs(tmp_path, monkeypa
   monkeypatch.setattr(gpu_suite.os.path, "isdir", lambda path: True)
   assert gpu_suite.main(["--out", str(tmp_path), "--commit", "abc",
                          "--only", "decode_kernel_sweep,decode_b256_triton_page,"
-                         "decode_b64_triton_page"]) == 0
+                         "decode_b64_triton_page,decode_b256_triton_tuned"]) == 0
   argv = seen["decode_b256_triton_page"]
   tmp = gpu_suite.tempfile.gettempdir()
   planned = next(r for r in gpu_suite.plan(
@@ -415,6 +432,10 @@ def test_the_suite_passes_the_sweeps_choice_to_the_tuned_runs(tmp_path, monkeypa
   runs = {r["name"]: r for r in json.loads((tmp_path / "gpu_suite.json").read_text())["runs"]}
   assert runs["decode_b256_triton_page"]["triton_config"]["num_stages"] == 2
   assert "triton_config" not in runs["decode_b64_triton_page"]
+  # The default kernel's tuned run, with no faster "head" row in the sweep: recorded as
+  # skipped, not run.
+  assert "decode_b256_triton_tuned" not in seen
+  assert "the kernel sweep found nothing faster" in runs["decode_b256_triton_tuned"]["skipped"]
 
 
 def test_a_decode_run_killed_while_transformers_runs_keeps_its_own_numbers(tmp_path):

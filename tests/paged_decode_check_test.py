@@ -43,28 +43,39 @@ def test_sweep_checks_every_configuration_against_float32_and_picks_the_fastest(
   head = [c for c in every if c["kernel"] == "head"]
   page = [c for c in every if c["kernel"] == "page"]
   # "head": blocks of 2, 4, 8 and 16 pages, 4 and 8 warps, 1 and 2 stages, the split target
-  # both ways (at the default block: 64 positions, 16 pages of 4 here), its defaults first.
-  assert len(head) == 4 * 2 * 2 + 2
+  # both ways (at the default block: 64 positions, 16 pages of 4 here), its defaults first;
+  # and its defaults with keys and values loaded the other way, at 1 and 2 stages.
+  joint = paged_triton.JOINT_KV
+  assert len(head) == 4 * 2 * 2 + 2 + 2
   assert head[0] == dict(kernel="head", kv_tokens_per_block=paged_triton.KV_TOKENS_PER_BLOCK,
                          num_warps=paged_triton.NUM_WARPS,
                          num_stages=paged_triton.NUM_STAGES,
-                         target_programs=paged_triton.TARGET_PROGRAMS)
+                         target_programs=paged_triton.TARGET_PROGRAMS, joint_kv=joint)
   assert {c["kv_tokens_per_block"] for c in head} == {8, 16, 32, 64}
+  other = [c for c in head if c["joint_kv"] != joint]
+  assert [dict(c, num_stages=1) for c in other] == [dict(head[0], joint_kv=not joint)] * 2
+  assert {c["num_stages"] for c in other} == {1, 2}
   # "page": 1, 2 and 4 pages a block, 4 and 8 warps, 1 and 2 stages (not 2 with 4 pages:
-  # over an H100's shared memory), no split and a bigger grid.
-  assert len(page) == 3 * 2 * 2 - 2 + 2
+  # over an H100's shared memory), no split and a bigger grid, and its default block with
+  # keys and values loaded the other way.
+  assert len(page) == 3 * 2 * 2 - 2 + 2 + 1
   assert {c["target_programs"] for c in page} == {
       1, paged_triton.TARGET_PROGRAMS, 4 * paged_triton.TARGET_PROGRAMS}
+  assert [c for c in page if c["joint_kv"] != joint] == [dict(
+      kernel="page", kv_tokens_per_block=paged_triton.PAGE_KV_TOKENS_PER_BLOCK,
+      num_warps=paged_triton.NUM_WARPS, num_stages=paged_triton.NUM_STAGES,
+      target_programs=paged_triton.TARGET_PROGRAMS, joint_kv=not joint)]
   assert not [c for c in page if c["kv_tokens_per_block"] == 16 and c["num_stages"] == 2]
   assert {c["kv_tokens_per_block"] for c in page} == {4, 8, 16}
   for configs in (head, page):
     assert {c["num_warps"] for c in configs} == {4, 8}
     assert {c["num_stages"] for c in configs} == {1, 2}
   assert len({tuple(sorted(c.items())) for c in every}) == len(every)
-  # By default "head" only at its defaults (swept twice on the H100 already).
-  assert paged_decode_check.sweep_configs(4) == head[:1] + page
+  # By default "head" only at its defaults (swept twice on the H100 already) and loading
+  # the other way.
+  assert paged_decode_check.sweep_configs(4) == head[:1] + other + page
   rng = np.random.default_rng(0)
-  some = head[:2] + page[:1] + page[-1:]
+  some = head[:1] + other[:1] + page[:1] + page[-1:]  # both kernels, loading both ways
   report = paged_decode_check.sweep(rng, [4], 24, (4, 2, 16, 4), reps=2, repeats=1,
                                     peak=None, interpret=True, configs=some)
   assert len(report["runs"]) == 4

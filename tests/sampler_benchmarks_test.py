@@ -110,20 +110,22 @@ def test_triton_kernel_and_config_set_what_the_decode_traces(monkeypatch):
   from jaxrl_scale.models import paged_triton
 
   for name in ("KERNEL", "KV_TOKENS_PER_BLOCK", "PAGE_KV_TOKENS_PER_BLOCK", "NUM_WARPS",
-               "NUM_STAGES", "TARGET_PROGRAMS"):
+               "NUM_STAGES", "TARGET_PROGRAMS", "JOINT_KV"):
     monkeypatch.setattr(paged_triton, name, getattr(paged_triton, name))
   head_block = paged_triton.KV_TOKENS_PER_BLOCK
   config = sampler_bench.triton_config("kv_tokens_per_block=32,num_warps=8,num_stages=2,"
-                                       "target_programs=4096")
+                                       "target_programs=4096,joint_kv=1")
   got = sampler_bench.set_triton("page", config)
   assert got == dict(kernel="page", kv_tokens_per_block=32, num_warps=8, num_stages=2,
-                     target_programs=4096)
+                     target_programs=4096, joint_kv=True)
+  assert paged_triton.JOINT_KV is True
+  assert sampler_bench.set_triton(None, dict(joint_kv=0))["joint_kv"] is False
   assert (paged_triton.KERNEL, paged_triton.PAGE_KV_TOKENS_PER_BLOCK) == ("page", 32)
   assert paged_triton.KV_TOKENS_PER_BLOCK == head_block  # "head"'s own untouched
   assert (paged_triton.NUM_WARPS, paged_triton.NUM_STAGES) == (8, 2)
   assert sampler_bench.set_triton(None, {})["kernel"] == "page"
   for bad, why in (("warps=8", "not KEY=N"), ("num_warps=eight", "not an integer"),
-                   ("num_stages=0", ">= 1")):
+                   ("num_stages=0", ">= 1"), ("joint_kv=2", "0 or 1")):
     with pytest.raises(ValueError, match=why):
       sampler_bench.triton_config(bad)
   assert sampler_bench.triton_config(None) == {}

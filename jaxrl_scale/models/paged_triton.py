@@ -35,6 +35,14 @@ Two kernels (`KERNELS`), the same arguments and results:
   padded copies) read the live KV at 55% of HBM bandwidth at batch 256 in the decode step;
   "page" is what the GPU suite compares with it (`benchmarks/paged_decode_check.py
   --sweep`), unmeasured until then.
+
+Either kernel loads a step's keys and values as two tiles (two refs on the pool, heads 2k
+and 2k + 1) or, with `JOINT_KV`, as one: the block of the two heads side by side (each
+position's key row and value row of a kv head, 512 contiguous bytes at head_dim 128), split
+in registers. In the PTX that XLA compiles for an H100 at one pipeline stage, the two tiles
+load one after the other (the values only once the keys have gone through shared memory
+for the dot), the one tile with every load of the step issued before its first barrier.
+Which is faster is the GPU sweep's to say; two tiles stay the default until then.
 """
 
 from __future__ import annotations
@@ -88,6 +96,9 @@ TARGET_PROGRAMS = 1024
 # above).
 NUM_WARPS = 4
 NUM_STAGES = 1
+# Whether a kernel step loads its block's keys and values as one tile (see the module
+# docstring). Unmeasured on a GPU: the suite's sweep times both ways.
+JOINT_KV = False
 KERNELS = ("head", "page")
 # The kernel `triton_decode_attention` runs when not told (benchmarks set it to compare).
 KERNEL = "head"
@@ -100,7 +111,8 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
                             max_splits: int = MAX_SPLITS,
                             target_programs: int | None = None,
                             num_warps: int | None = None,
-                            num_stages: int | None = None) -> jax.Array:
+                            num_stages: int | None = None,
+                            joint_kv: bool | None = None) -> jax.Array:
   """One query per row over its pages of an interleaved pool.
 
   Args:
@@ -115,10 +127,11 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
     kv_tokens_per_block, max_splits, target_programs: block sizes and how far a row's
       pages split (see the module constants and `num_splits`).
     num_warps, num_stages: Triton's launch parameters.
-    Each of kernel, kv_tokens_per_block, target_programs, num_warps and num_stages left None
-    is the module's constant when traced (`KERNEL`, `KV_TOKENS_PER_BLOCK` or for "page"
-    `PAGE_KV_TOKENS_PER_BLOCK`, `TARGET_PROGRAMS`, `NUM_WARPS`, `NUM_STAGES`), which a
-    benchmark may set before it compiles.
+    joint_kv: load a block's keys and values as one tile (`JOINT_KV`).
+    Each of kernel, kv_tokens_per_block, target_programs, num_warps, num_stages and joint_kv
+    left None is the module's constant when traced (`KERNEL`, `KV_TOKENS_PER_BLOCK` or for
+    "page" `PAGE_KV_TOKENS_PER_BLOCK`, `TARGET_PROGRAMS`, `NUM_WARPS`, `NUM_STAGES`,
+    `JOINT_KV`), which a benchmark may set before it compiles.
 
   Returns:
     out_BNH in q's dtype.
@@ -138,6 +151,7 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
   target_programs = TARGET_PROGRAMS if target_programs is None else target_programs
   num_warps = NUM_WARPS if num_warps is None else num_warps
   num_stages = NUM_STAGES if num_stages is None else num_stages
+  joint_kv = JOINT_KV if joint_kv is None else bool(joint_kv)
   pages_per_block = max(1, kv_tokens_per_block // c)
   width = table_BM.shape[1]
   blocks = -(-width // pages_per_block)
@@ -153,7 +167,8 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
   q_BNH = (q_BNH.astype(jnp.float32) * h ** -0.5).astype(kv_QCXH.dtype)
   one = functools.partial(_row if kernel == "head" else _page_row,
                           pages_per_block=pages_per_block, splits=splits,
-                          interpret=interpret, num_warps=num_warps, num_stages=num_stages)
+                          interpret=interpret, num_warps=num_warps, num_stages=num_stages,
+                          joint_kv=joint_kv)
   out_BNH = jax.vmap(one, (0, None, 0, 0))(q_BNH, kv_QCXH, table_BM,
                                            lens_B.astype(jnp.int32)[:, None])
   return out_BNH.astype(dtype)
@@ -172,7 +187,7 @@ def num_splits(rows: int, heads: int, kv_heads: int, blocks: int,
 
 def _row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: jax.Array, *,
          pages_per_block: int, splits: int, interpret: bool, num_warps: int,
-         num_stages: int) -> jax.Array:
+         num_stages: int, joint_kv: bool) -> jax.Array:
   """One row for "head" (vmapped over rows): a program per (kv head, block of 16 of its
   query heads, split of the row's pages)."""
   n, h = q_NH.shape
@@ -186,16 +201,22 @@ def _row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: jax.Arr
   # group. Only a row of fewer than 16 heads is padded, so that 16 rows exist to address.
   q_RH = q_NH if n >= block_h else jnp.pad(q_NH, ((0, block_h - n), (0, 0)))
   rows = q_RH.shape[0]
-  kernel = functools.partial(_head_kernel, group=g, pages_per_block=pages_per_block)
-  pool_block = (q_pages, c, None, h)  # every page of one head: the kernel indexes the pages
+  kernel = functools.partial(_head_kernel, group=g, pages_per_block=pages_per_block,
+                             joint_kv=joint_kv)
+  # Every page of one kv head (the kernel indexes the pages): its keys (pool head 2i) and
+  # values (2i + 1) as two refs, or as one [pages, C, 2, H] (the block of 2 heads at i).
+  if joint_kv:
+    pool = [pl.BlockSpec((q_pages, c, 2, h), lambda i, j, s: (0, 0, i, 0))]
+  else:
+    pool = [pl.BlockSpec((q_pages, c, None, h), lambda i, j, s: (0, 0, 2 * i, 0)),
+            pl.BlockSpec((q_pages, c, None, h), lambda i, j, s: (0, 0, 2 * i + 1, 0))]
   in_specs = [
       pl.BlockSpec((rows, h), lambda i, j, s: (0, 0)),
-      pl.BlockSpec(pool_block, lambda i, j, s: (0, 0, 2 * i, 0)),  # keys of kv head i
-      pl.BlockSpec(pool_block, lambda i, j, s: (0, 0, 2 * i + 1, 0)),  # its values
+      *pool,
       pl.BlockSpec((None, per_split), lambda i, j, s: (s, 0)),
       pl.BlockSpec((1,), lambda i, j, s: (0,)),
   ]
-  args = (q_RH, kv_QCXH, kv_QCXH, table_M.reshape(splits, per_split), len_1)
+  args = (q_RH, *[kv_QCXH] * len(pool), table_M.reshape(splits, per_split), len_1)
   grid = (k, -(-g // block_h), splits)
   return _call(kernel, grid, in_specs, args, rows, h, splits, q_RH.dtype, interpret=interpret,
                num_warps=num_warps, num_stages=num_stages,
@@ -251,7 +272,9 @@ def _attend(q, k_ref, v_ref, table_ref, length, first, *, pages_per_block: int,
   """The kernels' loop (JAX's kernel body's): queries q [R, H] over a split's pages, page
   `first` of the row on, `pages_per_block` pages a step (JAX's online softmax in base 2).
   k_ref and v_ref: [pages, positions_per_page * kv_heads, H] (key column j of a page is
-  position j // kv_heads); table_ref: the split's page ids; positions >= `length` masked,
+  position j // kv_heads), or v_ref None and k_ref [pages, positions_per_page * kv_heads, 2,
+  H], each key beside its value (loaded as one tile, then split: `JOINT_KV`);
+  table_ref: the split's page ids; positions >= `length` masked,
   and (query row, key column) pairs where `allowed` [R, cols] is False. Pages past the
   length are not read. Returns the unnormalised output [R, H] and the softmax maxima and
   sums [R], float32 (zeros, float32 min and zeros when no page is live)."""
@@ -265,8 +288,11 @@ def _attend(q, k_ref, v_ref, table_ref, length, first, *, pages_per_block: int,
   def body(t, carry):
     o, m, l = carry
     ids = table_ref[pl.ds(t * pages_per_block, pages_per_block)]
-    keys = k_ref[ids].reshape(cols, h)
-    values = v_ref[ids].reshape(cols, h)
+    if v_ref is None:
+      keys, values = jnp.split(k_ref[ids].reshape(cols, 2 * h), 2, axis=1)
+    else:
+      keys = k_ref[ids].reshape(cols, h)
+      values = v_ref[ids].reshape(cols, h)
     live = (first + t * pages_per_block) * c + col // kv_heads < length
     if allowed is not None:
       live &= allowed
@@ -284,13 +310,14 @@ def _attend(q, k_ref, v_ref, table_ref, length, first, *, pages_per_block: int,
       lambda: jax.lax.fori_loop(0, pl.cdiv(end - first, pages_per_block), body, init))
 
 
-def _head_kernel(q_ref, k_ref, v_ref, table_ref, len_ref, *out_refs, group: int,
-                 pages_per_block: int):
+def _head_kernel(q_ref, *refs, group: int, pages_per_block: int, joint_kv: bool):
   """One (kv head i, block j of 16 of its query heads, split) of one row: q_ref the row's
   queries [R, H] (kv head i's at rows i * group ...), k_ref and v_ref head i's keys and
   values [pages, C, H], table_ref the split's page ids, len_ref [1] the row's length. The
   loop is JAX's kernel body's (`paged_attention_kernel`); the queries are loaded and the
-  results stored 16 rows at a time, masked past the group."""
+  results stored 16 rows at a time, masked past the group. With `joint_kv` one ref
+  [pages, C, 2, H] holds both (v_ref None)."""
+  k_ref, v_ref, table_ref, len_ref, *out_refs = (refs[0], None, *refs[1:]) if joint_kv else refs
   i, j, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   block_h = QUERY_HEADS_PER_BLOCK
   c = k_ref.shape[1]
@@ -316,7 +343,7 @@ def _combine(o_S_H: jax.Array, l_S_: jax.Array, m_S_: jax.Array) -> jax.Array:
 
 def _page_row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: jax.Array, *,
               pages_per_block: int, splits: int, interpret: bool, num_warps: int,
-              num_stages: int) -> jax.Array:
+              num_stages: int, joint_kv: bool) -> jax.Array:
   """One row for "page" (vmapped over rows): a program per split of the row's pages."""
   n, h = q_NH.shape
   q_pages, c, x, _ = kv_QCXH.shape
@@ -330,26 +357,32 @@ def _page_row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: ja
   kv_QT2H = kv_QCXH.reshape(q_pages, c * k, 2, h)
   pool_block = (q_pages, c * k, None, h)
   kernel = functools.partial(_page_kernel, group=n // k, kv_heads=k,
-                             pages_per_block=pages_per_block)
+                             pages_per_block=pages_per_block, joint_kv=joint_kv)
+  if joint_kv:  # keys and values as one ref [pages, C*K, 2, H]
+    pool = [pl.BlockSpec((q_pages, c * k, 2, h), lambda s: (0, 0, 0, 0))]
+  else:
+    pool = [pl.BlockSpec(pool_block, lambda s: (0, 0, 0, 0)),  # every kv head's keys
+            pl.BlockSpec(pool_block, lambda s: (0, 0, 1, 0))]  # and values
   in_specs = [
       pl.BlockSpec((rows, h), lambda s: (0, 0)),
-      pl.BlockSpec(pool_block, lambda s: (0, 0, 0, 0)),  # every kv head's keys
-      pl.BlockSpec(pool_block, lambda s: (0, 0, 1, 0)),  # and values
+      *pool,
       pl.BlockSpec((None, per_split), lambda s: (s, 0)),
       pl.BlockSpec((1,), lambda s: (0,)),
   ]
-  args = (q_RH, kv_QT2H, kv_QT2H, table_M.reshape(splits, per_split), len_1)
+  args = (q_RH, *[kv_QT2H] * len(pool), table_M.reshape(splits, per_split), len_1)
   return _call(kernel, (splits,), in_specs, args, rows, h, splits, q_RH.dtype,
                interpret=interpret, num_warps=num_warps, num_stages=num_stages,
                name="paged_decode_attention_page")[:n]
 
 
-def _page_kernel(q_ref, k_ref, v_ref, table_ref, len_ref, *out_refs, group: int,
-                 kv_heads: int, pages_per_block: int):
+def _page_kernel(q_ref, *refs, group: int, kv_heads: int, pages_per_block: int,
+                 joint_kv: bool):
   """One split of one row: q_ref [R, H] (query head r of kv head r // group; rows past the
   heads are padding), k_ref and v_ref the pool's keys and values [pages, C * K, H] (position
   c's kv head k at c * K + k), table_ref the split's page ids, len_ref [1] the row's length.
-  Writes its results as `_finish` says."""
+  Writes its results as `_finish` says. With `joint_kv` one ref [pages, C * K, 2, H] holds
+  both (v_ref None)."""
+  k_ref, v_ref, table_ref, len_ref, *out_refs = (refs[0], None, *refs[1:]) if joint_kv else refs
   split = pl.program_id(0)
   r = q_ref.shape[0]
   k = kv_heads

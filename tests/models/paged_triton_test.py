@@ -54,8 +54,9 @@ def _numpy_attention(q_BNH, kv_QCXH, table_BM, lens_B):
     (8, 2, 4, 8, 16, 1),
     (8, 2, 4, 8, 4, 1024),
 ])
+@pytest.mark.parametrize("joint_kv", [False, True])
 def test_kernel_matches_float64_numpy(kernel, kv, groups, page, tokens_per_block, splits,
-                                      target):
+                                      target, joint_kv):
   rng = np.random.default_rng(0)
   rows, h, width, pages = 6, 16, 7, 50
   pool = rng.normal(size=(pages, page, 2 * kv, h)).astype(np.float32)
@@ -65,7 +66,8 @@ def test_kernel_matches_float64_numpy(kernel, kv, groups, page, tokens_per_block
   q = rng.normal(size=(rows, kv * groups, h)).astype(np.float32)
   fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, interpret=True,
                                  kernel=kernel, kv_tokens_per_block=tokens_per_block,
-                                 max_splits=splits, target_programs=target))
+                                 max_splits=splits, target_programs=target,
+                                 joint_kv=joint_kv))
   got = np.asarray(fn(q, pool, table, lens))
   np.testing.assert_allclose(got, _numpy_attention(q, pool, table, lens), atol=1e-5, rtol=0)
   assert not got[0].any()  # length 0: nothing read, zeros out
@@ -202,6 +204,25 @@ def test_lowers_for_cuda_to_one_triton_call_on_the_pool_itself(kernel):
     assert len(made) == 1 and "stablehlo.reshape %arg1" in made[0], made
 
 
+@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
+def test_joint_loads_take_the_pool_once_as_key_and_value_rows_side_by_side(kernel):
+  """joint_kv: the one Triton call takes the pool once, its block holding each position's
+  key and value rows of a kv head side by side ("head": [pages, 16, 2, 128], the pair of
+  pool heads 2i and 2i + 1; "page": every head's, [pages, 16 * 8, 2, 128]); the kernel
+  splits them in registers. Nothing is copied or reordered before the call."""
+  rows, pages = 4, 200
+  text = _lowered_for_cuda(rows, pages, kernel=kernel, joint_kv=True)
+  lines = text.splitlines()
+  calls = [x for x in lines if "custom_call @__gpu$xla.gpu.triton" in x]
+  assert len(calls) == 1
+  operands = calls[0].split("triton(")[1].split(")")[0].split(", ")
+  assert len(operands) == 4  # queries, the pool, the page table, the lengths
+  pool = (f"tensor<{pages}x16x16x128xbf16>" if kernel == "head"
+          else f"tensor<{pages}x128x2x128xbf16>")
+  assert calls[0].count(pool) == 1
+  assert "stablehlo.transpose" not in text and "stablehlo.gather" not in text
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_a_program_writes_only_its_own_query_rows(splits):
   """"head"'s programs share a row's output block, 16 rows each from their group's first
@@ -321,8 +342,9 @@ def test_the_environment_variable_sets_the_override():
 
 
 def test_unset_arguments_are_the_module_constants_when_traced(monkeypatch):
-  """Left None, the kernel, its block, warps, stages and grid target are read from the
-  module when traced (sampler_bench --triton-kernel/--triton-config set them)."""
+  """Left None, the kernel, its block, warps, stages, grid target and how keys and values
+  load are read from the module when traced (sampler_bench --triton-kernel/--triton-config
+  set them)."""
   seen = {}
 
   def spy(*args, **kw):
@@ -332,7 +354,8 @@ def test_unset_arguments_are_the_module_constants_when_traced(monkeypatch):
   real = paged_triton._page_row
   monkeypatch.setattr(paged_triton, "_page_row", spy)
   for name, value in (("KERNEL", "page"), ("PAGE_KV_TOKENS_PER_BLOCK", 8), ("NUM_WARPS", 8),
-                      ("NUM_STAGES", 2), ("TARGET_PROGRAMS", 1)):
+                      ("NUM_STAGES", 2), ("TARGET_PROGRAMS", 1),
+                      ("JOINT_KV", not paged_triton.JOINT_KV)):
     monkeypatch.setattr(paged_triton, name, value)
   rng = np.random.default_rng(0)
   pool = rng.normal(size=(20, 4, 4, 16)).astype(np.float32)
@@ -340,6 +363,7 @@ def test_unset_arguments_are_the_module_constants_when_traced(monkeypatch):
   q = rng.normal(size=(2, 4, 16)).astype(np.float32)
   lens = np.array([5, 24], np.int32)
   got = paged_triton.triton_decode_attention(q, pool, table, lens, interpret=True)
-  assert seen == dict(pages_per_block=2, splits=1, interpret=True, num_warps=8, num_stages=2)
+  assert seen == dict(pages_per_block=2, splits=1, interpret=True, num_warps=8, num_stages=2,
+                      joint_kv=paged_triton.JOINT_KV)
   np.testing.assert_allclose(np.asarray(got), _numpy_attention(q, pool, table, lens),
                              atol=1e-5, rtol=0)
