@@ -401,6 +401,41 @@ class Attention(nnx.Module):
     return checkpoint_name(self.o_proj(out_BTNH.astype(q_BTNH.dtype)), "out_proj"), aux
 
 
+@jax.custom_vjp
+def stacked_swiglu(gu_BT2F: jax.Array) -> jax.Array:
+  """silu(gate) * up of gate and up side by side ([..., 2, F], `MLP(stack=True)`).
+
+  The forward is jax's (`jax.nn.silu` in the input's dtype). The backward is written out:
+  autodiff takes the two halves' cotangents as two pads of [..., 2, F] and their sum, which
+  XLA:GPU emits as one elementwise pass reading every input element by element (28 scalar
+  2-byte loads a thread, no vector load: the one such kernel of the qwen3_1p7b train step
+  compiled for an H100; 58 ms of the 2.3 s step measured on one, 1.7x its roofline). Here
+  the two halves are computed apart (float32 inside, rounded once to the input's dtype)
+  and stacked."""
+  return jax.nn.silu(gu_BT2F[..., 0, :]) * gu_BT2F[..., 1, :]
+
+
+def _stacked_swiglu_fwd(gu_BT2F):
+  return stacked_swiglu(gu_BT2F), gu_BT2F
+
+
+def _stacked_swiglu_bwd(gu_BT2F, dh_BTF):
+  # One elementwise expression over [..., 2, F]: each element reads its row's gate, up and
+  # dh (broadcast over the pair axis, so its loads are plain vector loads) and picks its
+  # half's derivative: d/dgate = dh * up * sig * (1 + gate * (1 - sig)), d/dup = dh * silu(gate).
+  f32 = jnp.float32
+  g = gu_BT2F[..., 0:1, :].astype(f32)
+  u = gu_BT2F[..., 1:2, :].astype(f32)
+  dh = dh_BTF[..., None, :].astype(f32)
+  sig = jax.nn.sigmoid(g)
+  is_gate = jax.lax.broadcasted_iota(jnp.int32, gu_BT2F.shape, gu_BT2F.ndim - 2) == 0
+  d = jnp.where(is_gate, dh * u * sig * (1.0 + g * (1.0 - sig)), dh * g * sig)
+  return (d.astype(gu_BT2F.dtype),)
+
+
+stacked_swiglu.defvjp(_stacked_swiglu_fwd, _stacked_swiglu_bwd)
+
+
 class MLP(nnx.Module):
   """SwiGLU: down(silu(gate(x)) * up(x)); F is cfg.intermediate_size unless given."""
 
@@ -435,7 +470,7 @@ class MLP(nnx.Module):
         x_BTD.astype(gate.dtype), kernel_D2F, (((2,), (0,)), ((), ())),
         precision=HALF_ALGORITHMS.get(jnp.dtype(gate.dtype)),
         preferred_element_type=jnp.float32).astype(gate.dtype)
-    return self.down_proj(jax.nn.silu(gu_BT2F[:, :, 0]) * gu_BT2F[:, :, 1])
+    return self.down_proj(stacked_swiglu(gu_BT2F))
 
 
 class DecoderLayer(nnx.Module):
