@@ -138,7 +138,7 @@ RUNS = [
     ("decode_b256_triton", 2, "sampler", dict(batch=256, decode="triton", profile=True,
                                               hf=True)),
     # 39.8% of the roofline with the tuned "head" kernel on the H100 (2026-11-27b): the
-    # second decode target, before the sweep (about 16 configurations at two batches).
+    # second decode target, before the sweep (14 configurations at two batches).
     ("decode_b64_triton", 2, "sampler", dict(batch=64, decode="triton")),
     # The "head" kernel read the live KV at 55% of HBM bandwidth in the b256 step on the
     # H100 (2026-11-27): the "page" kernel's block sizes, and both kernels with keys and

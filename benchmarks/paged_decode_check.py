@@ -46,18 +46,32 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+# "page" configurations (pages a step, warps, stages) the sweep leaves out. Compiled for an
+# H100 (`kernel_occupancy.py`: ptxas -v on the PTX XLA writes, no GPU), 2 pages at 4 warps
+# and one stage, and 4 pages at one stage, spill registers (320-4,444 bytes a thread);
+# 4 pages at two stages ask for 276 KiB of shared memory at Qwen3-0.6B's shape, more than
+# an H100's 227 (XLA's compile says so).
+PAGE_LEFT_OUT = {(2, 4, 1), (4, 4, 1), (4, 8, 1), (4, 4, 2), (4, 8, 2)}
+# "head" with a step's keys and values as one tile (`paged_triton.JOINT_KV`): (KV positions
+# a step, warps, stages). At one stage and its default block the one tile holds 177
+# registers a thread against two tiles' 128, halving the programs an SM holds (4 -> 2,
+# `kernel_occupancy.py`); these keep 3-6 a SM with two stages prefetching.
+HEAD_ONE_TILE = [(64, 4, 2), (32, 4, 2), (64, 8, 2)]
+
+
 def sweep_configs(page: int, every_head: bool = False) -> list[dict]:
   """The block configurations --sweep times. "head" (JAX's kernel body, `paged_triton`'s
   default): its defaults (swept twice on the H100 of 2026-11-27, where they came from);
   with `every_head` (--sweep-head) also 2, 4, 8 and 16 pages per kernel step with 4 and 8
   warps and 1 and 2 software-pipeline stages (each stage holds a block of keys and one of
   values in shared memory), and its default block with no split at all and with splits up
-  to a grid 4x the default's target. "page" (whole pages, every kv head a program): 1, 2 and
-  4 pages per step (a [pages x 16 x 8, 128] tile of keys and one of values at Qwen3-0.6B's
-  shape) with 4 and 8 warps and 1 and 2 stages (4 pages: 1 stage), then its default block
-  with no split (a program a row: no float32 partial outputs to combine) and with splits up
-  to a grid 4x the target. Both kernels' defaults also with a block's keys and values loaded
-  the other way (`paged_triton.JOINT_KV`: one tile or two; "head" at one and two stages)."""
+  to a grid 4x the default's target; then `HEAD_ONE_TILE`, keys and values loaded the other
+  way. "page" (whole pages, every kv head a program): 1, 2 and 4 pages per step (a
+  [pages x 16 x 8, 128] tile of keys and one of values at Qwen3-0.6B's shape) with 4 and 8
+  warps and 1 and 2 stages but `PAGE_LEFT_OUT`, then its default block with no split (a
+  program a row: no float32 partial outputs to combine), with splits up to a grid 4x the
+  target, and loaded the other way at 8 warps and 2 stages (at 4 warps and one stage the
+  one tile spills)."""
   from jaxrl_scale.models import paged_triton  # pylint: disable=g-import-not-at-top
 
   target = paged_triton.TARGET_PROGRAMS
@@ -74,20 +88,18 @@ def sweep_configs(page: int, every_head: bool = False) -> list[dict]:
     out += [dict(kernel="head", kv_tokens_per_block=head_block, num_warps=warps,
                  num_stages=stages, target_programs=t, joint_kv=joint)
             for t in (1, 4 * target)]
-  # Keys and values loaded the other way (`paged_triton.JOINT_KV`), at one and two stages.
-  out += [dict(kernel="head", kv_tokens_per_block=head_block, num_warps=warps,
-               num_stages=st, target_programs=target, joint_kv=not joint) for st in (1, 2)]
-  # 4 pages with 2 stages ask for 276 KiB of shared memory at Qwen3-0.6B's shape, more than
-  # an H100's 227 (XLA's compile for an H100 without one says so): left out.
+  out += [dict(kernel="head", kv_tokens_per_block=tokens, num_warps=w, num_stages=st,
+               target_programs=target, joint_kv=not joint) for tokens, w, st in HEAD_ONE_TILE]
   out += [dict(kernel="page", kv_tokens_per_block=page * n, num_warps=w, num_stages=st,
                target_programs=target, joint_kv=joint)
-          for n in (1, 2, 4) for w in (4, 8) for st in (1, 2) if (n, st) != (4, 2)]
+          for n in (1, 2, 4) for w in (4, 8) for st in (1, 2)
+          if (n, w, st) not in PAGE_LEFT_OUT]
   page_block = paged_triton.PAGE_KV_TOKENS_PER_BLOCK
   out += [dict(kernel="page", kv_tokens_per_block=page_block, num_warps=warps,
                num_stages=stages, target_programs=t, joint_kv=joint)
           for t in (1, 4 * target)]
-  out += [dict(kernel="page", kv_tokens_per_block=page_block, num_warps=warps,
-               num_stages=stages, target_programs=target, joint_kv=not joint)]
+  out += [dict(kernel="page", kv_tokens_per_block=page_block, num_warps=8, num_stages=2,
+               target_programs=target, joint_kv=not joint)]
   return out
 
 

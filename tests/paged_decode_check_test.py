@@ -44,29 +44,36 @@ def test_sweep_checks_every_configuration_against_float32_and_picks_the_fastest(
   page = [c for c in every if c["kernel"] == "page"]
   # "head": blocks of 2, 4, 8 and 16 pages, 4 and 8 warps, 1 and 2 stages, the split target
   # both ways (at the default block: 64 positions, 16 pages of 4 here), its defaults first;
-  # and its defaults with keys and values loaded the other way, at 1 and 2 stages.
+  # then keys and values loaded the other way (`HEAD_ONE_TILE`: two stages, 3-6 programs
+  # an SM in the H100 compile).
   joint = paged_triton.JOINT_KV
-  assert len(head) == 4 * 2 * 2 + 2 + 2
+  assert len(head) == 4 * 2 * 2 + 2 + 3
   assert head[0] == dict(kernel="head", kv_tokens_per_block=paged_triton.KV_TOKENS_PER_BLOCK,
                          num_warps=paged_triton.NUM_WARPS,
                          num_stages=paged_triton.NUM_STAGES,
                          target_programs=paged_triton.TARGET_PROGRAMS, joint_kv=joint)
   assert {c["kv_tokens_per_block"] for c in head} == {8, 16, 32, 64}
   other = [c for c in head if c["joint_kv"] != joint]
-  assert [dict(c, num_stages=1) for c in other] == [dict(head[0], joint_kv=not joint)] * 2
-  assert {c["num_stages"] for c in other} == {1, 2}
-  # "page": 1, 2 and 4 pages a block, 4 and 8 warps, 1 and 2 stages (not 2 with 4 pages:
-  # over an H100's shared memory), no split and a bigger grid, and its default block with
-  # keys and values loaded the other way.
-  assert len(page) == 3 * 2 * 2 - 2 + 2 + 1
+  assert [(c["kv_tokens_per_block"], c["num_warps"], c["num_stages"]) for c in other] == (
+      paged_decode_check.HEAD_ONE_TILE)
+  # "page": 1, 2 and 4 pages a block, 4 and 8 warps, 1 and 2 stages but those that spill
+  # registers or overflow shared memory in the H100 compile (`PAGE_LEFT_OUT`: no 4-page
+  # block), then no split, a bigger grid and the other loading at the default block (one
+  # page at Qwen3-0.6B's 16 positions a page; 4 of the 4 here).
+  assert len(page) == 3 * 2 * 2 - len(paged_decode_check.PAGE_LEFT_OUT) + 2 + 1
+  assert {c["kv_tokens_per_block"] for c in page} == {
+      4, 8, paged_triton.PAGE_KV_TOKENS_PER_BLOCK}
+  grid = [(n, w, st) for n in (1, 2, 4) for w in (4, 8) for st in (1, 2)
+          if (n, w, st) not in paged_decode_check.PAGE_LEFT_OUT]
+  assert [(c["kv_tokens_per_block"] // 4, c["num_warps"], c["num_stages"])
+          for c in page[:len(grid)]] == grid
+  assert not [n for n, _, _ in grid if n == 4]
   assert {c["target_programs"] for c in page} == {
       1, paged_triton.TARGET_PROGRAMS, 4 * paged_triton.TARGET_PROGRAMS}
   assert [c for c in page if c["joint_kv"] != joint] == [dict(
       kernel="page", kv_tokens_per_block=paged_triton.PAGE_KV_TOKENS_PER_BLOCK,
-      num_warps=paged_triton.NUM_WARPS, num_stages=paged_triton.NUM_STAGES,
-      target_programs=paged_triton.TARGET_PROGRAMS, joint_kv=not joint)]
-  assert not [c for c in page if c["kv_tokens_per_block"] == 16 and c["num_stages"] == 2]
-  assert {c["kv_tokens_per_block"] for c in page} == {4, 8, 16}
+      num_warps=8, num_stages=2, target_programs=paged_triton.TARGET_PROGRAMS,
+      joint_kv=not joint)]
   for configs in (head, page):
     assert {c["num_warps"] for c in configs} == {4, 8}
     assert {c["num_stages"] for c in configs} == {1, 2}

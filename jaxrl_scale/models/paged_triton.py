@@ -41,8 +41,10 @@ and 2k + 1) or, with `JOINT_KV`, as one: the block of the two heads side by side
 position's key row and value row of a kv head, 512 contiguous bytes at head_dim 128), split
 in registers. In the PTX that XLA compiles for an H100 at one pipeline stage, the two tiles
 load one after the other (the values only once the keys have gone through shared memory
-for the dot), the one tile with every load of the step issued before its first barrier.
-Which is faster is the GPU sweep's to say; two tiles stay the default until then.
+for the dot), the one tile with every load of the step issued before its first barrier;
+but at one stage the one tile holds 177 registers a thread against 128, and an SM half the
+programs (`benchmarks/kernel_occupancy.py`), so it is swept at two stages. Which is faster
+is the GPU sweep's to say; two tiles stay the default until then.
 """
 
 from __future__ import annotations
