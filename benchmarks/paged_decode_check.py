@@ -55,8 +55,9 @@ PAGE_LEFT_OUT = {(2, 4, 1), (4, 4, 1), (4, 8, 1), (4, 4, 2), (4, 8, 2)}
 # "head" with a step's keys and values as one tile (`paged_triton.JOINT_KV`): (KV positions
 # a step, warps, stages). At one stage and its default block the one tile holds 177
 # registers a thread against two tiles' 128, halving the programs an SM holds (4 -> 2,
-# `kernel_occupancy.py`); these keep 3-6 a SM with two stages prefetching.
-HEAD_ONE_TILE = [(64, 4, 2), (32, 4, 2), (64, 8, 2)]
+# `kernel_occupancy.py`); with two stages prefetching, these hold 4 programs (16 warps, as
+# the default), 6 (24 warps) and 4 of 8 warps (32 warps) an SM.
+HEAD_ONE_TILE = [(64, 4, 2), (32, 4, 2), (32, 8, 2)]
 
 
 def sweep_configs(page: int, every_head: bool = False) -> list[dict]:
