@@ -66,11 +66,12 @@ output tail.
 
 The device machine's working tree has no .git and no install: pass the commit as GIT_COMMIT;
 each bench imports jaxrl_scale from this tree (PYTHONPATH) with the machine's own python3 and
-packages (jax 0.11.2 there in 2026-11; `--cpu-smoke` passes with it and with 0.12.0.1). Train runs get 90% of
-the GPU (XLA_PYTHON_CLIENT_MEM_FRACTION=0.9) and are sized by what `gpu_plan.py` predicted
-for them without a GPU (benchmarks/results/gpu_plan_h100.json below 100 GiB of GPU memory,
-gpu_plan_h200.json above): one micro-batch if the prediction leaves 20% of that free, else
-two, else the run is skipped as not fitting rather than spending device time on an OOM.
+packages (jax 0.11.2 there in 2026-11; `--cpu-smoke` passes with it and with 0.12.0.1).
+Train runs get 90% of the GPU (XLA_PYTHON_CLIENT_MEM_FRACTION=0.9) and are sized by what
+`gpu_plan.py` predicted for them without a GPU (benchmarks/results/gpu_plan_h100.json below
+100 GiB of GPU memory, gpu_plan_h200.json above): one micro-batch if the prediction leaves
+20% of that free, else two, else the run is skipped as not fitting rather than spending
+device time on an OOM.
 The run keeps the plan's temporaries and roofline bounds (`predicted`), and the summary
 sets its measured step against the kernel-by-kernel bound (`step_over_kernel_bound`: how
 far the kernels run from their rooflines). The suite is sized for the issue's 8 minutes:

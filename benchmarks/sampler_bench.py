@@ -131,8 +131,8 @@ def _parse() -> argparse.Namespace:
                  help="the Triton decode kernel (paged_triton.KERNEL; default: its default)")
   p.add_argument("--triton-config", default=None,
                  help="the Triton kernel's block configuration, e.g. "
-                      "kv_tokens_per_block=32,num_warps=8,num_stages=1,target_programs=1024 "
-                      "(default: paged_triton's constants)")
+                      "kv_tokens_per_block=32,num_warps=8,num_stages=1,target_programs=1024,"
+                      "joint_kv=1 (default: paged_triton's constants)")
   p.add_argument("--save-tokens", default=None,
                  help="write the fixed-batch run's generated tokens here (.npy, [batch, new])")
   p.add_argument("--profile", action="store_true",
