@@ -312,17 +312,15 @@ def _roofline(sampler, model_cfg, args, step_seconds: float, live_len: float,
                     fraction_of_roofline=round(achieved / peak, 4))
 
 
-# --triton-config's keys: the `paged_triton` constant each one sets.
+# --triton-config's keys: the `paged_triton` constant each one sets; switches take 0 or 1.
 TRITON_CONFIG = {"kv_tokens_per_block": None, "num_warps": "NUM_WARPS",
                  "num_stages": "NUM_STAGES", "target_programs": "TARGET_PROGRAMS",
                  "joint_kv": "JOINT_KV"}
-# Keys that are switches (0 or 1) rather than sizes.
 TRITON_SWITCHES = ("joint_kv",)
 
 
 def triton_config(text: str | None) -> dict[str, int]:
-  """--triton-config "k=v,..." as {key: positive int, or 0/1 for a switch}; ValueError
-  naming a bad part."""
+  """--triton-config "k=v,..." as {key: int}; ValueError naming a bad part."""
   out = {}
   for part in filter(None, (text or "").split(",")):
     key, sep, value = part.partition("=")
@@ -332,10 +330,8 @@ def triton_config(text: str | None) -> dict[str, int]:
       out[key] = int(value)
     except ValueError:
       raise ValueError(f"{part!r}: {value!r} is not an integer") from None
-    if key in TRITON_SWITCHES and out[key] not in (0, 1):
-      raise ValueError(f"{part!r}: must be 0 or 1")
-    if key not in TRITON_SWITCHES and out[key] < 1:
-      raise ValueError(f"{part!r}: must be >= 1")
+    if out[key] not in (0, 1) if key in TRITON_SWITCHES else out[key] < 1:
+      raise ValueError(f"{part!r}: must be {'0 or 1' if key in TRITON_SWITCHES else '>= 1'}")
   return out
 
 
