@@ -1,6 +1,7 @@
 """The GPU measurements of issue 34 in one run, each variant in its own process.
 
     GIT_COMMIT=$(git rev-parse HEAD) python3 benchmarks/gpu_suite.py      # on the GPU
+    ... gpu_suite.py --only decode_b256_triton_page --sweep-from PATH     # a second call
     python benchmarks/gpu_suite.py --dry-run                              # the plan, anywhere
     python benchmarks/gpu_suite.py --cpu-smoke                            # every variant, tiny
 
@@ -78,7 +79,10 @@ far the kernels run from their rooflines). The suite is sized for the issue's 8 
 no run starts after --budget-s and a run still going at --deadline-s is killed; each has its
 own limit.
 `--cpu-smoke` runs every variant at tiny shapes on this machine's CPU (the Triton kernel in
-interpret mode, einsum attention for cuDNN), to show none of them crashes.
+interpret mode, einsum attention for cuDNN), to show none of them crashes. The tuned decode
+runs read this call's kernel sweep; a second device call that does not sweep again (the
+first call's budget ends about where the sweep does) reads the first call's instead from
+its gpu_suite.json copied into the tree (`--sweep-from`).
 """
 
 from __future__ import annotations
@@ -223,7 +227,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "(an H100: 81559, an H200: 143771)")
   p.add_argument("--cpu-smoke", action="store_true",
                  help="every run at tiny shapes on CPU (no budget), to check none crashes")
+  p.add_argument("--sweep-from", default=None, metavar="GPU_SUITE_JSON",
+                 help="the kernel sweep of an earlier call (its gpu_suite.json, copied into "
+                      "the tree) for the tuned decode runs, when this call does not sweep")
   args = p.parse_args(argv)
+  args.earlier = []
+  if args.sweep_from:
+    try:
+      with open(args.sweep_from, encoding="utf-8") as f:
+        args.earlier = [r for r in json.load(f)["runs"] if r.get("name") == "decode_kernel_sweep"
+                        and r.get("rc") == 0 and (r.get("report") or {}).get("sweep")]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      p.error(f"--sweep-from {args.sweep_from}: {type(e).__name__}: {e}")
+    if not args.earlier:
+      p.error(f"--sweep-from {args.sweep_from}: no finished kernel sweep in it")
   if args.only:
     names = [x for x in args.only.split(",") if x]
     known = [r[0] for r in RUNS] + list(BENCHES)
@@ -511,6 +528,8 @@ def main(argv=None) -> int:
                 commit=commit_of(args.commit),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
   log(json.dumps(header))
+  if args.sweep_from:
+    log(f"tuned decode runs: the kernel sweep in {args.sweep_from}, unless this call sweeps")
   start = time.perf_counter()
   writer = None
   if not smoke and not os.path.isdir(checkpoint) and any(
@@ -531,7 +550,7 @@ def main(argv=None) -> int:
     else:
       if run.get("out_dir"):  # the demo starts fresh: a left-over run directory resumes
         shutil.rmtree(run["out_dir"], ignore_errors=True)
-      config = tuned(run, results)
+      config = tuned(run, results + args.earlier)  # this call's sweep first
       if config:  # the kernel sweep's fastest configuration for this run's kernel and batch
         run = dict(run, triton_config=config, argv=[
             *run["argv"], "--triton-config", ",".join(f"{k}={v}" for k, v in config.items())])

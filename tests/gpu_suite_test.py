@@ -438,6 +438,55 @@ def test_the_suite_passes_the_sweeps_choice_to_the_tuned_runs(tmp_path, monkeypa
   assert "the kernel sweep found nothing faster" in runs["decode_b256_triton_tuned"]["skipped"]
 
 
+def test_a_second_call_takes_the_tuned_configuration_from_an_earlier_sweep(tmp_path,
+                                                                         monkeypatch, capsys):
+  """--sweep-from: a call that does not sweep gives its tuned runs the fastest rows of an
+  earlier call's sweep (its gpu_suite.json); a file without a finished sweep, or none at
+  all, stops with one line before anything runs."""
+  import json
+
+  seen = {}
+
+  def fake_run(run, log, timeout):
+    seen[run["name"]] = run["argv"]
+    return {**{k: v for k, v in run.items() if k != "argv"}, "rc": 0, "report": None}
+
+  row = dict(batch=256, kernel="page", kv_tokens_per_block=32, num_warps=8, num_stages=2,
+             target_programs=4096, joint_kv=False, us=150.0)
+  earlier = tmp_path / "earlier.json"
+  earlier.write_text(json.dumps({"runs": [
+      {"name": "decode_kernel_sweep", "rc": 0,
+       "report": {"sweep": {"best_by_kernel": {"page": {"256": row}}}}}]}))
+  monkeypatch.setattr(gpu_suite, "gpu_info", lambda: ("NVIDIA H100 80GB HBM3", 81559))
+  monkeypatch.setattr(gpu_suite, "run_one", fake_run)
+  monkeypatch.setattr(gpu_suite.tempfile, "gettempdir", lambda: str(tmp_path))
+  monkeypatch.setattr(gpu_suite.os.path, "isdir", lambda path: True)
+  out = tmp_path / "out"
+  assert gpu_suite.main(["--out", str(out), "--commit", "abc", "--only",
+                         "decode_b256_triton_page", "--sweep-from", str(earlier)]) == 0
+  assert seen["decode_b256_triton_page"][-2:] == [
+      "--triton-config",
+      "kv_tokens_per_block=32,num_warps=8,num_stages=2,target_programs=4096,joint_kv=0"]
+  assert "kernel sweep in" in (out / "gpu_suite.log").read_text()
+  # Without it the same run keeps the defaults.
+  seen.clear()
+  assert gpu_suite.main(["--out", str(out), "--commit", "abc", "--only",
+                         "decode_b256_triton_page"]) == 0
+  assert "--triton-config" not in seen["decode_b256_triton_page"]
+  earlier.write_text(json.dumps({"runs": [{"name": "decode_kernel_sweep", "rc": 124}]}))
+  broken = tmp_path / "broken.json"
+  broken.write_text("{")
+  seen.clear()
+  for bad, why in ((earlier, "no finished kernel sweep"), (tmp_path / "none.json", "No such file"),
+                   (broken, "JSONDecodeError")):
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+      gpu_suite.main(["--only", "decode_b256_triton_page", "--sweep-from", str(bad)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--sweep-from {bad}" in err and why in err, err
+  assert not seen
+
+
 def test_a_decode_run_killed_while_transformers_runs_keeps_its_own_numbers(tmp_path):
   """A sampler run killed at its limit after its own timed runs (transformers still
   generating, as on the H100 on 2026-11-27b) keeps the best of them, marked partial, and the
