@@ -28,7 +28,7 @@ from jaxrl_scale.pipeline import generator
 from jaxrl_scale.pipeline import sources
 
 P, G = 2, 2
-_STEP_MATMULS = 9000  # about 2 s of CPU work on device 1: many decode chunks' worth
+_STEP_MATMULS = 18000  # about 4 s of CPU work on device 1: many decode chunks' worth
 
 
 @functools.partial(jax.jit, static_argnums=2)
@@ -125,10 +125,12 @@ def test_pipeline_generates_while_the_trainer_computes_its_step(prompt_source, f
     groups = src.next_groups(1)
   finally:
     src.close()
-  # Measured on the 2-core dev machine: 13-14 chunks here (7-16 with a step half as long,
-  # and once 4 in a full test run, hence the longer step); 2-5 when the sampler waits for
-  # the posted weights (wait=True at every chunk boundary: 2 with either step length) or
-  # swaps them in unready (the chunks before the post reaches the sampler still count).
+  # Measured on the 2-core dev machine: 13-14 chunks here (7-16 with a step a quarter as
+  # long; at half as long, 4 in a full test run once and again on 2026-11-28, and 5, 14, 14
+  # beside another test run, against 11, 14, 16 at this length, hence the longer step); 2-5
+  # when the sampler waits for the posted weights (wait=True at every chunk boundary: 2
+  # with either step length) or swaps them in unready (the chunks before the post reaches
+  # the sampler still count).
   overlapped = state["unready_reads"]
   assert overlapped >= 6, f"{overlapped} chunks: no decoding while the train step ran"
 
