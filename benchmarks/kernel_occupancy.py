@@ -132,6 +132,9 @@ def measure(configs: list[dict], batch: int, ptxas: str, dump: str,
       launch = parse_launch(f.read())
     ptx = [p for p in glob.glob(module + ".*.ptx")
            if ".entry paged_decode_attention" in open(p, encoding="utf-8").read()]
+    if not glob.glob(module + ".*.ptx"):
+      raise RuntimeError(f"XLA wrote no PTX under --xla_dump_to with jax {jax.__version__} "
+                         "(0.10.2, our pin, does)")
     if launch is None or len(ptx) != 1:
       raise RuntimeError(f"{cfg}: the kernel's launch or PTX not found in {module}.*")
     out = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx[0], "-o", os.devnull],
@@ -173,6 +176,9 @@ def main(argv=None) -> int:
     print(f"kernel_occupancy: {len(configs)} configurations at batch {args.batch}, compiled "
           f"for an H100 (no GPU), ptxas {ptxas}", flush=True)
     rows = measure(configs, args.batch, ptxas, dump)
+  except RuntimeError as e:
+    print(f"kernel_occupancy: {e}", file=sys.stderr)
+    return 2
   finally:
     shutil.rmtree(dump, ignore_errors=True)
   if args.json:
