@@ -100,10 +100,11 @@ def _newest_module(dump: str, done: set[str]) -> str:
   return prefixes.pop()
 
 
-def measure(configs: list[dict], batch: int, ptxas: str, dump: str,
-            log=print) -> list[dict]:
-  """Compiles each configuration for an H100 (XLA dumping to `dump`, set before jax
-  started) and reads its launch, registers and occupancy."""
+def compile_for_h100(batch: int):
+  """`compile(**cfg)`: compiles `triton_decode_attention` with `cfg` for an
+  H100 without one (`plan`'s deviceless target) at Qwen3-0.6B's decode attention shape (16
+  query heads of 128 over 8 kv heads, pages of 16, bfloat16, 40 pages a row) for `batch`
+  rows. Shared with the test that every sweep configuration compiles."""
   import functools  # pylint: disable=g-import-not-at-top
 
   import jax  # pylint: disable=g-import-not-at-top
@@ -120,12 +121,26 @@ def measure(configs: list[dict], batch: int, ptxas: str, dump: str,
   args = [jax.ShapeDtypeStruct(shape, dtype, sharding=rep) for shape, dtype in (
       ((batch, 16, 128), jnp.bfloat16), ((batch * width + 1, 16, 16, 128), jnp.bfloat16),
       ((batch, width), jnp.int32), ((batch,), jnp.int32))]
+
+  def compile_one(**cfg):
+    fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, **cfg))
+    with jax.set_mesh(mesh):
+      return fn.lower(*args).compile()
+
+  return compile_one
+
+
+def measure(configs: list[dict], batch: int, ptxas: str, dump: str,
+            log=print) -> list[dict]:
+  """Compiles each configuration for an H100 (XLA dumping to `dump`, set before jax
+  started) and reads its launch, registers and occupancy."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  compile_one = compile_for_h100(batch)
   rows, done = [], set()
   for cfg in configs:
-    fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, **cfg))
     row = dict(batch=batch, **cfg)
-    with jax.set_mesh(mesh):
-      fn.lower(*args).compile()
+    compile_one(**cfg)
     module = _newest_module(dump, done)
     done.add(module)
     with open(module + ".thunk_sequence.txt", encoding="utf-8") as f:
