@@ -14,6 +14,7 @@ import json
 import math
 import os
 import pathlib
+import sys
 import time
 from typing import Any
 
@@ -46,9 +47,13 @@ class MetricsWriter:
     self._file = open(self.path, "a", encoding="utf-8")
     self._tb = None
     if tensorboard:
-      from tensorboardX import SummaryWriter  # lazy: heavy import
-
-      self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=resume_step)
+      try:
+        from tensorboardX import SummaryWriter  # lazy: heavy import
+      except ImportError:  # a declared dependency, but machines with their own packages lack it
+        print("note: tensorboardX is not installed (pip install tensorboardX): metrics go to "
+              "metrics.jsonl only (run.tensorboard=false silences this)", file=sys.stderr)
+      else:
+        self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=resume_step)
 
   def _truncate_from(self, step: int) -> None:
     """Keeps only rows with step < `step`; written atomically so a crash never loses rows."""

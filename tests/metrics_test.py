@@ -1,5 +1,6 @@
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -31,6 +32,20 @@ def test_nan_becomes_null_and_tensorboard_written(tmp_path):
   row = json.loads((tmp_path / "metrics.jsonl").read_text())
   assert row == {"step": 0, "compute_hours": 0.0, "val/pass_rate": 0.25, "bad": None}
   assert any((tmp_path / "tb").iterdir())
+
+
+def test_without_tensorboardx_the_run_writes_metrics_jsonl_and_says_so(tmp_path, monkeypatch,
+                                                                      capsys):
+  """A machine with its own packages may lack tensorboardX (the H100 of 2026-11-28 did: the
+  demo stopped with a traceback before its first step); the stream the fitter reads goes on."""
+  monkeypatch.setitem(sys.modules, "tensorboardX", None)  # its import now raises ImportError
+  with metrics.MetricsWriter(tmp_path) as w:
+    w.write(0, {"compute_hours": 0.0, "val/pass_rate": 0.5})
+    w.write(1, {"compute_hours": 0.1})
+  assert [r["step"] for r in metrics.read_metrics(tmp_path / "metrics.jsonl")] == [0, 1]
+  assert not (tmp_path / "tb").exists()
+  err = capsys.readouterr().err
+  assert "tensorboardX is not installed" in err and len(err.strip().splitlines()) == 1
 
 
 def test_read_errors_name_file_and_line(tmp_path):
