@@ -61,12 +61,6 @@ def overrides(o: dict, bench: str, micro: int) -> tuple[list[str], str]:
       f"rl.prompts_per_step={o['batch'] // 8}", "rl.generations_per_prompt=8"], "decode"
 
 
-# `jaxrl-scale plan ...` with `paged_triton.KERNEL` set to argv[1] (no config key names it).
-_WITH_KERNEL = ("import sys; from jaxrl_scale.models import paged_triton; "
-                "paged_triton.KERNEL = sys.argv[1]; from jaxrl_scale import cli; "
-                "sys.exit(cli.main(sys.argv[2:]))")
-
-
 def plan_one(gpu: str, o: dict, bench: str, micro: int) -> dict:
   args, program = overrides(o, bench, micro)
   env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -81,12 +75,9 @@ def plan_one(gpu: str, o: dict, bench: str, micro: int) -> dict:
   plan = ["plan", os.path.join(ROOT, "configs", "cpu_tiny.yaml"), *args, "--topology",
           f"{gpu}-2", "--programs", program, "--json"]
   cmd = [sys.executable, "-m", "jaxrl_scale.cli", *plan]
-  if o.get("triton_kernel"):  # sampler_bench --triton-kernel: the module constant, set first
-    cmd = [sys.executable, "-c", _WITH_KERNEL, o["triton_kernel"], *plan]
   t0 = time.perf_counter()
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
   out = {"program": program, "overrides": args, "xla_flags": o.get("xla_flags", ""),
-         **({"triton_kernel": o["triton_kernel"]} if o.get("triton_kernel") else {}),
          "seconds": round(time.perf_counter() - t0, 1)}
   lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
   if not lines:

@@ -1,20 +1,19 @@
 """The GPU measurements of issue 34 in one run, each variant in its own process.
 
     GIT_COMMIT=$(git rev-parse HEAD) python3 benchmarks/gpu_suite.py      # on the GPU
-    ... gpu_suite.py --only decode_b256_triton_page --sweep-from PATH     # a second call
+    ... gpu_suite.py --only decode_b256_triton_tuned --sweep-from PATH    # a second call
     python benchmarks/gpu_suite.py --dry-run                              # the plan, anywhere
     python benchmarks/gpu_suite.py --cpu-smoke                            # every variant, tiny
 
 The variants, most important first (a budget cut drops the tail; `RUNS` has each one's
-issue item): the decode kernels' check; the train step's loss and gradients with cuDNN's
+issue item): the decode kernel's check; the train step's loss and gradients with cuDNN's
 attention against the einsum path and a float32 reference (`train_attention_check.py`,
 issue 34's correctness target); the 1.7B step with remat keeping the attention
 kernel's output ("context", the likeliest past 35% MFU) and with remat full, its baseline
 in the same call; decode with the Triton kernel at batch 256 (with transformers on the same
-GPU) and at batch 64, the two decode targets; the kernel sweep ("page" against "head", and
-each loading a block's keys and values as one tile) and decode with each kernel's fastest
-configuration (the default kernel's only where that is not its defaults); the 0.6B step
-(its target met);
+GPU) and at batch 64, the two decode targets; the kernel sweep (its block sizes, warps,
+pipeline stages and split target) and decode at batch 256 with the sweep's fastest
+configuration where that is not the defaults; the 0.6B step (its target met);
 then what else might lift the 1.7B step and decode (cuBLAS GEMMs, remat keeping the
 attention block's outputs), cuBLAS for the 0.6B step, then the comparisons (the gather,
 remat, flags, logits chunk, command buffers, the einsum baselines), and last the README's
@@ -23,18 +22,17 @@ itself on one GPU; the summary keeps where its roles ran and its validation pass
 before and after RL). The H100 runs of 2026-11-27 (benchmarks/results/gpu_h100_2026-11-27*/)
 set this order: what they left unmeasured or short of its target comes first. The decode
 runs' checkpoint (45-52 s to write on the device then) is written by a background process
-from the suite's start (`random_checkpoint.CheckpointWriter`, CPU only), while the first runs, which do not
-read it, go on; the first decode run waits for it. Each sampler_bench run reports where
-its time went beside the timed decode (`phases_s`: imports, load, compile, transformers'
-load and warm-up, the timed runs, the profile).
+from the suite's start (`random_checkpoint.CheckpointWriter`, CPU only), while the first
+runs, which do not read it, go on; the first decode run waits for it. Each sampler_bench
+run reports where its time went beside the timed decode (`phases_s`: imports, load,
+compile, transformers' load and warm-up, the timed runs, the profile).
 
-- the decode kernels' numbers on the device first (paged_decode_check: both Triton kernels
+- the decode kernel's numbers on the device first (paged_decode_check: the Triton kernel
   against the gather and a float32 attention, bf16 and float32, at Qwen3-0.6B's attention
-  shape, with each read's time and GB/s of live KV; the tests can only run them in interpret
-  mode on CPU); after the targets' runs, the "page" kernel's block sizes, warps and stages
-  beside "head"'s defaults, and both with keys and values loaded as one tile
-  (`paged_triton.JOINT_KV`), at batch 64 and 256 (`--sweep`: what to set `paged_triton`'s
-  defaults to, and which kernel); the decode runs marked tuned use the fastest.
+  shape, with each read's time and GB/s of live KV; the tests can only run it in interpret
+  mode on CPU); after the targets' runs, its block sizes, warps, pipeline stages and split
+  target beside `paged_triton`'s defaults at batch 64 and 256 (`--sweep`: what to set the
+  defaults to); the decode run marked tuned uses the fastest at its batch.
 - decode (sampler_bench): a random Qwen3-0.6B-shaped checkpoint (hidden 1024, 28 layers,
   16 heads of 128, 8 kv heads, MLP 3072, vocab 151936, tied; written once with
   transformers, in bfloat16), bf16, 128 prompt + 512 new tokens, at batch 256 and 64, with
@@ -80,7 +78,7 @@ no run starts after --budget-s and a run still going at --deadline-s is killed; 
 own limit.
 `--cpu-smoke` runs every variant at tiny shapes on this machine's CPU (the Triton kernel in
 interpret mode, einsum attention for cuDNN), to show none of them crashes. The tuned decode
-runs read this call's kernel sweep; a second device call that does not sweep again (the
+run reads this call's kernel sweep; a second device call that does not sweep again (the
 first call's budget ends about where the sweep does) reads the first call's instead from
 its gpu_suite.json copied into the tree (`--sweep-from`).
 """
@@ -118,8 +116,8 @@ CUBLAS_GEMM = "--xla_gpu_enable_triton_gemm=false"
 
 # (name, issue item, bench, options). Train options: preset, prompts x generations, seq_len,
 # attention, remat, logits_chunk, xla_flags, profile; decode: batch, decode attention,
-# profile, hf, xla_flags, triton_kernel (`paged_triton.KERNELS`; with tuned, the block
-# configuration the kernel sweep found fastest for it at this batch, when the sweep ran).
+# profile, hf, xla_flags, tuned (the block configuration the kernel sweep found fastest at
+# this batch, when the sweep ran), only_tuned (skipped when that is the defaults).
 # Most important first. A profiled run adds one run under JAX's
 # profiler: the GPU-busy share and the time by kernel (benchmarks/gpu_profile.py).
 RUNS = [
@@ -142,20 +140,15 @@ RUNS = [
     # The batch-256 decode target also measures transformers on the same GPU (item 7's 5x).
     ("decode_b256_triton", 2, "sampler", dict(batch=256, decode="triton", profile=True,
                                               hf=True)),
-    # 39.8% of the roofline with the tuned "head" kernel on the H100 (2026-11-27b): the
-    # second decode target, before the sweep (14 configurations at two batches).
+    # 42.3% of the roofline on the H100 (2026-11-28): the second decode target, before the
+    # sweep (17 configurations at two batches).
     ("decode_b64_triton", 2, "sampler", dict(batch=64, decode="triton")),
-    # The "head" kernel read the live KV at 55% of HBM bandwidth in the b256 step on the
-    # H100 (2026-11-27): the "page" kernel's block sizes, and both kernels with keys and
-    # values loaded as one tile, timed beside "head"'s defaults; then decode with the
-    # fastest configuration of each kernel end to end.
+    # The kernel's block sizes, warps, stages and split target timed beside its defaults
+    # (the fastest or within noise on the H100, 2026-11-28); then decode at batch 256 with
+    # the fastest end to end, where that is not the defaults.
     ("decode_kernel_sweep", 2, "check", dict(sweep=True)),
     ("decode_b256_triton_tuned", 2, "sampler",
      dict(batch=256, decode="triton", tuned=True, only_tuned=True)),
-    ("decode_b256_triton_page", 2, "sampler",
-     dict(batch=256, decode="triton", triton_kernel="page", tuned=True)),
-    ("decode_b64_triton_page", 2, "sampler",
-     dict(batch=64, decode="triton", triton_kernel="page", tuned=True)),
     # 27.5% MFU on the H100 (2026-11-27): met; measured again for the record.
     ("train_0p6b_32x2048_cudnn_full", 7, "train",
      dict(preset="qwen3_0p6b", prompts=4, gens=8, seq_len=2048, attention="cudnn",
@@ -307,7 +300,6 @@ def sampler_argv(o: dict, checkpoint: str, smoke: bool) -> list[str]:
              "--prompt-len", "128", "--new-tokens", "512"]
   return ["sampler_bench.py", *shape, "--repeats", "1", "--skip-mixed", "--skip-floor",
           "--decode-attention", o["decode"], *(["--profile"] if o.get("profile") else []),
-          *(["--triton-kernel", o["triton_kernel"]] if o.get("triton_kernel") else []),
           *([] if o.get("hf") else ["--skip-hf"]), "--json"]
 
 
@@ -320,27 +312,23 @@ def demo_argv(out_dir: str, smoke: bool) -> list[str]:
           *short, "--output-dir", out_dir]
 
 
-TUNED_KEYS = ("kv_tokens_per_block", "num_warps", "num_stages", "target_programs", "joint_kv")
+TUNED_KEYS = ("kv_tokens_per_block", "num_warps", "num_stages", "target_programs")
 
 
 def tuned(run: dict, results: list[dict]) -> dict | None:
-  """For a run with `tuned`: its kernel's fastest block configuration at its batch in the
-  kernel sweep among `results` (None when the sweep did not run, failed or has none; for a
-  run of the default kernel, also when that is the kernel's defaults, which the sweep
-  reports: the run would repeat an untuned one)."""
+  """For a run with `tuned`: the fastest block configuration at its batch in the kernel
+  sweep among `results` (None when the sweep did not run, failed or has none, and when it
+  is the defaults, which the sweep reports: the run would repeat an untuned one)."""
   if not run.get("tuned"):
     return None
   sweep = next((r.get("report") or {} for r in results
                 if r["name"] == "decode_kernel_sweep" and r.get("rc") == 0), {}).get("sweep")
-  kernel = run.get("triton_kernel", "head")
-  best = ((sweep or {}).get("best_by_kernel") or {}).get(kernel, {})
-  row = best.get(str(run["batch"]))
+  row = ((sweep or {}).get("best") or {}).get(str(run["batch"]))
   if not row:
     return None
   config = {k: int(row[k]) for k in TUNED_KEYS if k in row}
   defaults = (sweep or {}).get("defaults") or {}
-  if defaults.get("kernel") == kernel and config == {
-      k: int(defaults[k]) for k in TUNED_KEYS if k in defaults}:
+  if config == {k: int(defaults[k]) for k in TUNED_KEYS if k in defaults}:
     return None
   return config
 
@@ -529,7 +517,7 @@ def main(argv=None) -> int:
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
   log(json.dumps(header))
   if args.sweep_from:
-    log(f"tuned decode runs: the kernel sweep in {args.sweep_from}, unless this call sweeps")
+    log(f"the tuned decode run: the kernel sweep in {args.sweep_from}, unless this call sweeps")
   start = time.perf_counter()
   writer = None
   if not smoke and not os.path.isdir(checkpoint) and any(
@@ -551,7 +539,7 @@ def main(argv=None) -> int:
       if run.get("out_dir"):  # the demo starts fresh: a left-over run directory resumes
         shutil.rmtree(run["out_dir"], ignore_errors=True)
       config = tuned(run, results + args.earlier)  # this call's sweep first
-      if config:  # the kernel sweep's fastest configuration for this run's kernel and batch
+      if config:  # the kernel sweep's fastest configuration at this run's batch
         run = dict(run, triton_config=config, argv=[
             *run["argv"], "--triton-config", ",".join(f"{k}={v}" for k, v in config.items())])
       if run.get("only_tuned") and not config and not smoke:

@@ -85,8 +85,8 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
   check = by.get("decode_kernel_check", {}).get("bfloat16")
   if check:
     out["decode_kernel_bf16"] = {k: check[k] for k in (
-        "triton_vs_gather", "triton_vs_f32", "page_vs_f32", "triton_us", "page_us",
-        "gather_us", "triton", "page", "gather") if k in check}
+        "triton_vs_gather", "triton_vs_f32", "triton_us", "gather_us", "triton", "gather")
+        if k in check}
   # The train step's loss and gradients with cuDNN's attention (exit 1 when outside the
   # tolerance: read whatever its report says, from any exit).
   attn = next((r.get("report") for r in runs if r["name"] == "attention_check"
@@ -98,7 +98,6 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
   swept = by.get("decode_kernel_sweep", {}).get("sweep")
   if swept:
     out["decode_kernel_sweep"] = dict(defaults=swept.get("defaults"), best=swept.get("best"),
-                                      best_by_kernel=swept.get("best_by_kernel"),
                                       errors=sum("error" in r for r in swept.get("runs", [])))
   for batch in (64, 256):
     kernel, gather = by.get(f"decode_b{batch}_triton"), by.get(f"decode_b{batch}_gather")

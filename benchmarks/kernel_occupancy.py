@@ -1,22 +1,22 @@
-"""The Triton decode kernels on an H100 without one: registers, spills, shared memory and
+"""The Triton decode kernel on an H100 without one: registers, spills, shared memory and
 programs per SM of every configuration the GPU suite's sweep times.
 
     python benchmarks/kernel_occupancy.py                    # batch 256, Qwen3-0.6B's shape
     python benchmarks/kernel_occupancy.py --batch 64 --json PATH
 
-Each configuration of `paged_decode_check.sweep_configs` (the kernel, KV positions a step,
-warps, pipeline stages, split target, keys and values as one tile or two) is compiled for an
-H100 as `plan` compiles (JAX's CUDA plugin, a deviceless topology; Triton to PTX), at
-Qwen3-0.6B's decode attention shape (16 query heads of 128 over 8 kv heads, pages of 16,
-bfloat16, 640 positions a row), with XLA dumping its output to a temporary folder. The
-launch (grid, threads a program, dynamic shared memory) is read from XLA's thunk sequence;
-registers and spills from CUDA's `ptxas -v` on the PTX XLA wrote ($PTXAS, else ptxas on the
-PATH, else /usr/local/cuda/bin/ptxas). Programs per SM: the fewest that the registers, the
-shared memory and the threads allow (an H100 SM: 65,536 registers allocated 256 a warp,
-228 KiB of shared memory with 1 KiB reserved a program, 2,048 threads, 32 programs), and
-the waves the grid takes over 132 SMs. In a memory-bound kernel the programs in flight are
-what hides HBM's latency; this bounds them and says nothing of speed, which the sweep
-measures on a GPU (`paged_decode_check.py --sweep`).
+Each configuration of `paged_decode_check.sweep_configs` (KV positions a step, warps,
+pipeline stages, split target) is compiled for an H100 as `plan` compiles (JAX's CUDA
+plugin, a deviceless topology; Triton to PTX), at Qwen3-0.6B's decode attention shape (16
+query heads of 128 over 8 kv heads, pages of 16, bfloat16, 640 positions a row), with XLA
+dumping its output to a temporary folder. The launch (grid, threads a program, dynamic
+shared memory) is read from XLA's thunk sequence; registers and spills from CUDA's
+`ptxas -v` on the PTX XLA wrote ($PTXAS, else ptxas on the PATH, else
+/usr/local/cuda/bin/ptxas). Programs per SM: the fewest that the registers, the shared
+memory and the threads allow (an H100 SM: 65,536 registers allocated 256 a warp, 228 KiB of
+shared memory with 1 KiB reserved a program, 2,048 threads, 32 programs), and the waves the
+grid takes over 132 SMs. In a memory-bound kernel the programs in flight are what hides
+HBM's latency; this bounds them and says nothing of speed, which the sweep measures on a
+GPU (`paged_decode_check.py --sweep`).
 """
 
 from __future__ import annotations
@@ -157,10 +157,9 @@ def measure(configs: list[dict], batch: int, ptxas: str, dump: str,
     row.update(launch, **parse_ptxas(out.stdout + out.stderr))
     row.update(programs_per_sm(row["registers"], row["threads"], row["shared_bytes"]))
     row["waves"] = round(row["programs"] / (SMS * row["programs_per_sm"]), 2)
-    log(f"  {cfg['kernel']:4s} {cfg['kv_tokens_per_block']:3d} pos, {cfg['num_warps']} warps, "
-        f"{cfg['num_stages']} stages, target {cfg['target_programs']:4d}, "
-        f"{'one tile' if cfg.get('joint_kv') else 'two tiles'}: {row['programs']:5d} programs "
-        f"x {row['threads']} threads, {row['registers']} registers"
+    log(f"  {cfg['kv_tokens_per_block']:3d} pos, {cfg['num_warps']} warps, "
+        f"{cfg['num_stages']} stages, target {cfg['target_programs']:4d}: "
+        f"{row['programs']:5d} programs x {row['threads']} threads, {row['registers']} registers"
         f"{' (spills ' + str(row['spill_bytes']) + ' B)' if row['spill_bytes'] else ''}, "
         f"{row['shared_bytes'] / 1024:.0f} KiB shared -> {row['programs_per_sm']} a SM "
         f"({row['warps_per_sm']} warps; {row['limited_by']}), {row['waves']} waves")

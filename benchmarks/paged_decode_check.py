@@ -7,11 +7,10 @@
 One layer's decode write and read (`paged_attention.paged_attention`) at Qwen3-0.6B's
 attention shape (16 query heads of 128 over 8 kv heads, pages of 16) for a batch of rows
 whose lengths spread over 1..640 positions (one inactive row), in bfloat16 and in float32:
-the largest difference of impl="triton" (its default kernel, "head") from impl="gather" and
-of both from a float32 XLA attention over the same pages, the same for the other Triton
-kernel ("page", `paged_triton`), and the time of each read. The tests check the kernels in
-interpret mode on CPU; this is the same check compiled for the GPU, where the tests cannot
-run.
+the largest difference of impl="triton" (`paged_triton`) from impl="gather" and of both
+from a float32 XLA attention over the same pages, and the time of each read. The tests
+check the kernel in interpret mode on CPU; this is the same check compiled for the GPU,
+where the tests cannot run.
 
 A read is timed as --reps reads chained inside one jitted loop (each read's queries are the
 last one's output, so none can be skipped or hoisted), median of --repeats calls after a
@@ -22,12 +21,11 @@ bandwidth (sampler_bench's table; CPU: none).
 
 --sweep, instead of the above: the bf16 Triton read at each batch of --sweep-batches
 (default 64 and 256, the GPU suite's decode batches) for every block configuration in
-`sweep_configs` (the kernel, KV positions per kernel step, Triton warps and pipeline stages,
-how far a row's pages split; --sweep-head: every "head" configuration, not only its
-defaults), each compiled once, one read checked against a float32 attention, then timed as
-above; the fastest per batch ("best") and per kernel and batch ("best_by_kernel") are
-printed and kept in the JSON, next to the module's defaults (`paged_triton.KERNEL`,
-`KV_TOKENS_PER_BLOCK`, `NUM_WARPS`, `NUM_STAGES`, `TARGET_PROGRAMS`).
+`sweep_configs` (KV positions per kernel step, Triton warps and pipeline stages, how far a
+row's pages split), each compiled once, one read checked against a float32 attention, then
+timed as above; the fastest per batch ("best") is printed and kept in the JSON, next to the
+module's defaults (`paged_triton.KV_TOKENS_PER_BLOCK`, `NUM_WARPS`, `NUM_STAGES`,
+`TARGET_PROGRAMS`).
 """
 
 from __future__ import annotations
@@ -46,61 +44,33 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-# "page" configurations (pages a step, warps, stages) the sweep leaves out. Compiled for an
-# H100 (`kernel_occupancy.py`: ptxas -v on the PTX XLA writes, no GPU), 2 pages at 4 warps
-# and one stage, and 4 pages at one stage, spill registers (320-4,444 bytes a thread);
-# 4 pages at two stages ask for 276 KiB of shared memory at Qwen3-0.6B's shape, more than
-# an H100's 227 (XLA's compile says so).
-PAGE_LEFT_OUT = {(2, 4, 1), (4, 4, 1), (4, 8, 1), (4, 4, 2), (4, 8, 2)}
-# "head" with a step's keys and values as one tile (`paged_triton.JOINT_KV`): (KV positions
-# a step, warps, stages). At one stage and its default block the one tile holds 177
-# registers a thread against two tiles' 128, halving the programs an SM holds (4 -> 2,
-# `kernel_occupancy.py`); with two stages prefetching, these hold 4 programs (16 warps, as
-# the default), 6 (24 warps) and 4 of 8 warps (32 warps) an SM.
-HEAD_ONE_TILE = [(64, 4, 2), (32, 4, 2), (32, 8, 2)]
+# Configurations (KV positions a step, warps, stages) the sweep leaves out. Compiled for an
+# H100 (`kernel_occupancy.py`: ptxas -v on the PTX XLA writes, no GPU), 256 positions at 4
+# warps and one stage spill registers (255 a thread, 376-424 bytes of spills at batch 64 and
+# 256); on the H100 of 2026-11-27 it took 1.26x (batch 64) and 1.35x (batch 256) the
+# defaults' time.
+LEFT_OUT = {(256, 4, 1)}
 
 
-def sweep_configs(page: int, every_head: bool = False) -> list[dict]:
-  """The block configurations --sweep times. "head" (JAX's kernel body, `paged_triton`'s
-  default): its defaults (swept twice on the H100 of 2026-11-27, where they came from);
-  with `every_head` (--sweep-head) also 2, 4, 8 and 16 pages per kernel step with 4 and 8
-  warps and 1 and 2 software-pipeline stages (each stage holds a block of keys and one of
-  values in shared memory), and its default block with no split at all and with splits up
-  to a grid 4x the default's target; then `HEAD_ONE_TILE`, keys and values loaded the other
-  way. "page" (whole pages, every kv head a program): 1, 2 and 4 pages per step (a
-  [pages x 16 x 8, 128] tile of keys and one of values at Qwen3-0.6B's shape) with 4 and 8
-  warps and 1 and 2 stages but `PAGE_LEFT_OUT`, then its default block with no split (a
-  program a row: no float32 partial outputs to combine), with splits up to a grid 4x the
-  target, and loaded the other way at 8 warps and 2 stages (at 4 warps and one stage the
-  one tile spills)."""
+def sweep_configs(page: int) -> list[dict]:
+  """The block configurations --sweep times: `paged_triton`'s defaults first; then 2, 4, 8
+  and 16 pages per kernel step with 4 and 8 warps and 1 and 2 software-pipeline stages
+  (each stage holds a block of keys and one of values in shared memory) but `LEFT_OUT`;
+  then the default block with no split at all and with splits up to a grid 4x the
+  default's target."""
   from jaxrl_scale.models import paged_triton  # pylint: disable=g-import-not-at-top
 
   target = paged_triton.TARGET_PROGRAMS
   warps, stages = paged_triton.NUM_WARPS, paged_triton.NUM_STAGES
-  joint = paged_triton.JOINT_KV
-  head_block = paged_triton.KV_TOKENS_PER_BLOCK
-  out = [dict(kernel="head", kv_tokens_per_block=head_block, num_warps=warps,
-              num_stages=stages, target_programs=target, joint_kv=joint)]
-  if every_head:
-    out += [dict(kernel="head", kv_tokens_per_block=page * n, num_warps=w, num_stages=st,
-                 target_programs=target, joint_kv=joint)
-            for n in (2, 4, 8, 16) for w in (4, 8) for st in (1, 2)
-            if (page * n, w, st) != (head_block, warps, stages)]
-    out += [dict(kernel="head", kv_tokens_per_block=head_block, num_warps=warps,
-                 num_stages=stages, target_programs=t, joint_kv=joint)
-            for t in (1, 4 * target)]
-  out += [dict(kernel="head", kv_tokens_per_block=tokens, num_warps=w, num_stages=st,
-               target_programs=target, joint_kv=not joint) for tokens, w, st in HEAD_ONE_TILE]
-  out += [dict(kernel="page", kv_tokens_per_block=page * n, num_warps=w, num_stages=st,
-               target_programs=target, joint_kv=joint)
-          for n in (1, 2, 4) for w in (4, 8) for st in (1, 2)
-          if (n, w, st) not in PAGE_LEFT_OUT]
-  page_block = paged_triton.PAGE_KV_TOKENS_PER_BLOCK
-  out += [dict(kernel="page", kv_tokens_per_block=page_block, num_warps=warps,
-               num_stages=stages, target_programs=t, joint_kv=joint)
-          for t in (1, 4 * target)]
-  out += [dict(kernel="page", kv_tokens_per_block=page_block, num_warps=8, num_stages=2,
-               target_programs=target, joint_kv=not joint)]
+  block = paged_triton.KV_TOKENS_PER_BLOCK
+  out = [dict(kv_tokens_per_block=block, num_warps=warps, num_stages=stages,
+              target_programs=target)]
+  out += [dict(kv_tokens_per_block=page * n, num_warps=w, num_stages=st,
+               target_programs=target)
+          for n in (2, 4, 8, 16) for w in (4, 8) for st in (1, 2)
+          if (page * n, w, st) != (block, warps, stages) and (page * n, w, st) not in LEFT_OUT]
+  out += [dict(kv_tokens_per_block=block, num_warps=warps, num_stages=stages,
+               target_programs=t) for t in (1, 4 * target)]
   return out
 
 
@@ -164,19 +134,18 @@ def pool_for(rng, batch: int, max_len: int, page: int, k: int, h: int, dtype):
 
 
 def sweep(rng, batches: list[int], max_len: int, shape: tuple, reps: int, repeats: int,
-          peak: float | None, interpret: bool, configs: list[dict] | None = None,
-          every_head: bool = False) -> dict:
+          peak: float | None, interpret: bool, configs: list[dict] | None = None) -> dict:
   """--sweep: the bf16 Triton read per block configuration (`configs`, default
   `sweep_configs`; see the module docstring). Each configuration compiles once: one read
   is checked against a float32 attention, then `reps` chained reads are timed. "best" is the
-  fastest per batch, "best_by_kernel" the fastest per kernel and batch."""
+  fastest per batch."""
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
   # pylint: disable-next=g-import-not-at-top
   from jaxrl_scale.models import paged_attention, paged_triton
 
   n, k, h, page = shape
-  rows, best, best_by_kernel = [], {}, {}
+  rows, best = [], {}
   for batch in batches:
     pool, table, pos, _ = pool_for(rng, batch, max_len, page, k, h, jnp.bfloat16)
     pages_QCXH = pool[0, 0]
@@ -186,7 +155,7 @@ def sweep(rng, batches: list[int], max_len: int, shape: tuple, reps: int, repeat
     ref = np.asarray(paged_attention.gather_decode_attention(
         q.astype(jnp.float32), pages_QCXH[jnp.asarray(table)].astype(jnp.float32), lens))
     consts = (pages_QCXH, jnp.asarray(table), lens)
-    for cfg in configs or sweep_configs(page, every_head):
+    for cfg in configs or sweep_configs(page):
       read = functools.partial(paged_triton.triton_decode_attention, interpret=interpret,
                                **cfg)
       row = dict(batch=batch, **cfg)
@@ -208,20 +177,10 @@ def sweep(rng, batches: list[int], max_len: int, shape: tuple, reps: int, repeat
     if timed:
       best[str(batch)] = min(timed, key=lambda r: r["us"])
       print(f"  fastest at batch {batch}: {best[str(batch)]}", flush=True)
-    for kernel in paged_triton.KERNELS:
-      mine = [r for r in timed if r.get("kernel", "head") == kernel]
-      if mine:
-        fastest = best_by_kernel.setdefault(kernel, {})[str(batch)] = min(
-            mine, key=lambda r: r["us"])
-        print(f"  fastest {kernel} at batch {batch}: {fastest['us']:.1f} us {fastest}",
-              flush=True)
-  defaults = dict(kernel=paged_triton.KERNEL,
-                  kv_tokens_per_block=paged_triton.KV_TOKENS_PER_BLOCK,
+  defaults = dict(kv_tokens_per_block=paged_triton.KV_TOKENS_PER_BLOCK,
                   num_warps=paged_triton.NUM_WARPS, num_stages=paged_triton.NUM_STAGES,
-                  target_programs=paged_triton.TARGET_PROGRAMS,
-                  joint_kv=paged_triton.JOINT_KV)
-  return dict(defaults=defaults, reps=reps, runs=rows, best=best,
-              best_by_kernel=best_by_kernel)
+                  target_programs=paged_triton.TARGET_PROGRAMS)
+  return dict(defaults=defaults, reps=reps, runs=rows, best=best)
 
 
 def main() -> int:
@@ -235,9 +194,6 @@ def main() -> int:
                  help="instead: time the bf16 Triton read per block configuration")
   p.add_argument("--sweep-batches", default="64,256",
                  help="comma-separated batches for --sweep (--quick: 4)")
-  p.add_argument("--sweep-head", action="store_true",
-                 help="with --sweep: every block configuration of the \"head\" kernel too, "
-                      "not only its defaults")
   p.add_argument("--quick", action="store_true", help="tiny shapes (CPU: interpret mode)")
   p.add_argument("--json", action="store_true", help="print one JSON line last")
   args = p.parse_args()
@@ -249,9 +205,8 @@ def main() -> int:
   import jax
   import jax.numpy as jnp
 
-  from jaxrl_scale.models import paged_attention, paged_triton
+  from jaxrl_scale.models import paged_attention
 
-  default_kernel = paged_triton.KERNEL
   n, k, h, page = (4, 2, 16, 4) if args.quick else (16, 8, 128, 16)
   batch, max_len = (4, 24) if args.quick else (args.batch, args.max_len)
   reps = args.reps or (2 if args.quick else 50)
@@ -267,11 +222,9 @@ def main() -> int:
     k_new = jnp.asarray(rng.normal(size=(batch, 1, k, h)), dtype)
     v_new = jnp.asarray(rng.normal(size=(batch, 1, k, h)), dtype)
     outs, times = {}, {}
-    # "triton": the module's default kernel ("head"); "page": the other (paged_triton).
-    for impl in ("gather", "triton", "page"):
-      paged_triton.KERNEL = "page" if impl == "page" else default_kernel  # read when traced
+    for impl in ("gather", "triton"):
       fn = jax.jit(functools.partial(paged_attention.paged_attention, view_pages=width,
-                                     impl="gather" if impl == "gather" else "triton"))
+                                     impl=impl))
       out, new_pool, _ = fn(q, k_new, v_new, pool, jnp.int32(0), table, pos, write)
       outs[impl] = np.asarray(out.astype(jnp.float32))[write, 0]
 
@@ -288,29 +241,22 @@ def main() -> int:
         new_pool[0, 0][jnp.asarray(table)].astype(jnp.float32),
         jnp.asarray(pos + 1)))[write]
     live = float((pos + 1)[write].sum()) * 2 * k * h * jnp.dtype(dtype).itemsize
-    paged_triton.KERNEL = default_kernel
     report[dtype] = dict(
         triton_vs_gather=float(np.abs(outs["triton"] - outs["gather"]).max()),
         triton_vs_f32=float(np.abs(outs["triton"] - ref).max()),
-        page_vs_f32=float(np.abs(outs["page"] - ref).max()),
         gather_vs_f32=float(np.abs(outs["gather"] - ref).max()),
         gather_us=round(times["gather"] * 1e6, 2), triton_us=round(times["triton"] * 1e6, 2),
-        page_us=round(times["page"] * 1e6, 2),
         gather=bandwidth(live, times["gather"], peak),
-        triton=bandwidth(live, times["triton"], peak),
-        page=bandwidth(live, times["page"], peak))
+        triton=bandwidth(live, times["triton"], peak))
     r = report[dtype]
     print(f"{dtype}: max |triton - gather| {r['triton_vs_gather']:.3g}, |triton - f32| "
-          f"{r['triton_vs_f32']:.3g}, |page - f32| {r['page_vs_f32']:.3g}, |gather - f32| "
-          f"{r['gather_vs_f32']:.3g}; one write + read: gather {r['gather_us']:.1f} us "
-          f"({r['gather']['gbps']:.0f} GB/s of live KV), triton ({default_kernel}) "
-          f"{r['triton_us']:.1f} us ({r['triton']['gbps']:.0f} GB/s), page "
-          f"{r['page_us']:.1f} us ({r['page']['gbps']:.0f} GB/s)"
+          f"{r['triton_vs_f32']:.3g}, |gather - f32| {r['gather_vs_f32']:.3g}; one write + "
+          f"read: gather {r['gather_us']:.1f} us ({r['gather']['gbps']:.0f} GB/s of live KV), "
+          f"triton {r['triton_us']:.1f} us ({r['triton']['gbps']:.0f} GB/s)"
           + (f"; HBM {peak:.0f} GB/s" if peak else ""), flush=True)
   if args.sweep:
     report["sweep"] = sweep(rng, [4] if args.quick else batches, max_len, (n, k, h, page),
-                            reps, args.repeats, peak, interpret=device.platform != "gpu",
-                            every_head=args.sweep_head)
+                            reps, args.repeats, peak, interpret=device.platform != "gpu")
   if args.json:
     print(json.dumps(report), flush=True)
   return 0

@@ -51,9 +51,8 @@ Measured in this run on this machine:
 `--decode-attention` picks decode's paged attention (`paged_attention.AUTO_IMPL`): on a GPU
 "auto" runs the Pallas Triton kernel over the page pool, "gather" XLA's gather of the rows'
 pages (the path before it); on CPU "triton" runs the kernel in interpret mode (slow, for
-smoke runs only). `--triton-kernel` and `--triton-config` set which Triton kernel
-(`paged_triton.KERNELS`) and block configuration it runs (the GPU suite passes the fastest
-of its kernel sweep).
+smoke runs only). `--triton-config` sets the Triton kernel's block configuration (the GPU
+suite passes the fastest of its kernel sweep where that is not `paged_triton`'s defaults).
 
 Goals (issue 13, 2-core CPU, float32): >= 2.0x transformers greedy, >= 2.5x at temperature
 1, >= 35% of the compute limit, greedy tokens identical.
@@ -127,12 +126,10 @@ def _parse() -> argparse.Namespace:
   p.add_argument("--decode-attention", default="auto", choices=("auto", "gather", "triton"),
                  help="decode's paged attention (auto: the Triton kernel on GPU, the gather "
                       "on CPU)")
-  p.add_argument("--triton-kernel", default=None, choices=("head", "page"),
-                 help="the Triton decode kernel (paged_triton.KERNEL; default: its default)")
   p.add_argument("--triton-config", default=None,
                  help="the Triton kernel's block configuration, e.g. "
-                      "kv_tokens_per_block=32,num_warps=8,num_stages=1,target_programs=1024,"
-                      "joint_kv=1 (default: paged_triton's constants)")
+                      "kv_tokens_per_block=32,num_warps=8,num_stages=1,target_programs=1024 "
+                      "(default: paged_triton's constants)")
   p.add_argument("--save-tokens", default=None,
                  help="write the fixed-batch run's generated tokens here (.npy, [batch, new])")
   p.add_argument("--profile", action="store_true",
@@ -312,11 +309,9 @@ def _roofline(sampler, model_cfg, args, step_seconds: float, live_len: float,
                     fraction_of_roofline=round(achieved / peak, 4))
 
 
-# --triton-config's keys: the `paged_triton` constant each one sets; switches take 0 or 1.
-TRITON_CONFIG = {"kv_tokens_per_block": None, "num_warps": "NUM_WARPS",
-                 "num_stages": "NUM_STAGES", "target_programs": "TARGET_PROGRAMS",
-                 "joint_kv": "JOINT_KV"}
-TRITON_SWITCHES = ("joint_kv",)
+# --triton-config's keys: the `paged_triton` constant each one sets.
+TRITON_CONFIG = {"kv_tokens_per_block": "KV_TOKENS_PER_BLOCK", "num_warps": "NUM_WARPS",
+                 "num_stages": "NUM_STAGES", "target_programs": "TARGET_PROGRAMS"}
 
 
 def triton_config(text: str | None) -> dict[str, int]:
@@ -330,26 +325,19 @@ def triton_config(text: str | None) -> dict[str, int]:
       out[key] = int(value)
     except ValueError:
       raise ValueError(f"{part!r}: {value!r} is not an integer") from None
-    if out[key] not in (0, 1) if key in TRITON_SWITCHES else out[key] < 1:
-      raise ValueError(f"{part!r}: must be {'0 or 1' if key in TRITON_SWITCHES else '>= 1'}")
+    if out[key] < 1:
+      raise ValueError(f"{part!r}: must be >= 1")
   return out
 
 
-def set_triton(kernel: str | None, config: dict[str, int]) -> dict:
-  """Sets `paged_triton`'s kernel and block constants (read when the decode programs are
-  traced); returns what the decode then runs with."""
+def set_triton(config: dict[str, int]) -> dict:
+  """Sets `paged_triton`'s block constants (read when the decode programs are traced);
+  returns what the decode then runs with."""
   from jaxrl_scale.models import paged_triton  # pylint: disable=g-import-not-at-top
 
-  if kernel:
-    paged_triton.KERNEL = kernel
-  blocks = ("KV_TOKENS_PER_BLOCK" if paged_triton.KERNEL == "head"
-            else "PAGE_KV_TOKENS_PER_BLOCK")
   for key, value in config.items():
-    setattr(paged_triton, TRITON_CONFIG[key] or blocks,
-            bool(value) if key in TRITON_SWITCHES else value)
-  return dict(kernel=paged_triton.KERNEL,
-              kv_tokens_per_block=getattr(paged_triton, blocks),
-              **{k: getattr(paged_triton, v) for k, v in TRITON_CONFIG.items() if v})
+    setattr(paged_triton, TRITON_CONFIG[key], value)
+  return {k: getattr(paged_triton, v) for k, v in TRITON_CONFIG.items()}
 
 
 def main() -> int:
@@ -367,7 +355,7 @@ def main() -> int:
 
   if args.decode_attention != "auto":  # read when the decode programs are traced
     paged_attention.AUTO_IMPL = args.decode_attention
-  triton = set_triton(args.triton_kernel, args.triton_config)
+  triton = set_triton(args.triton_config)
   report: dict = {}
   log_file = sys.stderr if args.json else sys.stdout
 

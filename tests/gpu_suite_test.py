@@ -36,7 +36,7 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
                         "--dry-run"], capture_output=True, text=True, timeout=60, check=True)
   lines = out.stdout.strip().splitlines()
-  assert len(lines) == len(gpu_suite.RUNS) == 25
+  assert len(lines) == len(gpu_suite.RUNS) == 23
   assert lines[0].startswith("decode_kernel_check (item 2)")
   assert "paged_decode_check.py" in lines[0] and "--sweep" not in lines[0]
   # Then the train step's loss and gradients with cuDNN against einsum (the correctness
@@ -47,19 +47,18 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   # (the likeliest past the 35% the H100 run missed at 33.9%), and remat full again, its
   # baseline in the same call, both while the decode checkpoint is written in the
   # background; then both decode targets (batch 256 with transformers, then 64), the kernel
-  # sweep and decode with each kernel's fastest configuration (the default kernel's only if
-  # that is not its defaults), the 0.6B step (met), then cuBLAS GEMMs and remat keeping the
-  # attention block's outputs (at 2 micro-batches: 1 does not fit an H100).
+  # sweep and decode at batch 256 with its fastest configuration (only if that is not the
+  # defaults), the 0.6B step (met), then cuBLAS GEMMs and remat keeping the attention
+  # block's outputs (at 2 micro-batches: 1 does not fit an H100).
   names = [x.split(" ")[0] for x in lines]
-  assert names[2:15] == [
+  assert names[2:13] == [
       "train_1p7b_16x4096_cudnn_context", "train_1p7b_16x4096_cudnn_full",
       "decode_b256_triton", "decode_b64_triton", "decode_kernel_sweep",
-      "decode_b256_triton_tuned", "decode_b256_triton_page", "decode_b64_triton_page",
-      "train_0p6b_32x2048_cudnn_full", "train_1p7b_16x4096_cudnn_full_cublas",
-      "decode_b256_triton_cublas", "train_1p7b_16x4096_cudnn_attention",
-      "train_0p6b_32x2048_cudnn_full_cublas"]
+      "decode_b256_triton_tuned", "train_0p6b_32x2048_cudnn_full",
+      "train_1p7b_16x4096_cudnn_full_cublas", "decode_b256_triton_cublas",
+      "train_1p7b_16x4096_cudnn_attention", "train_0p6b_32x2048_cudnn_full_cublas"]
   assert "--remat context" in lines[2] and "--profile" in lines[2]
-  assert "--remat full" in lines[3] and "--remat attention" in lines[13]
+  assert "--remat full" in lines[3] and "--remat attention" in lines[11]
   # On an H100 the plan sizes remat "context" at one micro-batch, "attention" at two.
   h100 = {r["name"]: r for r in gpu_suite.plan(81559, "/tmp/ck")}
   assert h100["train_1p7b_16x4096_cudnn_context"]["micro_batches"] == 1
@@ -67,14 +66,13 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   # At two micro-batches the plan had XLA recompute nothing (at one: 74 values).
   assert h100["train_1p7b_16x4096_cudnn_attention"]["predicted"]["xla_rematerialized"] == 0
   assert "paged_decode_check.py --sweep" in lines[6]
-  page = [x for x in lines if "--triton-kernel page" in x]
-  assert [x.split(" ")[0] for x in page] == ["decode_b256_triton_page", "decode_b64_triton_page"]
+  assert "--batch 256 " in lines[7] and "--decode-attention triton " in lines[7]
   assert not any("--triton-config" in x for x in lines)  # added only once the sweep ran
   # The batch-256 target run is profiled and times transformers on the same device.
   assert lines[4].startswith("decode_b256_triton (item 2)") and "--profile" in lines[4]
   assert "--skip-hf" not in lines[4]
   decode = [x for x in lines if "sampler_bench.py" in x]
-  assert len(decode) == 9 and all("--save-tokens" in x for x in decode)
+  assert len(decode) == 7 and all("--save-tokens" in x for x in decode)
   for batch in (64, 256):
     for impl in ("triton", "gather"):
       assert sum(x.startswith(f"decode_b{batch}_{impl} ") and f"--batch {batch} " in x
@@ -211,7 +209,7 @@ def test_unknown_only_is_refused():
   with pytest.raises(SystemExit):
     gpu_suite.parse_args(["--only", "decode_b128"])
   assert [r["name"] for r in gpu_suite.plan(None, "/tmp/ck", only=["decode_b64"])] == [
-      "decode_b64_triton", "decode_b64_triton_page", "decode_b64_gather"]
+      "decode_b64_triton", "decode_b64_gather"]
 
 
 def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_path):
@@ -222,11 +220,11 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
                                                               fraction_of_roofline=0.2)),
           dict(name="decode_b256_triton_cublas", rc=0, report=dict(
               ours_tok_s=33000.0, fraction_of_roofline=0.33)),
-          dict(name="decode_b256_triton_page", rc=0, report=dict(
+          dict(name="decode_b256_triton_tuned", rc=0, report=dict(
               ours_tok_s=36000.0, fraction_of_roofline=0.36,
-              triton=dict(kernel="page", kv_tokens_per_block=16))),
+              triton=dict(kv_tokens_per_block=128, num_warps=8))),
           dict(name="decode_b64_triton", rc=1, report=None),
-          dict(name="decode_b64_triton_page", rc=0, report=dict(
+          dict(name="decode_b64_triton_tuned", rc=0, report=dict(
               ours_tok_s=9000.0, hf_error="OutOfMemoryError: CUDA out of memory",
               hf_device="cuda")),
           dict(name="train_0p6b_32x2048_cudnn_full", rc=0,
@@ -252,10 +250,10 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
   assert "decode_b64_vs_transformers" not in got
   assert got["decode_b256_triton_cublas"] == dict(ours_tok_s=33000.0, fraction_of_roofline=0.33,
                                                   over_triton=1.1)
-  assert got["decode_b256_triton_page"] == dict(
+  assert got["decode_b256_triton_tuned"] == dict(
       ours_tok_s=36000.0, fraction_of_roofline=0.36, over_triton=1.2,
-      triton=dict(kernel="page", kv_tokens_per_block=16))
-  assert "decode_b64_triton_page" not in got  # its base (the default kernel's run) failed
+      triton=dict(kv_tokens_per_block=128, num_warps=8))
+  assert "decode_b64_triton_tuned" not in got  # its base (the untuned run) failed
   assert got["train_0p6b_32x2048_cudnn_dots"]["step_over_cudnn_full"] == 0.75
   full = got["train_0p6b_32x2048_cudnn_full"]
   assert full["step_over_kernel_bound"] == 2.5 and full["predicted"]["temp_gib"] == 27.7
@@ -352,7 +350,7 @@ def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch)
   assert train["jax"] == jax.__version__
   assert train["packages"]["flax"] == importlib.metadata.version("flax")
   assert [r["name"] for r in suite["runs"]] == [name for name, *_ in gpu_suite.RUNS]
-  assert [r["batch"] for r in sampler["runs"]] == [256, 64, 256, 256, 64, 256, 256, 64, 256]
+  assert [r["batch"] for r in sampler["runs"]] == [256, 64, 256, 256, 256, 64, 256]
   assert len(train["runs"]) == 12
   assert all(r["skipped"] == "budget" for r in suite["runs"])
   assert suite["summary"] == {}

@@ -32,10 +32,10 @@ def test_programs_per_sm_by_hand():
 def test_parsers_read_xla_and_ptxas_text():
   thunks = ("001: kCustomKernel [source | next=002 (1)] loop_convert_fusion_1 grid: [1024, 1, "
             "1] threads: [128, 1, 1]  shared_memory: 0 bytes\n"
-            "002: kCustomKernel [prev=001 (1) | next=003 (1)] paged_decode_attention_page "
+            "002: kCustomKernel [prev=001 (1) | next=003 (1)] paged_decode_attention "
             "grid: [4, 256, 1] threads: [128, 1, 1]  shared_memory: 20480 bytes\n")
   assert kernel_occupancy.parse_launch(thunks) == dict(
-      name="paged_decode_attention_page", programs=1024, threads=128, shared_bytes=20480)
+      name="paged_decode_attention", programs=1024, threads=128, shared_bytes=20480)
   assert kernel_occupancy.parse_launch(thunks.splitlines()[0]) is None
   ptxas = ("ptxas info    : Compiling entry function 'paged_decode_attention' for 'sm_90a'\n"
            "ptxas info    : Function properties for paged_decode_attention\n"
@@ -52,8 +52,8 @@ def test_parsers_read_xla_and_ptxas_text():
 def test_no_sweep_configuration_spills_compiled_for_an_h100(tmp_path):
   """The whole tool in a fresh interpreter (XLA's dump flag must be set before jax starts):
   every configuration the GPU sweep times compiles for an H100 without spilling registers
-  (`paged_decode_check.PAGE_LEFT_OUT` holds those that did), and "head"'s default fits 2 to
-  8 programs an SM."""
+  (`paged_decode_check.LEFT_OUT` holds the one that did), and the defaults fit 2 to 8
+  programs an SM."""
   import json
 
   out = tmp_path / "occ.json"
@@ -66,9 +66,10 @@ def test_no_sweep_configuration_spills_compiled_for_an_h100(tmp_path):
   rows = json.loads(out.read_text())["runs"]
   assert len(rows) == len(kernel_occupancy_sweep())
   assert not [r for r in rows if r["spill_bytes"]], [r for r in rows if r["spill_bytes"]]
-  head = rows[0]
-  assert head["kernel"] == "head" and head["name"] == "paged_decode_attention"
-  assert 2 <= head["programs_per_sm"] <= 8 and head["programs"] == 256 * 8
+  defaults = rows[0]
+  assert {k: defaults[k] for k in kernel_occupancy_sweep()[0]} == kernel_occupancy_sweep()[0]
+  assert defaults["name"] == "paged_decode_attention"
+  assert 2 <= defaults["programs_per_sm"] <= 8 and defaults["programs"] == 256 * 8
   for r in rows:
     assert r["programs_per_sm"] == kernel_occupancy.programs_per_sm(
         r["registers"], r["threads"], r["shared_bytes"])["programs_per_sm"]

@@ -39,60 +39,39 @@ def test_read_seconds_chains_every_step_and_hands_the_carry_on():
 def test_sweep_checks_every_configuration_against_float32_and_picks_the_fastest():
   from jaxrl_scale.models import paged_triton
 
-  every = paged_decode_check.sweep_configs(4, every_head=True)
-  head = [c for c in every if c["kernel"] == "head"]
-  page = [c for c in every if c["kernel"] == "page"]
-  # "head": blocks of 2, 4, 8 and 16 pages, 4 and 8 warps, 1 and 2 stages, the split target
-  # both ways (at the default block: 64 positions, 16 pages of 4 here), its defaults first;
-  # then keys and values loaded the other way (`HEAD_ONE_TILE`: two stages, 3-6 programs
-  # an SM in the H100 compile).
-  joint = paged_triton.JOINT_KV
-  assert len(head) == 4 * 2 * 2 + 2 + 3
-  assert head[0] == dict(kernel="head", kv_tokens_per_block=paged_triton.KV_TOKENS_PER_BLOCK,
-                         num_warps=paged_triton.NUM_WARPS,
-                         num_stages=paged_triton.NUM_STAGES,
-                         target_programs=paged_triton.TARGET_PROGRAMS, joint_kv=joint)
-  assert {c["kv_tokens_per_block"] for c in head} == {8, 16, 32, 64}
-  other = [c for c in head if c["joint_kv"] != joint]
-  assert [(c["kv_tokens_per_block"], c["num_warps"], c["num_stages"]) for c in other] == (
-      paged_decode_check.HEAD_ONE_TILE)
-  # "page": 1, 2 and 4 pages a block, 4 and 8 warps, 1 and 2 stages but those that spill
-  # registers or overflow shared memory in the H100 compile (`PAGE_LEFT_OUT`: no 4-page
-  # block), then no split, a bigger grid and the other loading at the default block (one
-  # page at Qwen3-0.6B's 16 positions a page; 4 of the 4 here).
-  assert len(page) == 3 * 2 * 2 - len(paged_decode_check.PAGE_LEFT_OUT) + 2 + 1
-  assert {c["kv_tokens_per_block"] for c in page} == {
-      4, 8, paged_triton.PAGE_KV_TOKENS_PER_BLOCK}
-  grid = [(n, w, st) for n in (1, 2, 4) for w in (4, 8) for st in (1, 2)
-          if (n, w, st) not in paged_decode_check.PAGE_LEFT_OUT]
-  assert [(c["kv_tokens_per_block"] // 4, c["num_warps"], c["num_stages"])
-          for c in page[:len(grid)]] == grid
-  assert not [n for n, _, _ in grid if n == 4]
-  assert {c["target_programs"] for c in page} == {
-      1, paged_triton.TARGET_PROGRAMS, 4 * paged_triton.TARGET_PROGRAMS}
-  assert [c for c in page if c["joint_kv"] != joint] == [dict(
-      kernel="page", kv_tokens_per_block=paged_triton.PAGE_KV_TOKENS_PER_BLOCK,
-      num_warps=8, num_stages=2, target_programs=paged_triton.TARGET_PROGRAMS,
-      joint_kv=not joint)]
-  for configs in (head, page):
-    assert {c["num_warps"] for c in configs} == {4, 8}
-    assert {c["num_stages"] for c in configs} == {1, 2}
+  every = paged_decode_check.sweep_configs(4)
+  # The defaults first; then blocks of 2, 4, 8 and 16 pages, 4 and 8 warps, 1 and 2 stages
+  # (the default block, 64 positions, is 16 pages of 4 here, swept once); then the split
+  # target both ways at the default block.
+  target = paged_triton.TARGET_PROGRAMS
+  defaults = dict(kv_tokens_per_block=paged_triton.KV_TOKENS_PER_BLOCK,
+                  num_warps=paged_triton.NUM_WARPS, num_stages=paged_triton.NUM_STAGES,
+                  target_programs=target)
+  assert len(every) == 4 * 2 * 2 + 2
+  assert every[0] == defaults
+  assert {c["kv_tokens_per_block"] for c in every} == {8, 16, 32, 64}
+  assert {c["num_warps"] for c in every} == {4, 8}
+  assert {c["num_stages"] for c in every} == {1, 2}
+  assert [c for c in every if c["target_programs"] != target] == [
+      dict(defaults, target_programs=t) for t in (1, 4 * target)]
   assert len({tuple(sorted(c.items())) for c in every}) == len(every)
-  # By default "head" only at its defaults (swept twice on the H100 already) and loading
-  # the other way.
-  assert paged_decode_check.sweep_configs(4) == head[:1] + other + page
+  # At Qwen3-0.6B's pages of 16 (the GPU's sweep): the same grid but `LEFT_OUT`, which
+  # spills registers in the H100 compile (256 positions at 4 warps and one stage).
+  gpu = paged_decode_check.sweep_configs(16)
+  assert paged_decode_check.LEFT_OUT == {(256, 4, 1)}
+  assert len(gpu) == 4 * 2 * 2 - len(paged_decode_check.LEFT_OUT) + 2 and gpu[0] == defaults
+  assert {c["kv_tokens_per_block"] for c in gpu} == {32, 64, 128, 256}
+  assert not [c for c in gpu if (c["kv_tokens_per_block"], c["num_warps"], c["num_stages"])
+              in paged_decode_check.LEFT_OUT]
   rng = np.random.default_rng(0)
-  some = head[:1] + other[:1] + page[:1] + page[-1:]  # both kernels, loading both ways
+  some = every[:1] + [c for c in every if c["num_stages"] == 2][:1] + every[-2:]
   report = paged_decode_check.sweep(rng, [4], 24, (4, 2, 16, 4), reps=2, repeats=1,
                                     peak=None, interpret=True, configs=some)
   assert len(report["runs"]) == 4
   assert all("error" not in r and r["max_abs_vs_f32"] < 0.02 for r in report["runs"])
   best = report["best"]["4"]
   assert best["us"] == min(r["us"] for r in report["runs"])
-  for kernel in ("head", "page"):
-    assert report["best_by_kernel"][kernel]["4"]["us"] == min(
-        r["us"] for r in report["runs"] if r["kernel"] == kernel)
-  assert report["defaults"]["num_stages"] in (1, 2)
+  assert report["defaults"] == defaults
 
 
 def test_a_wrong_kernel_shows_in_the_sweep(monkeypatch):
@@ -108,8 +87,7 @@ def test_a_wrong_kernel_shows_in_the_sweep(monkeypatch):
 
   monkeypatch.setattr(paged_triton, "triton_decode_attention", broken)
   rng = np.random.default_rng(1)
-  configs = [c for c in paged_decode_check.sweep_configs(4, every_head=True)
-             if c["num_stages"] == 2][:2]
+  configs = [c for c in paged_decode_check.sweep_configs(4) if c["num_stages"] == 2][:2]
   assert {c["num_warps"] for c in configs} == {4, 8}
   report = paged_decode_check.sweep(rng, [4], 24, (4, 2, 16, 4), reps=1, repeats=1,
                                     peak=None, interpret=True, configs=configs)
@@ -120,13 +98,11 @@ def test_a_wrong_kernel_shows_in_the_sweep(monkeypatch):
 @pytest.mark.skipif(not gpu_plan_test._cuda_plan_available(),
                     reason="JAX's CUDA plugin and cuDNN are not installed")
 def test_every_sweep_configuration_compiles_for_an_h100():
-  """XLA compiles the Triton kernels for an H100 without one (`plan`'s deviceless target),
-  Triton to PTX with its shared-memory check included (8 s): every configuration the sweep times at Qwen3-0.6B's shape
-  (batch 256) compiles, so none spends device time on a compile error; the two it leaves out
-  (4-page "page" blocks with 2 stages) do not."""
+  """XLA compiles the Triton kernel for an H100 without one (`plan`'s deviceless target),
+  Triton to PTX with its shared-memory check included (8 s): every configuration the sweep
+  times at Qwen3-0.6B's shape (batch 256) compiles, so none spends device time on a compile
+  error; one past the shared memory (256 positions in 6 pipeline stages) does not."""
   import kernel_occupancy  # pylint: disable=g-import-not-at-top
-
-  from jaxrl_scale.models import paged_triton
 
   compile_one = kernel_occupancy.compile_for_h100(256)
 
@@ -137,8 +113,8 @@ def test_every_sweep_configuration_compiles_for_an_h100():
       return str(e).splitlines()[0]
     return ""
 
-  for cfg in paged_decode_check.sweep_configs(16):
+  configs = paged_decode_check.sweep_configs(16)
+  for cfg in configs:
     assert compiles(cfg) == "", cfg
-  left_out = dict(kernel="page", kv_tokens_per_block=64, num_warps=4, num_stages=2,
-                  target_programs=paged_triton.TARGET_PROGRAMS)
-  assert "Shared memory size limit exceeded" in compiles(left_out)
+  too_big = dict(configs[0], kv_tokens_per_block=256, num_stages=6)
+  assert "Shared memory size limit exceeded" in compiles(too_big)

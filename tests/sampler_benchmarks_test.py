@@ -103,29 +103,24 @@ def test_transformers_on_a_gpu_torch_cannot_see_fails_in_one_line():
   assert out.stdout.strip() == ""
 
 
-def test_triton_kernel_and_config_set_what_the_decode_traces(monkeypatch):
-  """--triton-kernel / --triton-config set `paged_triton`'s constants (read when the decode
-  is traced: the GPU suite's tuned runs go through them); the block size goes to the chosen
-  kernel's own constant; a bad part is named."""
+def test_triton_config_sets_what_the_decode_traces(monkeypatch):
+  """--triton-config sets `paged_triton`'s block constants (read when the decode is traced:
+  the GPU suite's tuned run goes through them); a part left out keeps its constant; a bad
+  part is named."""
   from jaxrl_scale.models import paged_triton
 
-  for name in ("KERNEL", "KV_TOKENS_PER_BLOCK", "PAGE_KV_TOKENS_PER_BLOCK", "NUM_WARPS",
-               "NUM_STAGES", "TARGET_PROGRAMS", "JOINT_KV"):
+  for name in ("KV_TOKENS_PER_BLOCK", "NUM_WARPS", "NUM_STAGES", "TARGET_PROGRAMS"):
     monkeypatch.setattr(paged_triton, name, getattr(paged_triton, name))
-  head_block = paged_triton.KV_TOKENS_PER_BLOCK
   config = sampler_bench.triton_config("kv_tokens_per_block=32,num_warps=8,num_stages=2,"
-                                       "target_programs=4096,joint_kv=1")
-  got = sampler_bench.set_triton("page", config)
-  assert got == dict(kernel="page", kv_tokens_per_block=32, num_warps=8, num_stages=2,
-                     target_programs=4096, joint_kv=True)
-  assert paged_triton.JOINT_KV is True
-  assert sampler_bench.set_triton(None, dict(joint_kv=0))["joint_kv"] is False
-  assert (paged_triton.KERNEL, paged_triton.PAGE_KV_TOKENS_PER_BLOCK) == ("page", 32)
-  assert paged_triton.KV_TOKENS_PER_BLOCK == head_block  # "head"'s own untouched
-  assert (paged_triton.NUM_WARPS, paged_triton.NUM_STAGES) == (8, 2)
-  assert sampler_bench.set_triton(None, {})["kernel"] == "page"
+                                       "target_programs=4096")
+  got = sampler_bench.set_triton(config)
+  assert got == dict(kv_tokens_per_block=32, num_warps=8, num_stages=2, target_programs=4096)
+  assert (paged_triton.KV_TOKENS_PER_BLOCK, paged_triton.NUM_WARPS, paged_triton.NUM_STAGES,
+          paged_triton.TARGET_PROGRAMS) == (32, 8, 2, 4096)
+  assert sampler_bench.set_triton(dict(num_warps=4)) == dict(got, num_warps=4)
+  assert sampler_bench.set_triton({}) == dict(got, num_warps=4)
   for bad, why in (("warps=8", "not KEY=N"), ("num_warps=eight", "not an integer"),
-                   ("num_stages=0", ">= 1"), ("joint_kv=2", "0 or 1")):
+                   ("num_stages=0", ">= 1"), ("joint_kv=1", "not KEY=N")):
     with pytest.raises(ValueError, match=why):
       sampler_bench.triton_config(bad)
   assert sampler_bench.triton_config(None) == {}

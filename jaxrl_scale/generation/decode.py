@@ -31,7 +31,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_scale.generation import sampling
-from jaxrl_scale.models import kv_cache, paged_attention, paged_triton, sharding, transformer
+from jaxrl_scale.models import kv_cache, paged_attention, sharding, transformer
 from jaxrl_scale.models.config import ModelConfig
 
 NEVER = 2**30  # force_at value of a sequence that is never interrupted
@@ -392,17 +392,15 @@ def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSt
   state is donated. layer_leaves: `layers_program`'s output where `splits_layers`, else
   None. `view_pages` bounds the attention read (see `decode_chunk`); the engine compiles a
   few values of it, so short sequences do not pay for reading the longest. Programs are
-  shared per `paged_attention.AUTO_IMPL` and `paged_triton.KERNEL` as well (they pick the
-  attention traced in)."""
+  shared per `paged_attention.AUTO_IMPL` as well (it picks the attention traced in)."""
   return _decode_program(graphdef, param_treedef, shardings, num_steps, truncate, all_greedy,
-                         view_pages, record_routing,
-                         (paged_attention.AUTO_IMPL, paged_triton.KERNEL))
+                         view_pages, record_routing, paged_attention.AUTO_IMPL)
 
 
 @functools.lru_cache(maxsize=None)
 def _decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState,
                     num_steps: int, truncate: bool, all_greedy: bool, view_pages: int,
-                    record_routing: bool, paged_override: tuple) -> Callable:
+                    record_routing: bool, paged_override: str | None) -> Callable:
   del paged_override  # a cache key only: read again at trace time
 
   def run(param_leaves, layer_leaves, state, consts, table_SM):

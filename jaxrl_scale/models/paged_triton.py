@@ -1,12 +1,12 @@
-"""Decode attention on NVIDIA GPUs: paged attention in Pallas GPU (Triton) kernels read
+"""Decode attention on NVIDIA GPUs: paged attention in a Pallas GPU (Triton) kernel read
 straight from the sampler's page pool, after JAX's (`paged_attention.paged_attention(
-impl="triton")`, whose loop "head" runs).
+impl="triton")`).
 
 JAX's wrapper (`jax.experimental.pallas.ops.gpu.paged_attention.paged_attention`) wants
 separate key and value pools [K, pages, C, H]. Ours interleaves them, [pages, C, 2K, H]
 (keys at even heads, values at odd: the TPU kernel's layout, `paged_attention.interleave_kv`),
 and splitting or transposing it would copy the whole pool every step, more than the gather
-this replaces. So this module runs its own `pallas_call`s, whose block specs pick kv head
+this replaces. So this module runs its own `pallas_call`, whose block specs pick kv head
 k's keys (head 2k) and values (head 2k + 1) out of the one pool: the pool goes in twice as
 the same buffer and stays where it is. As in JAX's wrapper, a row's pages split into parts
 run in parallel only as far as a small grid needs (`num_splits`), their partial results
@@ -14,37 +14,29 @@ combined at the end (here in float32); with one split (the grid big enough: Qwen
 batch 256 on an H100) the kernel normalises and writes the output in the queries' dtype
 itself, and nothing is combined.
 
-The kernels have no softmax scale: queries are scaled by head_dim ** -0.5 before them. They
-mask each row's positions >= its length and skip pages past it; a row of length 0 reads
-nothing and gets zeros. Sliding windows do not exist in our model families (the loader
-refuses them) and neither do logit softcaps, so neither is handled.
+The kernel (`_head_kernel`) runs JAX's kernel body's loop in our own body, one program per
+(row, kv head, split of the row's pages): each page gives it that head's 256-byte key and
+value rows at the pool's stride (a page of Qwen3-0.6B is 64 KB; one program reads 8 KB of
+it as 32 pieces), keys and values as two tiles. A Triton dot takes 16 rows at least, so a
+GQA group of fewer query heads (Qwen3: 2) is loaded as 16 rows from the row's [N, H]
+queries, those past the group masked, and its results stored likewise: the padding lives
+in registers, not in a padded copy of the queries and an 8x float32 output in memory (JAX's
+wrapper pads both).
 
-Two kernels (`KERNELS`), the same arguments and results:
-- "head" (the default, `KERNEL`; `_head_kernel`, JAX's kernel body's loop): one program per
-  (row, kv head): each page gives it that head's 256-byte key and value rows at the pool's
-  stride (a page of Qwen3-0.6B is 64 KB; one program reads 8 KB of it as 32 pieces). A
-  Triton dot takes 16 rows at least, so a GQA group of fewer query heads (Qwen3: 2) is
-  loaded as 16 rows from the row's [N, H] queries, those past the group masked, and its
-  results stored likewise: the padding lives in registers, not in a padded copy of the
-  queries and an 8x float32 output in memory (JAX's wrapper pads both).
-- "page" (`_page_kernel`, ours): one program per row reads whole pages, every kv head's
-  keys and values (the contiguous 64 KB), and dots all of the row's query heads against
-  every (position, kv head) key of the block, masking the pairs of different heads (a
-  block-diagonal score matrix: the same dot FLOPs as "head"'s padded group of 2, none
-  padded for 16 or more query heads). On the H100 of 2026-11-27 "head" (then with JAX's
-  padded copies) read the live KV at 55% of HBM bandwidth at batch 256 in the decode step;
-  "page" is what the GPU suite compares with it (`benchmarks/paged_decode_check.py
-  --sweep`), unmeasured until then.
+It has no softmax scale: queries are scaled by head_dim ** -0.5 before it. It masks each
+row's positions >= its length and skips pages past it; a row of length 0 reads nothing and
+gets zeros. Sliding windows do not exist in our model families (the loader refuses them)
+and neither do logit softcaps, so neither is handled.
 
-Either kernel loads a step's keys and values as two tiles (two refs on the pool, heads 2k
-and 2k + 1) or, with `JOINT_KV`, as one: the block of the two heads side by side (each
-position's key row and value row of a kv head, 512 contiguous bytes at head_dim 128), split
-in registers. In the PTX that XLA compiles for an H100 at one pipeline stage, the two tiles
-load one after the other (the values only once the keys have gone through shared memory
-for the dot), the one tile with every load of the step issued before its first barrier;
-but at one stage the one tile holds 177 registers a thread against 128, and an SM half the
-programs (`benchmarks/kernel_occupancy.py`), so it is swept at two stages. Which is faster
-is the GPU sweep's to say; two tiles stay the default until then.
+Measured and removed: on one H100 (jax 0.11.2, 2026-11-28,
+benchmarks/results/gpu_h100_2026-11-28b/paged_decode_check.json, 50 reads per timed call,
+Qwen3-0.6B's attention shape, 640 positions) this kernel at its defaults took 168.6 us at
+batch 256 (52.7% of HBM bandwidth) and 83.9 us at 64. A whole-page kernel ("page": one
+program per row, every kv head's keys of a page dotted with a block-diagonal mask) took
+169.9 and 76.7 us at its best configurations (within the 80-88 us this kernel took at
+batch 64 over three machine starts), and this kernel loading a step's keys and values as
+one tile took 121-429 us (1.4-2.5x its defaults' time). Both were removed (git history:
+commits ba80656 and 11d8b78).
 """
 
 from __future__ import annotations
@@ -79,11 +71,11 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 # 256, 640 positions; benchmarks/results/gpu_h100_2026-11-27*/): 64 positions, 4 warps and
 # one stage were the fastest at both batches in the first sweep (79.8 / 184.0 us against
 # 92.9 / 226.3 us for JAX's 128 positions, 8 warps, 2 stages) and within 8% of the fastest
-# in the second (the run-to-run spread); 32 positions were no faster.
+# in the second (the run-to-run spread); 32 positions were no faster. The sweep of
+# 2026-11-28 (benchmarks/results/gpu_h100_2026-11-28b/) confirmed them (64 positions, 4
+# warps, 1 stage, a target of 1024 programs): nothing it ran was faster at batch 256, nor
+# faster at 64 by more than the spread between machine starts.
 KV_TOKENS_PER_BLOCK = 64
-# "page"'s: one page of 16 positions (Qwen3-0.6B: a [128, 128] tile of keys and one of
-# values a step, 64 KB); not measured yet.
-PAGE_KV_TOKENS_PER_BLOCK = 16
 MAX_SPLITS = 16
 QUERY_HEADS_PER_BLOCK = 16
 # Grid programs (rows x kv heads x query-head blocks x splits) to aim for: a row's pages are
@@ -98,23 +90,15 @@ TARGET_PROGRAMS = 1024
 # above).
 NUM_WARPS = 4
 NUM_STAGES = 1
-# Whether a kernel step loads its block's keys and values as one tile (see the module
-# docstring). Unmeasured on a GPU: the suite's sweep times both ways.
-JOINT_KV = False
-KERNELS = ("head", "page")
-# The kernel `triton_decode_attention` runs when not told (benchmarks set it to compare).
-KERNEL = "head"
 
 
 def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.Array,
                             lens_B: jax.Array, *, interpret: bool = False,
-                            kernel: str | None = None,
                             kv_tokens_per_block: int | None = None,
                             max_splits: int = MAX_SPLITS,
                             target_programs: int | None = None,
                             num_warps: int | None = None,
-                            num_stages: int | None = None,
-                            joint_kv: bool | None = None) -> jax.Array:
+                            num_stages: int | None = None) -> jax.Array:
   """One query per row over its pages of an interleaved pool.
 
   Args:
@@ -125,15 +109,12 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
       length are loaded a block at a time, then masked).
     lens_B: int32 positions each row attends, [0, lens_B[b]) (0: none; zeros out).
     interpret: run the kernel in Pallas interpret mode (any platform; for tests on CPU).
-    kernel: "head" or "page" (see the module docstring); None: `KERNEL`.
     kv_tokens_per_block, max_splits, target_programs: block sizes and how far a row's
       pages split (see the module constants and `num_splits`).
     num_warps, num_stages: Triton's launch parameters.
-    joint_kv: load a block's keys and values as one tile (`JOINT_KV`).
-    Each of kernel, kv_tokens_per_block, target_programs, num_warps, num_stages and joint_kv
-    left None is the module's constant when traced (`KERNEL`, `KV_TOKENS_PER_BLOCK` or for
-    "page" `PAGE_KV_TOKENS_PER_BLOCK`, `TARGET_PROGRAMS`, `NUM_WARPS`, `NUM_STAGES`,
-    `JOINT_KV`), which a benchmark may set before it compiles.
+    Each of kv_tokens_per_block, target_programs, num_warps and num_stages left None is the
+    module's constant when traced (`KV_TOKENS_PER_BLOCK`, `TARGET_PROGRAMS`, `NUM_WARPS`,
+    `NUM_STAGES`), which a benchmark may set before it compiles.
 
   Returns:
     out_BNH in q's dtype.
@@ -142,22 +123,18 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
     raise ValueError(f"triton paged attention: {UNAVAILABLE}")
   b, n, h = q_BNH.shape
   _, c, x, _ = kv_QCXH.shape
-  kernel = kernel or KERNEL
-  if kernel not in KERNELS:
-    raise ValueError(f"triton paged attention: kernel {kernel!r} is not one of {KERNELS}")
   if x % 2 or n % (x // 2):
     raise ValueError(f"triton paged attention: {n} query heads do not group over "
                      f"{x // 2} kv heads")
-  if kv_tokens_per_block is None:
-    kv_tokens_per_block = KV_TOKENS_PER_BLOCK if kernel == "head" else PAGE_KV_TOKENS_PER_BLOCK
+  kv_tokens_per_block = (KV_TOKENS_PER_BLOCK if kv_tokens_per_block is None
+                         else kv_tokens_per_block)
   target_programs = TARGET_PROGRAMS if target_programs is None else target_programs
   num_warps = NUM_WARPS if num_warps is None else num_warps
   num_stages = NUM_STAGES if num_stages is None else num_stages
-  joint_kv = JOINT_KV if joint_kv is None else bool(joint_kv)
   pages_per_block = max(1, kv_tokens_per_block // c)
   width = table_BM.shape[1]
   blocks = -(-width // pages_per_block)
-  splits = num_splits(b, n, x // 2, blocks, max_splits, target_programs, kernel=kernel)
+  splits = num_splits(b, n, x // 2, blocks, max_splits, target_programs)
   per_split = -(-blocks // splits) * pages_per_block
   # Padding columns point at page 0: loaded with the block they fall in, masked by length.
   table_BM = table_BM.astype(jnp.int32)
@@ -167,31 +144,28 @@ def triton_decode_attention(q_BNH: jax.Array, kv_QCXH: jax.Array, table_BM: jax.
   # kernel's dots take one dtype).
   dtype = q_BNH.dtype
   q_BNH = (q_BNH.astype(jnp.float32) * h ** -0.5).astype(kv_QCXH.dtype)
-  one = functools.partial(_row if kernel == "head" else _page_row,
-                          pages_per_block=pages_per_block, splits=splits,
-                          interpret=interpret, num_warps=num_warps, num_stages=num_stages,
-                          joint_kv=joint_kv)
+  one = functools.partial(_row, pages_per_block=pages_per_block, splits=splits,
+                          interpret=interpret, num_warps=num_warps, num_stages=num_stages)
   out_BNH = jax.vmap(one, (0, None, 0, 0))(q_BNH, kv_QCXH, table_BM,
                                            lens_B.astype(jnp.int32)[:, None])
   return out_BNH.astype(dtype)
 
 
 def num_splits(rows: int, heads: int, kv_heads: int, blocks: int,
-               max_splits: int = MAX_SPLITS, target_programs: int = TARGET_PROGRAMS, *,
-               kernel: str = "head") -> int:
+               max_splits: int = MAX_SPLITS, target_programs: int = TARGET_PROGRAMS) -> int:
   """How many parts a row's `blocks` kv blocks split into: enough for the grid to reach
   `target_programs` programs, at most `max_splits` and one per block. A row is
-  kv_heads x (query-head blocks of its group) programs of "head" and one of "page"."""
+  kv_heads x (query-head blocks of its group) programs."""
   groups = -(-(heads // kv_heads) // QUERY_HEADS_PER_BLOCK)
-  programs = rows * kv_heads * groups if kernel == "head" else rows
+  programs = rows * kv_heads * groups
   return max(1, min(max_splits, blocks, -(-target_programs // programs)))
 
 
 def _row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: jax.Array, *,
          pages_per_block: int, splits: int, interpret: bool, num_warps: int,
-         num_stages: int, joint_kv: bool) -> jax.Array:
-  """One row for "head" (vmapped over rows): a program per (kv head, block of 16 of its
-  query heads, split of the row's pages)."""
+         num_stages: int) -> jax.Array:
+  """One row (vmapped over rows): a program per (kv head, block of 16 of its query heads,
+  split of the row's pages)."""
   n, h = q_NH.shape
   q_pages, c, x, _ = kv_QCXH.shape
   k = x // 2
@@ -203,41 +177,36 @@ def _row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: jax.Arr
   # group. Only a row of fewer than 16 heads is padded, so that 16 rows exist to address.
   q_RH = q_NH if n >= block_h else jnp.pad(q_NH, ((0, block_h - n), (0, 0)))
   rows = q_RH.shape[0]
-  kernel = functools.partial(_head_kernel, group=g, pages_per_block=pages_per_block,
-                             joint_kv=joint_kv)
+  kernel = functools.partial(_head_kernel, group=g, pages_per_block=pages_per_block)
   # Every page of one kv head (the kernel indexes the pages): its keys (pool head 2i) and
-  # values (2i + 1) as two refs, or as one [pages, C, 2, H] (the block of 2 heads at i).
-  if joint_kv:
-    pool = [pl.BlockSpec((q_pages, c, 2, h), lambda i, j, s: (0, 0, i, 0))]
-  else:
-    pool = [pl.BlockSpec((q_pages, c, None, h), lambda i, j, s: (0, 0, 2 * i, 0)),
-            pl.BlockSpec((q_pages, c, None, h), lambda i, j, s: (0, 0, 2 * i + 1, 0))]
+  # values (2i + 1) as two refs on the one pool.
   in_specs = [
       pl.BlockSpec((rows, h), lambda i, j, s: (0, 0)),
-      *pool,
+      pl.BlockSpec((q_pages, c, None, h), lambda i, j, s: (0, 0, 2 * i, 0)),
+      pl.BlockSpec((q_pages, c, None, h), lambda i, j, s: (0, 0, 2 * i + 1, 0)),
       pl.BlockSpec((None, per_split), lambda i, j, s: (s, 0)),
       pl.BlockSpec((1,), lambda i, j, s: (0,)),
   ]
-  args = (q_RH, *[kv_QCXH] * len(pool), table_M.reshape(splits, per_split), len_1)
+  args = (q_RH, kv_QCXH, kv_QCXH, table_M.reshape(splits, per_split), len_1)
   grid = (k, -(-g // block_h), splits)
   return _call(kernel, grid, in_specs, args, rows, h, splits, q_RH.dtype, interpret=interpret,
-               num_warps=num_warps, num_stages=num_stages,
-               name="paged_decode_attention")[:n]
+               num_warps=num_warps, num_stages=num_stages)[:n]
 
 
 def _call(kernel, grid, in_specs, args, rows: int, h: int, splits: int, dtype, *,
-          interpret: bool, num_warps: int, num_stages: int, name: str) -> jax.Array:
-  """Runs a row's kernel: with one split, its output [rows, H] comes normalised in the
-  queries' dtype straight from the kernel; with several, each split's float32 partial
-  output and softmax sums and maxima, combined here (`_combine`, float32). A program writes
-  only its own query heads' rows of the row's block."""
+          interpret: bool, num_warps: int, num_stages: int) -> jax.Array:
+  """Runs a row's kernel (its pallas_call named "paged_decode_attention", which
+  `plan.custom_calls` finds in compiled HLO): with one split, its output [rows, H] comes
+  normalised in the queries' dtype straight from the kernel; with several, each split's
+  float32 partial output and softmax sums and maxima, combined here (`_combine`, float32).
+  A program writes only its own query heads' rows of the row's block."""
   params = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
   if splits == 1:
     return pl.pallas_call(
         kernel, grid=grid, in_specs=in_specs,
         out_specs=pl.BlockSpec((rows, h), lambda *_: (0, 0)),
         out_shape=jax.ShapeDtypeStruct((rows, h), dtype),
-        interpret=interpret, compiler_params=params, name=name)(*args)
+        interpret=interpret, compiler_params=params, name="paged_decode_attention")(*args)
   # Float32 partial outputs (JAX's wrapper keeps them in q's dtype): the combine then
   # rounds once, not once per split.
   o_SRH, l_SR, m_SR = pl.pallas_call(
@@ -248,7 +217,7 @@ def _call(kernel, grid, in_specs, args, rows: int, h: int, splits: int, dtype, *
       out_shape=[jax.ShapeDtypeStruct((splits, rows, h), jnp.float32),
                  jax.ShapeDtypeStruct((splits, rows), jnp.float32),
                  jax.ShapeDtypeStruct((splits, rows), jnp.float32)],
-      interpret=interpret, compiler_params=params, name=name)(*args)
+      interpret=interpret, compiler_params=params, name="paged_decode_attention")(*args)
   return _combine(o_SRH, l_SR, m_SR)
 
 
@@ -270,34 +239,26 @@ def _finish(o, l, m, out_refs, rows, mask=None) -> None:
 
 
 def _attend(q, k_ref, v_ref, table_ref, length, first, *, pages_per_block: int,
-            positions_per_page: int, kv_heads: int = 1, allowed=None):
-  """The kernels' loop (JAX's kernel body's): queries q [R, H] over a split's pages, page
+            positions_per_page: int):
+  """The kernel's loop (JAX's kernel body's): queries q [R, H] over a split's pages, page
   `first` of the row on, `pages_per_block` pages a step (JAX's online softmax in base 2).
-  k_ref and v_ref: [pages, positions_per_page * kv_heads, H] (key column j of a page is
-  position j // kv_heads), or v_ref None and k_ref [pages, positions_per_page * kv_heads, 2,
-  H], each key beside its value (loaded as one tile, then split: `JOINT_KV`);
-  table_ref: the split's page ids; positions >= `length` masked,
-  and (query row, key column) pairs where `allowed` [R, cols] is False. Pages past the
-  length are not read. Returns the unnormalised output [R, H] and the softmax maxima and
-  sums [R], float32 (zeros, float32 min and zeros when no page is live)."""
+  k_ref and v_ref: [pages, positions_per_page, H]; table_ref: the split's page ids;
+  positions >= `length` masked. Pages past the length are not read. Returns the
+  unnormalised output [R, H] and the softmax maxima and sums [R], float32 (zeros, float32
+  min and zeros when no page is live)."""
   r, h = q.shape
   c = positions_per_page
   end = jnp.minimum(pl.cdiv(length, c), first + table_ref.shape[0])
-  cols = pages_per_block * c * kv_heads
+  cols = pages_per_block * c
   col = jax.lax.broadcasted_iota(jnp.int32, (r, cols), 1)
   log2e = math.log2(math.e)
 
   def body(t, carry):
     o, m, l = carry
     ids = table_ref[pl.ds(t * pages_per_block, pages_per_block)]
-    if v_ref is None:
-      keys, values = jnp.split(k_ref[ids].reshape(cols, 2 * h), 2, axis=1)
-    else:
-      keys = k_ref[ids].reshape(cols, h)
-      values = v_ref[ids].reshape(cols, h)
-    live = (first + t * pages_per_block) * c + col // kv_heads < length
-    if allowed is not None:
-      live &= allowed
+    keys = k_ref[ids].reshape(cols, h)
+    values = v_ref[ids].reshape(cols, h)
+    live = (first + t * pages_per_block) * c + col < length
     s = jnp.where(live, plgpu.dot(q, keys.T), MASK_VALUE)
     m_next = jnp.maximum(m, s.max(axis=-1))
     correction = jnp.exp2((m - m_next) * log2e)
@@ -312,14 +273,13 @@ def _attend(q, k_ref, v_ref, table_ref, length, first, *, pages_per_block: int,
       lambda: jax.lax.fori_loop(0, pl.cdiv(end - first, pages_per_block), body, init))
 
 
-def _head_kernel(q_ref, *refs, group: int, pages_per_block: int, joint_kv: bool):
+def _head_kernel(q_ref, k_ref, v_ref, table_ref, len_ref, *out_refs, group: int,
+                 pages_per_block: int):
   """One (kv head i, block j of 16 of its query heads, split) of one row: q_ref the row's
   queries [R, H] (kv head i's at rows i * group ...), k_ref and v_ref head i's keys and
   values [pages, C, H], table_ref the split's page ids, len_ref [1] the row's length. The
   loop is JAX's kernel body's (`paged_attention_kernel`); the queries are loaded and the
-  results stored 16 rows at a time, masked past the group. With `joint_kv` one ref
-  [pages, C, 2, H] holds both (v_ref None)."""
-  k_ref, v_ref, table_ref, len_ref, *out_refs = (refs[0], None, *refs[1:]) if joint_kv else refs
+  results stored 16 rows at a time, masked past the group."""
   i, j, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   block_h = QUERY_HEADS_PER_BLOCK
   c = k_ref.shape[1]
@@ -341,62 +301,3 @@ def _combine(o_S_H: jax.Array, l_S_: jax.Array, m_S_: jax.Array) -> jax.Array:
   l_ = (l_S_ * scale_S_).sum(axis=0)
   o__H = (o_S_H * scale_S_[..., None]).sum(axis=0)
   return jnp.where(l_[..., None] > 0, o__H / jnp.maximum(l_, 1e-30)[..., None], 0.0)
-
-
-def _page_row(q_NH: jax.Array, kv_QCXH: jax.Array, table_M: jax.Array, len_1: jax.Array, *,
-              pages_per_block: int, splits: int, interpret: bool, num_warps: int,
-              num_stages: int, joint_kv: bool) -> jax.Array:
-  """One row for "page" (vmapped over rows): a program per split of the row's pages."""
-  n, h = q_NH.shape
-  q_pages, c, x, _ = kv_QCXH.shape
-  k = x // 2
-  per_split = table_M.shape[0] // splits
-  rows = -(-n // QUERY_HEADS_PER_BLOCK) * QUERY_HEADS_PER_BLOCK  # the dot's 16-row minimum
-  q_RH = q_NH if rows == n else jnp.pad(q_NH, ((0, rows - n), (0, 0)))
-  # [pages, C*K, 2, H] (a reshape: no copy); the block specs take its keys ([..., 0, :])
-  # and values ([..., 1, :]) from the one buffer, as "head"'s do, and a page's load is
-  # [pages, C*K, H] -> [pages * C*K, H] in the kernel, the reshape JAX's kernel does.
-  kv_QT2H = kv_QCXH.reshape(q_pages, c * k, 2, h)
-  pool_block = (q_pages, c * k, None, h)
-  kernel = functools.partial(_page_kernel, group=n // k, kv_heads=k,
-                             pages_per_block=pages_per_block, joint_kv=joint_kv)
-  if joint_kv:  # keys and values as one ref [pages, C*K, 2, H]
-    pool = [pl.BlockSpec((q_pages, c * k, 2, h), lambda s: (0, 0, 0, 0))]
-  else:
-    pool = [pl.BlockSpec(pool_block, lambda s: (0, 0, 0, 0)),  # every kv head's keys
-            pl.BlockSpec(pool_block, lambda s: (0, 0, 1, 0))]  # and values
-  in_specs = [
-      pl.BlockSpec((rows, h), lambda s: (0, 0)),
-      *pool,
-      pl.BlockSpec((None, per_split), lambda s: (s, 0)),
-      pl.BlockSpec((1,), lambda s: (0,)),
-  ]
-  args = (q_RH, *[kv_QT2H] * len(pool), table_M.reshape(splits, per_split), len_1)
-  return _call(kernel, (splits,), in_specs, args, rows, h, splits, q_RH.dtype,
-               interpret=interpret, num_warps=num_warps, num_stages=num_stages,
-               name="paged_decode_attention_page")[:n]
-
-
-def _page_kernel(q_ref, *refs, group: int, kv_heads: int, pages_per_block: int,
-                 joint_kv: bool):
-  """One split of one row: q_ref [R, H] (query head r of kv head r // group; rows past the
-  heads are padding), k_ref and v_ref the pool's keys and values [pages, C * K, H] (position
-  c's kv head k at c * K + k), table_ref the split's page ids, len_ref [1] the row's length.
-  Writes its results as `_finish` says. With `joint_kv` one ref [pages, C * K, 2, H] holds
-  both (v_ref None)."""
-  k_ref, v_ref, table_ref, len_ref, *out_refs = (refs[0], None, *refs[1:]) if joint_kv else refs
-  split = pl.program_id(0)
-  r = q_ref.shape[0]
-  k = kv_heads
-  c = k_ref.shape[1] // k
-  per_split = table_ref.shape[0]
-  q = q_ref[...]
-  # A block's keys are (page, position, kv head) in pool order: query row r sees kv head
-  # r // group's only.
-  cols = pages_per_block * c * k
-  same_head = (jax.lax.broadcasted_iota(jnp.int32, (r, cols), 1) % k
-               == jax.lax.broadcasted_iota(jnp.int32, (r, cols), 0) // group)
-  o, m, l = _attend(q, k_ref, v_ref, table_ref, len_ref[0], split * per_split,
-                    pages_per_block=pages_per_block, positions_per_page=c, kv_heads=k,
-                    allowed=same_head)
-  _finish(o, l, m, out_refs, pl.ds(0, r))

@@ -98,18 +98,18 @@ GPUS: dict[str, Chip] = {
 }
 GPUS_PER_HOST = 8  # an HGX / DGX node; larger counts are hosts of 8
 
-# What one NVIDIA H100 measured against these bounds (jax 0.11.2, 2026-11-27; the GPU
-# suite's summaries in benchmarks/results/gpu_h100_2026-11-27*/gpu_suite.json, docs/gpu.md):
+# What one NVIDIA H100 measured against these bounds (jax 0.11.2, 2026-11-28; the GPU
+# suite's summaries and decode reports in benchmarks/results/gpu_h100_2026-11-28*/, docs/gpu.md):
 # each train step's time over its kernel-by-kernel bound ("kernels s", which XLA's own
-# kernels reach only so far: tile shapes, launch and tail effects, the matmuls at the 660
+# kernels reach only so far: tile shapes, launch and tail effects, the matmuls at the 670-690
 # TFLOP/s a bf16 matmul reached rather than the 989 spec), and decode's fraction of its HBM
 # roofline (weights and live KV read once a step). A GPU plan prints them beside its
 # bounds: the step to expect is the bound times about that ratio.
 H100_MEASURED = {
-    "date": "2026-11-27",
-    "train_step_over_kernel_bound": (("qwen3_1p7b 16 x 4096", 1.639),
-                                     ("qwen3_0p6b 32 x 2048", 1.696)),
-    "decode_fraction_of_roofline": ((256, 0.4282), (64, 0.3978)),
+    "date": "2026-11-28",
+    "train_step_over_kernel_bound": (("qwen3_1p7b 16 x 4096", 1.631),
+                                     ("qwen3_0p6b 32 x 2048", 1.687)),
+    "decode_fraction_of_roofline": ((256, 0.5399), (64, 0.4228)),
 }
 
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e"}

@@ -111,10 +111,9 @@ def flops(inst: _Inst, shapes: dict[str, str], paged_layers: int,
           or _cudnn_attention_flops(inst, shapes))
 
 
-# The names the Triton paged decode kernels' pallas_calls carry into their backend configs
-# (models.paged_triton: "head", then "page"); XLA names the instruction itself pallas_call.N.
+# The name the Triton paged decode kernel's pallas_call carries into its backend config
+# (models.paged_triton); XLA names the instruction itself pallas_call.N.
 _TRITON_PAGED = 'name = "paged_decode_attention"'
-_TRITON_PAGED_PAGE = 'name = "paged_decode_attention_page"'
 
 
 def ragged_paged(inst: _Inst, shapes: dict[str, str], paged_layers: int,
@@ -126,14 +125,11 @@ def ragged_paged(inst: _Inst, shapes: dict[str, str], paged_layers: int,
   depends on the rows' lengths; it is charged one layer's whole pool, i.e. every slot at
   the average length the pool was sized for (`sampler.kv_cache_tokens`): the pool's bytes
   / L, plus the queries, the page table and the output. FLOPs: QK^T and PV of the N query
-  heads over those positions, 4 N H per position. The Triton kernels' FLOPs are their dots'
-  (padding included): "head" pads each kv head's query group to the dot's 16 rows (in
-  registers: its queries come in as [B, N, H]); "page"
-  (pool viewed as [L*P, C*K, 2, H]) dots every query head against every kv head's key of a
-  position, 4 N H per (position, kv head).
+  heads over those positions, 4 N H per position. The Triton kernel's FLOPs are its dots'
+  (padding included): it pads each kv head's query group to the dot's 16 rows (in
+  registers: its queries come in as [B, N, H]).
   """
-  page = _TRITON_PAGED_PAGE in inst.attrs
-  triton = page or _TRITON_PAGED in inst.attrs
+  triton = _TRITON_PAGED in inst.attrs
   if not (inst.name.startswith("ragged_paged_attention_kernel") or triton):
     return None
   # The Triton kernel takes the pool twice (its keys' and its values' view of one buffer).
@@ -142,11 +138,10 @@ def ragged_paged(inst: _Inst, shapes: dict[str, str], paged_layers: int,
   if not pools:
     return None
   d, pool = max(pools, key=lambda a: math.prod(a[1]))
-  if triton:  # queries [B, N, H] (N padded to the MMA tile); the page table is 3-D too
+  if triton:  # queries [B, N, H]; the page table is 3-D too
     queries = [dims for t, dims in operands if len(dims) == 3 and t.startswith(("f", "bf"))]
-    if not page:  # "head" dots each kv head's query group padded to the tile
-      kv = max(1, pool[2] // 2)
-      queries = [(b, kv * -(-max(1, n // kv) // 16) * 16, h) for b, n, h in queries]
+    kv = max(1, pool[2] // 2)  # each kv head's query group padded to the tile
+    queries = [(b, kv * -(-max(1, n // kv) // 16) * 16, h) for b, n, h in queries]
   else:  # queries [T, N, H]
     queries = [dims for _, dims in operands if len(dims) == 3]
   if not queries:

@@ -41,7 +41,6 @@ def _numpy_attention(q_BNH, kv_QCXH, table_BM, lens_B):
   return out
 
 
-@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
 @pytest.mark.parametrize("kv,groups,page,tokens_per_block,splits,target", [
     (2, 2, 4, 8, 2, 1024),    # GQA; 2 pages a block, several blocks per split, 2 splits
     (1, 4, 4, 4, 16, 1024),   # MQA; one page a block, a split per block
@@ -54,9 +53,7 @@ def _numpy_attention(q_BNH, kv_QCXH, table_BM, lens_B):
     (8, 2, 4, 8, 16, 1),
     (8, 2, 4, 8, 4, 1024),
 ])
-@pytest.mark.parametrize("joint_kv", [False, True])
-def test_kernel_matches_float64_numpy(kernel, kv, groups, page, tokens_per_block, splits,
-                                      target, joint_kv):
+def test_kernel_matches_float64_numpy(kv, groups, page, tokens_per_block, splits, target):
   rng = np.random.default_rng(0)
   rows, h, width, pages = 6, 16, 7, 50
   pool = rng.normal(size=(pages, page, 2 * kv, h)).astype(np.float32)
@@ -65,9 +62,8 @@ def test_kernel_matches_float64_numpy(kernel, kv, groups, page, tokens_per_block
   lens = np.array([0, 1, page, page + 1, 3 * page + 2, width * page], np.int32)
   q = rng.normal(size=(rows, kv * groups, h)).astype(np.float32)
   fn = jax.jit(functools.partial(paged_triton.triton_decode_attention, interpret=True,
-                                 kernel=kernel, kv_tokens_per_block=tokens_per_block,
-                                 max_splits=splits, target_programs=target,
-                                 joint_kv=joint_kv))
+                                 kv_tokens_per_block=tokens_per_block, max_splits=splits,
+                                 target_programs=target))
   got = np.asarray(fn(q, pool, table, lens))
   np.testing.assert_allclose(got, _numpy_attention(q, pool, table, lens), atol=1e-5, rtol=0)
   assert not got[0].any()  # length 0: nothing read, zeros out
@@ -82,10 +78,6 @@ def test_splits_only_as_far_as_the_grid_needs():
   assert paged_triton.num_splits(4, 16, 8, 5) == 5
   assert paged_triton.num_splits(1, 64, 8, 40) == 16  # capped at MAX_SPLITS
   assert paged_triton.num_splits(1, 16, 8, 5, target_programs=1) == 1
-  # "page": one program a row (not one per kv head): batch 256 of 40 one-page blocks
-  # splits 4 ways to reach 1024 programs, batch 64 16 ways.
-  assert paged_triton.num_splits(256, 16, 8, 40, kernel="page") == 4
-  assert paged_triton.num_splits(64, 16, 8, 40, kernel="page") == 16
 
 
 def _paged_case(shards, rows=8):
@@ -95,14 +87,12 @@ def _paged_case(shards, rows=8):
   return attention_test._paged_case(shards, rows=rows, h=16, seed=1)
 
 
-@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
 @pytest.mark.parametrize("data,tp", [(0, 0), (-2, 0), (2, 2)])
-def test_paged_attention_triton_matches_gather_and_numpy(data, tp, kernel, monkeypatch):
+def test_paged_attention_triton_matches_gather_and_numpy(data, tp):
   """impl="triton" (the write, then the kernel over the whole pool with each row's layer and
   shard offset into its page ids) against impl="gather" and NumPy, layer 1 of 2. Meshes:
   (0, 0) and (-2, 0) no mesh with one or two pool shards; (2, 2) rows over 'data' and kv
   heads over 'tp' under shard_map."""
-  monkeypatch.setattr(paged_triton, "KERNEL", kernel)
   shards = max(1, abs(data))
   pool, table, pos, q, k_new, v_new, write = _paged_case(shards)
   mesh = None
@@ -130,8 +120,7 @@ def test_paged_attention_triton_matches_gather_and_numpy(data, tp, kernel, monke
                                rtol=0)
 
 
-@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
-def test_greedy_decode_through_the_sampler_matches_the_gather(kernel, monkeypatch):
+def test_greedy_decode_through_the_sampler_matches_the_gather(monkeypatch):
   """A whole greedy generation of the real Sampler (float32 tiny Qwen3: GQA 4 over 2,
   qk-norm, tied head) with "auto" sent to the Triton kernel equals the default CPU path
   (per-chunk views of the gathered pages): same tokens, log-probs within 1e-5. Prompts of
@@ -155,7 +144,6 @@ def test_greedy_decode_through_the_sampler_matches_the_gather(kernel, monkeypatc
   want = run()
   assert not traced  # the default CPU path does not touch the kernel
   monkeypatch.setattr(paged_attention, "AUTO_IMPL", "triton")
-  monkeypatch.setattr(paged_triton, "KERNEL", kernel)
   got = run()
   assert traced and all(traced)  # the kernel, in interpret mode, in every layer traced
   assert [len(w.tokens) for w in want] == [12, 5, 12, 8, 12]
@@ -181,45 +169,19 @@ def _lowered_for_cuda(rows: int, pages: int, **kw) -> str:
     return fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
-def test_lowers_for_cuda_to_one_triton_call_on_the_pool_itself(kernel):
+def test_lowers_for_cuda_to_one_triton_call_on_the_pool_itself():
   """Qwen3-0.6B's decode attention shapes (16 query heads of 128 over 8 kv heads, pages of
   16, bfloat16) lower for CUDA without a GPU: Triton accepts the block specs, and the one
-  kernel call takes the whole pool as both its key and its value operand (no copy; "page"
-  a reshape of it, [pages, 16 * 8, 2, 128], which XLA makes a bitcast)."""
+  kernel call takes the whole pool itself as both its key and its value operand (no copy,
+  transpose or gather before it)."""
   rows, pages = 4, 200
-  text = _lowered_for_cuda(rows, pages, kernel=kernel)
-  lines = text.splitlines()
-  calls = [x for x in lines if "custom_call @__gpu$xla.gpu.triton" in x]
+  text = _lowered_for_cuda(rows, pages)
+  calls = [x for x in text.splitlines() if "custom_call @__gpu$xla.gpu.triton" in x]
   assert len(calls) == 1
   operands = calls[0].split("triton(")[1].split(")")[0].split(", ")
   assert operands[1] == operands[2]
-  if kernel == "head":
-    assert operands[1].startswith("%arg1")
-    assert calls[0].count(f"tensor<{pages}x16x16x128xbf16>") == 2
-  else:
-    pool = f"tensor<{pages}x128x2x128xbf16>"
-    assert calls[0].count(pool) == 2
-    made = [x for x in lines if x.strip().startswith(operands[1] + " = ")]
-    assert len(made) == 1 and "stablehlo.reshape %arg1" in made[0], made
-
-
-@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
-def test_joint_loads_take_the_pool_once_as_key_and_value_rows_side_by_side(kernel):
-  """joint_kv: the one Triton call takes the pool once, its block holding each position's
-  key and value rows of a kv head side by side ("head": [pages, 16, 2, 128], the pair of
-  pool heads 2i and 2i + 1; "page": every head's, [pages, 16 * 8, 2, 128]); the kernel
-  splits them in registers. Nothing is copied or reordered before the call."""
-  rows, pages = 4, 200
-  text = _lowered_for_cuda(rows, pages, kernel=kernel, joint_kv=True)
-  lines = text.splitlines()
-  calls = [x for x in lines if "custom_call @__gpu$xla.gpu.triton" in x]
-  assert len(calls) == 1
-  operands = calls[0].split("triton(")[1].split(")")[0].split(", ")
-  assert len(operands) == 4  # queries, the pool, the page table, the lengths
-  pool = (f"tensor<{pages}x16x16x128xbf16>" if kernel == "head"
-          else f"tensor<{pages}x128x2x128xbf16>")
-  assert calls[0].count(pool) == 1
+  assert operands[1].startswith("%arg1")
+  assert calls[0].count(f"tensor<{pages}x16x16x128xbf16>") == 2
   assert "stablehlo.transpose" not in text and "stablehlo.gather" not in text
 
 
@@ -255,17 +217,13 @@ def test_a_program_writes_only_its_own_query_rows(splits):
     np.testing.assert_allclose(np.asarray(got), w, rtol=1e-6)
 
 
-@pytest.mark.parametrize("kernel", paged_triton.KERNELS)
-def test_one_split_writes_the_output_in_the_pool_dtype_from_the_kernel(kernel):
+def test_one_split_writes_the_output_in_the_pool_dtype_from_the_kernel():
   """Qwen3-0.6B's shapes at batch 256: the grid is big enough without splitting, so the
   kernel normalises and writes [rows, 16, 128] bf16 itself. Nothing pads the queries to 16
   a GQA group or writes float32 partial results for a combine: the lowered program has no
   pad and no reduction, and nothing in float32 after the kernel."""
-  rows = 256
-  # "head" does not split at its default grid target (2048 programs); "page", a program a
-  # row, is told not to.
-  text = _lowered_for_cuda(rows, 2000, kernel=kernel,
-                           target_programs=None if kernel == "head" else 1)
+  rows = 256  # 2048 programs without splitting: past the default grid target
+  text = _lowered_for_cuda(rows, 2000)
   calls = [x for x in text.splitlines() if "custom_call @__gpu$xla.gpu.triton" in x]
   assert len(calls) == 1
   assert calls[0].rstrip().endswith(f"-> tensor<{rows}x16x128xbf16>"), calls[0][-200:]
@@ -342,20 +300,18 @@ def test_the_environment_variable_sets_the_override():
 
 
 def test_unset_arguments_are_the_module_constants_when_traced(monkeypatch):
-  """Left None, the kernel, its block, warps, stages, grid target and how keys and values
-  load are read from the module when traced (sampler_bench --triton-kernel/--triton-config
-  set them)."""
+  """Left None, the kernel's block, warps, stages and grid target are read from the module
+  when traced (the benchmarks set them before they compile)."""
   seen = {}
 
   def spy(*args, **kw):
     seen.update(kw)
     return real(*args, **kw)
 
-  real = paged_triton._page_row
-  monkeypatch.setattr(paged_triton, "_page_row", spy)
-  for name, value in (("KERNEL", "page"), ("PAGE_KV_TOKENS_PER_BLOCK", 8), ("NUM_WARPS", 8),
-                      ("NUM_STAGES", 2), ("TARGET_PROGRAMS", 1),
-                      ("JOINT_KV", not paged_triton.JOINT_KV)):
+  real = paged_triton._row
+  monkeypatch.setattr(paged_triton, "_row", spy)
+  for name, value in (("KV_TOKENS_PER_BLOCK", 8), ("NUM_WARPS", 8), ("NUM_STAGES", 2),
+                      ("TARGET_PROGRAMS", 1)):
     monkeypatch.setattr(paged_triton, name, value)
   rng = np.random.default_rng(0)
   pool = rng.normal(size=(20, 4, 4, 16)).astype(np.float32)
@@ -363,7 +319,6 @@ def test_unset_arguments_are_the_module_constants_when_traced(monkeypatch):
   q = rng.normal(size=(2, 4, 16)).astype(np.float32)
   lens = np.array([5, 24], np.int32)
   got = paged_triton.triton_decode_attention(q, pool, table, lens, interpret=True)
-  assert seen == dict(pages_per_block=2, splits=1, interpret=True, num_warps=8, num_stages=2,
-                      joint_kv=paged_triton.JOINT_KV)
+  assert seen == dict(pages_per_block=2, splits=1, interpret=True, num_warps=8, num_stages=2)
   np.testing.assert_allclose(np.asarray(got), _numpy_attention(q, pool, table, lens),
                              atol=1e-5, rtol=0)
