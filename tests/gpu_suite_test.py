@@ -43,34 +43,36 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   # target), at its GPU shapes (no --quick).
   assert lines[1].startswith("attention_check (item 1): python3 "
                              "train_attention_check.py --json")
-  # After the checks: the 1.7B step with remat keeping the attention kernel's outputs
-  # (the likeliest past the 35% the H100 run missed at 33.9%), and remat full again, its
-  # baseline in the same call, both while the decode checkpoint is written in the
-  # background; then both decode targets (batch 256 with transformers, then 64), the kernel
-  # sweep and decode at batch 256 with its fastest configuration (only if that is not the
-  # defaults), the 0.6B step (met), then cuBLAS GEMMs and remat keeping the attention
-  # block's outputs (at 2 micro-batches: 1 does not fit an H100).
+  # After the checks: the 1.7B target (remat keeping the attention kernel's outputs, 36.3%
+  # on the H100; remat full, its baseline in the same call; remat full with cuBLAS GEMMs),
+  # all while the decode checkpoint is written in the background; the batch-256 decode
+  # target with transformers, then with cuBLAS GEMMs and without command buffers (the flags
+  # still unmeasured there), the batch-64 target, the 0.6B step, the kernel sweep and decode
+  # at batch 256 with its fastest configuration (only if that is not the defaults), then
+  # remat keeping the attention block's outputs (at 2 micro-batches: 1 does not fit an H100).
   names = [x.split(" ")[0] for x in lines]
-  assert names[2:13] == [
+  assert names[2:14] == [
       "train_1p7b_16x4096_cudnn_context", "train_1p7b_16x4096_cudnn_full",
-      "decode_b256_triton", "decode_b64_triton", "decode_kernel_sweep",
-      "decode_b256_triton_tuned", "train_0p6b_32x2048_cudnn_full",
-      "train_1p7b_16x4096_cudnn_full_cublas", "decode_b256_triton_cublas",
-      "train_1p7b_16x4096_cudnn_attention", "train_0p6b_32x2048_cudnn_full_cublas"]
+      "train_1p7b_16x4096_cudnn_full_cublas", "decode_b256_triton",
+      "decode_b256_triton_cublas", "decode_b256_triton_no_command_buffers",
+      "decode_b64_triton", "train_0p6b_32x2048_cudnn_full", "decode_kernel_sweep",
+      "decode_b256_triton_tuned", "train_1p7b_16x4096_cudnn_attention",
+      "train_0p6b_32x2048_cudnn_full_cublas"]
   assert "--remat context" in lines[2] and "--profile" in lines[2]
-  assert "--remat full" in lines[3] and "--remat attention" in lines[11]
+  assert "--remat full" in lines[3] and "--remat attention" in lines[12]
+  assert lines[4].split(": ", 1)[1].startswith("XLA_FLAGS=--xla_gpu_enable_triton_gemm=false ")
   # On an H100 the plan sizes remat "context" at one micro-batch, "attention" at two.
   h100 = {r["name"]: r for r in gpu_suite.plan(81559, "/tmp/ck")}
   assert h100["train_1p7b_16x4096_cudnn_context"]["micro_batches"] == 1
   assert h100["train_1p7b_16x4096_cudnn_attention"]["micro_batches"] == 2
   # At two micro-batches the plan had XLA recompute nothing (at one: 74 values).
   assert h100["train_1p7b_16x4096_cudnn_attention"]["predicted"]["xla_rematerialized"] == 0
-  assert "paged_decode_check.py --sweep" in lines[6]
-  assert "--batch 256 " in lines[7] and "--decode-attention triton " in lines[7]
+  assert "paged_decode_check.py --sweep" in lines[10]
+  assert "--batch 256 " in lines[11] and "--decode-attention triton " in lines[11]
   assert not any("--triton-config" in x for x in lines)  # added only once the sweep ran
   # The batch-256 target run is profiled and times transformers on the same device.
-  assert lines[4].startswith("decode_b256_triton (item 2)") and "--profile" in lines[4]
-  assert "--skip-hf" not in lines[4]
+  assert lines[5].startswith("decode_b256_triton (item 2)") and "--profile" in lines[5]
+  assert "--skip-hf" not in lines[5]
   decode = [x for x in lines if "sampler_bench.py" in x]
   assert len(decode) == 7 and all("--save-tokens" in x for x in decode)
   for batch in (64, 256):
@@ -350,7 +352,7 @@ def test_past_the_budget_every_run_is_recorded_as_skipped(tmp_path, monkeypatch)
   assert train["jax"] == jax.__version__
   assert train["packages"]["flax"] == importlib.metadata.version("flax")
   assert [r["name"] for r in suite["runs"]] == [name for name, *_ in gpu_suite.RUNS]
-  assert [r["batch"] for r in sampler["runs"]] == [256, 64, 256, 256, 256, 64, 256]
+  assert [r["batch"] for r in sampler["runs"]] == [256, 256, 256, 64, 256, 256, 64]
   assert len(train["runs"]) == 12
   assert all(r["skipped"] == "budget" for r in suite["runs"])
   assert suite["summary"] == {}
