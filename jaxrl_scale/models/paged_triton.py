@@ -221,12 +221,12 @@ def _call(kernel, grid, in_specs, args, rows: int, h: int, splits: int, dtype, *
   return _combine(o_SRH, l_SR, m_SR)
 
 
-def _finish(o, l, m, out_refs, rows, mask=None) -> None:
-  """Writes a program's results for query rows `rows` (a `pl.ds`; where `mask`, if given):
-  with one output ref (one split), the output normalised in its dtype (zeros for a row of
-  length 0); with three, the split's unnormalised float32 output, softmax sums and maxima
-  (what `_combine` takes)."""
-  rows_mask = None if mask is None else mask[:, None]
+def _finish(o, l, m, out_refs, rows, mask) -> None:
+  """Writes a program's results for query rows `rows` (a `pl.ds`; where `mask`): with one
+  output ref (one split), the output normalised in its dtype (zeros for a row of length 0);
+  with three, the split's unnormalised float32 output, softmax sums and maxima (what
+  `_combine` takes)."""
+  rows_mask = mask[:, None]
   if len(out_refs) == 1:
     (o_ref,) = out_refs
     out = jnp.where(l[:, None] > 0, o / jnp.maximum(l, 1e-30)[:, None], 0.0)
