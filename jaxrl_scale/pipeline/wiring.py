@@ -225,7 +225,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
          prompts: data_sources.PromptSource | mixture.MixedSource, validation: list,
          model: nnx.Module, mcfg: model_config.ModelConfig, shape: rollouts.BatchShape,
          progress: progress_lib.Progress, on_step, stop: preempt.StopRequest,
-         ) -> tuple[loop_lib.Outcome, Any, Any]:
+         on_loop=None) -> tuple[loop_lib.Outcome, Any, Any]:
   """Everything after the policy exists: warm start or restore, then the loop."""
   from jaxrl_scale.scaling import live  # pylint: disable=g-import-not-at-top
 
@@ -324,6 +324,8 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
                        flops_per_token=2.0 * mcfg.num_params(active=True), progress=progress,
                        gather=gather, stop=stop)
   loop.on_step = on_step
+  if on_loop is not None:  # benchmarks: time the loop's own trainer and sampler
+    on_loop(loop)
   prompts.set_keep(shard.keep_hook(loop.keep_prompt))
   if not resume:
     loop.initial_eval()
@@ -340,7 +342,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
 
 def train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool = False,
           config_path: str | None = None, stream: TextIO | None = None,
-          on_step=None) -> loop_lib.Outcome:
+          on_step=None, on_loop=None) -> loop_lib.Outcome:
   """Runs (or resumes) the RL run described by `cfg` in `run_dir`.
 
   Args:
@@ -350,6 +352,8 @@ def train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool = False,
     config_path: shown in the header.
     stream: where progress goes (stdout by default).
     on_step: called with (step, metrics row) after each step (tests, benchmarks).
+    on_loop: called with the `loop.Loop` once it is built, before the step-0 eval and
+      checkpoint (benchmarks/rl_loop_bench.py instruments its trainer and source).
 
   Returns:
     The loop's Outcome (done, or stopped by a signal with a checkpoint saved, or before RL
@@ -360,11 +364,12 @@ def train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool = False,
   stop = preempt.StopRequest(cfg.checkpoint.preempt_grace_seconds)
   with stop.installed():
     return _train(cfg, run_dir, resume=resume, config_path=config_path, stream=stream,
-                  on_step=on_step, stop=stop)
+                  on_step=on_step, stop=stop, on_loop=on_loop)
 
 
 def _train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool, config_path: str | None,
-           stream: TextIO | None, on_step, stop: preempt.StopRequest) -> loop_lib.Outcome:
+           stream: TextIO | None, on_step, stop: preempt.StopRequest,
+           on_loop=None) -> loop_lib.Outcome:
   run_dir = pathlib.Path(run_dir)
   run_dir.mkdir(parents=True, exist_ok=True)
   primary = distributed.is_primary()
@@ -406,7 +411,8 @@ def _train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool, config_pat
 
   with contextlib.ExitStack() as cleanup:  # closed in reverse order, also on errors
     outcome, forecaster, host = _run(cfg, run_dir, resume, cleanup, slices, tok, prompts,
-                                     validation, model, mcfg, shape, progress, on_step, stop)
+                                     validation, model, mcfg, shape, progress, on_step, stop,
+                                     on_loop)
   if primary and (run_dir / "metrics.jsonl").exists():
     summary_lib.finish(cfg, run_dir, outcome, forecaster, host, progress)
   elif outcome.reason == "signal":  # stopped in the warm start, before RL

@@ -1,0 +1,59 @@
+"""benchmarks/rl_loop_bench.py on the CPU demo's config, shrunk: it runs `jaxrl-scale train`'s
+loop in both modes, times every phase, and sets the loop beside its programs alone (no
+timing asserted)."""
+
+import json
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import rl_loop_bench  # noqa: E402  (benchmarks/ is not a package)
+
+SHRUNK = ["rl.prompts_per_step=4", "rl.generations_per_prompt=4", "sampler.num_slots=16",
+          "model.num_layers=2"]
+
+
+def test_coin_is_earned_both_ways_and_ignores_the_answer():
+  texts = [f"response {i}" for i in range(64)]
+  verdicts = [rl_loop_bench.coin(t, "0") for t in texts]
+  assert 16 < sum(verdicts) < 48
+  assert all(rl_loop_bench.coin(t, "0") == rl_loop_bench.coin(t, "1") for t in texts)
+
+
+def test_the_bench_runs_the_loop_in_both_modes(capsys):
+  assert rl_loop_bench.main([*SHRUNK, "--steps", "3", "--warmup", "1", "--repeats", "1",
+                             "--modes", "sync,pipeline", "--json"]) == 0
+  report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert report["platform"] == "cpu" and report["prompts"] == 4 and report["samples"] == 4
+  sync, pipe = report["modes"]["sync"], report["modes"]["pipeline"]
+  for mode in (sync, pipe):
+    assert len(mode["steps"]) == 3 and mode["devices"] == 8
+    med = mode["median"]
+    assert med["train_s"] > 0 and med["update_s"] > 0 and med["step_s"] > 0
+    assert med["trained_tokens"] > 0 and med["generated_tok_s_per_device"] > 0
+    assert 0.0 < med["pass_rate"] < 1.0  # the coin: groups with both rewards train
+    assert mode["loop_efficiency"] > 0
+  # Sync: generate and score are timed inside the trainer's wait.
+  assert sync["median"]["generate_s"] > 0 and sync["median"]["score_s"] > 0
+  assert sync["median"]["generate_s"] <= sync["median"]["wait_s"]
+  assert set(sync["alone"]) == {"update_s", "generate_s", "train_s"}
+  assert "alone" not in pipe
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--steps", "2", "--warmup", "1"], "--steps 2 must exceed"),
+    (["--modes", "sync,async"], "'async' is not sync"),
+])
+def test_bad_arguments_stop_with_one_line(argv, words, capsys):
+  with pytest.raises(SystemExit) as e:
+    rl_loop_bench.parse_args(argv)
+  assert e.value.code == 2
+  assert words in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_bad_override_stops_with_one_line(capsys):
+  assert rl_loop_bench.main(["rl.loss=nope", "--steps", "3", "--warmup", "1"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("rl_loop_bench: error:") and "rl.loss" in err[0]
