@@ -1,5 +1,5 @@
-"""Plans every config in configs/ on the Cloud TPU slice its header names, and checks the
-paper-scale targets.
+"""Plans every config in configs/ on the slice its header names and on the next size up
+(twice the chips), and checks the paper-scale targets on both.
 
 Each config's header carries the command that plans it (`jaxrl-scale plan configs/X.yaml
 --topology NAME`); this script runs exactly that command, one subprocess per config (libtpu
@@ -12,7 +12,7 @@ Targets (issue 12), checked for every config that is not the CPU demo:
   every program fits with >= 10% HBM headroom; train step compiled FLOPs <= 1.4x model
   FLOPs; train step MFU bound >= 0.5; every compile <= 300 s.
 
-    python benchmarks/plan_configs.py                       # all configs (~5 min each)
+    python benchmarks/plan_configs.py                       # all configs, two sizes (~5 min each)
     python benchmarks/plan_configs.py configs/scalerl_qwen3_8b.yaml --json-dir runs/plans
 
 Exit status 1 when a target is missed. Compile times depend on the machine and its load:
@@ -29,6 +29,9 @@ import subprocess
 import sys
 import time
 
+from jaxrl_scale.errors import UserError
+from jaxrl_scale.plan import chips
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TARGETS = {"headroom": 0.10, "flops_ratio": 1.4, "mfu_bound": 0.5, "compile_seconds": 300.0}
 
@@ -42,6 +45,20 @@ def header_topology(path: pathlib.Path) -> str | None:
     if m:
       return m.group(1)
   return None
+
+
+def next_size(topology: str) -> str | None:
+  """The slice of twice the chips, named alike (v5p-128 -> v5p-256, h100 -> h100-2), or None
+  where there is none or the name is not doubled so (a chip topology such as v5p:4x4x4)."""
+  m = re.fullmatch(r"([a-z0-9]+?)(?:-(\d+))?", topology.strip().lower())
+  if m is None or (m.group(2) is None and not m.group(1).startswith(("h", "a", "b"))):
+    return None
+  bigger = f"{m.group(1)}-{2 * int(m.group(2) or 1)}"
+  try:
+    chips.resolve(bigger)
+  except UserError:  # the largest slice of its kind already
+    return None
+  return bigger
 
 
 def plan(path: pathlib.Path, topology: str) -> tuple[dict | None, str, float]:
@@ -78,6 +95,9 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("configs", nargs="*", help="config files (default: configs/*.yaml)")
   parser.add_argument("--json-dir", help="also write each plan's JSON here")
+  parser.add_argument("--own-size-only", action="store_true",
+                      help="plan each config on its header's topology only (by default also "
+                      "on the slice of twice the chips)")
   args = parser.parse_args()
   paths = ([pathlib.Path(c) for c in args.configs] if args.configs
            else sorted((ROOT / "configs").glob("*.yaml")))
@@ -86,19 +106,27 @@ def main() -> int:
   print(f"{'config':<22}{'topology':<12}{'fits':>5}{'headroom':>10}{'FLOPs x':>9}"
         f"{'MFU<=':>7}{'max compile':>13}{'wall':>8}", flush=True)
   missed: list[str] = []
+  todo = []
   for path in paths:
     topology = header_topology(path)
     if topology is None:
       print(f"{path.stem:<22}(no --topology in its header: not planned)", flush=True)
       continue
+    todo.append((path, topology))
+    # One size up too (issue 68: a bigger slice once stopped the paper recipe fitting).
+    bigger = None if args.own_size_only else next_size(topology)
+    if bigger is not None and path.stem != "cpu_tiny":
+      todo.append((path, bigger))
+  for path, topology in todo:
     result, stderr, wall = plan(path, topology)
     if result is None:
       last = stderr.strip().splitlines()[-1] if stderr.strip() else "no output"
       print(f"{path.stem:<22}{topology:<12} failed: {last}", flush=True)
-      missed.append(f"{path.stem}: plan failed: {last}")
+      missed.append(f"{path.stem} on {topology}: plan failed: {last}")
       continue
     if args.json_dir:
-      (pathlib.Path(args.json_dir) / f"{path.stem}.json").write_text(json.dumps(result))
+      (pathlib.Path(args.json_dir) / f"{path.stem}_{topology}.json").write_text(
+          json.dumps(result))
     rows = result["programs"].values()
     train = result["programs"].get("train_step", {})
     headroom = min(r.get("headroom", 0.0) if r.get("fits") else 0.0 for r in rows)
@@ -108,7 +136,7 @@ def main() -> int:
           f"{headroom:>10.0%}{fmt(train.get('flops_ratio'), '.2f'):>9}"
           f"{fmt(train.get('mfu_bound'), '.2f'):>7}{compile_s:>12.0f}s{wall:>7.0f}s", flush=True)
     if path.stem != "cpu_tiny":
-      missed += check(path.stem, result)
+      missed += check(f"{path.stem} on {topology}", result)
   print(f"targets: headroom >= {TARGETS['headroom']:.0%}, train FLOPs <= "
         f"{TARGETS['flops_ratio']}x model, MFU bound >= {TARGETS['mfu_bound']}, compile <= "
         f"{TARGETS['compile_seconds']:.0f} s")

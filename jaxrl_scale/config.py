@@ -359,7 +359,10 @@ class OptimConfig:
   eps: float = 1e-15  # paper: avoids epsilon underflow acting as implicit gradient clipping
   weight_decay: float = 0.01  # AdamW decoupled weight decay (paper: 0.01)
   max_grad_norm: float | None = None  # global-norm clipping; None = off
-  micro_batch_prompts: int = 0  # 0 = whole batch in one micro-batch
+  # Prompts per micro-batch (gradient accumulation); 0 = the whole batch in one. Raised to
+  # the fewest whose G rows split over the trainer's data-parallel chips where these do
+  # not (train and plan say so in one line): otherwise every chip computes all the rows.
+  micro_batch_prompts: int = 0
   max_nonfinite_steps: int = 5  # abort after this many NaN/inf updates in a row
   # MoE policies: weight of the router's load-balancing loss added to the policy loss in
   # every train step (RL and SFT). null = the model's own (router_aux_loss_coef of its HF

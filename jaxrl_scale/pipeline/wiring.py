@@ -268,8 +268,14 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
               flag, name="sft_stop"))) if multi else None)
     except preempt.Interrupted:
       return loop_lib.Outcome("signal", 0, signal_name(stop)), None, host
+  asked = train_step.micro_batches_for(cfg.optim, p)
+  micro = train_step.micro_batches_for(cfg.optim, p, g, slices.trainer)
+  note = train_step.micro_batch_note("optim.micro_batch_prompts", p, g, asked, micro,
+                                     slices.trainer)
+  if note:
+    progress.print(f"  note: {note}")
   trainer = train_step.Trainer(model, slices.trainer, cfg.optim, rl_objective(cfg),
-                               micro_batches=train_step.micro_batches_for(cfg.optim, p))
+                               micro_batches=micro)
   del model  # its buffers now belong to the trainer (donated to every step)
   if resume:
     host = restore(ckpt, trainer, shard)

@@ -41,6 +41,7 @@ from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.parallel import transfer
 from jaxrl_scale.pipeline import wiring
 from jaxrl_scale.rl import batch as batch_lib
+from jaxrl_scale.rl import placement
 from jaxrl_scale.rl import sft as sft_lib
 from jaxrl_scale.rl import train_step
 
@@ -63,6 +64,10 @@ class Program:
       program does not see but that stay allocated while it runs.
     paged_layers: layers in the page pool the decode kernel reads one layer of per call
       (`hlo_cost.analyze`); 1 for programs without it.
+    micro_rows, data_parallel, micro_rows_per_chip: trainer programs: the rows of one
+      micro-batch, the data-parallel chips they split over, and the rows each of those
+      computes (all of them where they do not split).
+    notes: lines the plan prints with the program (e.g. a micro-batch size the run changes).
     min_bytes: per chip, by kind, the least HBM one call must read (decode: the weights once
       per step and every slot's live KV at the context the plan assumes, `decode_min_bytes`);
       empty where not defined.
@@ -78,6 +83,10 @@ class Program:
   also_resident: float = 0.0
   paged_layers: int = 1
   min_bytes: dict[str, float] = dataclasses.field(default_factory=dict)
+  micro_rows: int | None = None
+  data_parallel: int | None = None
+  micro_rows_per_chip: int | None = None
+  notes: list[str] = dataclasses.field(default_factory=list)
 
 
 def abstract_params(mcfg: ModelConfig, mesh: Mesh, dtype: str | None = None
@@ -155,12 +164,18 @@ def _trainer_program(name: str, cfg: Config, mcfg: ModelConfig, mesh: Mesh, obje
                                micro_batches=micro)
   state = trainer.state
   per_chip = layout_lib.bytes_per_device
+  # The rows of one micro-batch each data-parallel chip computes: all of them where they do
+  # not split (`placement.shardable_micro_batches`), which the plan's advice names.
+  micro_rows = rows // micro
+  n = placement.data_shards(mesh)
   resident = {"params": per_chip(state.params), "optimizer": per_chip(state.opt_state),
               "batch": per_chip(jax.tree.map(
                   lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), batch,
                   trainer.batch_shardings(batch)))}
   return Program(name, mesh, lambda: trainer.lower(batch),
-                 train_model_flops(mcfg, rows, seq), rows * seq, resident=resident)
+                 train_model_flops(mcfg, rows, seq), rows * seq, resident=resident,
+                 micro_rows=micro_rows, data_parallel=n,
+                 micro_rows_per_chip=micro_rows if micro_rows % n else micro_rows // n)
 
 
 def build(cfg: Config, mcfg: ModelConfig, devices: list) -> tuple[mesh_lib.Slices,
@@ -180,16 +195,19 @@ def build(cfg: Config, mcfg: ModelConfig, devices: list) -> tuple[mesh_lib.Slice
              if cfg.model.routing != "own" and sparse else None)
   batch = batch_lib.rl_batch_spec(p, g, seq, routing)
   objective = wiring.rl_objective(cfg)
+  asked = train_step.micro_batches_for(cfg.optim, p)
+  micro = train_step.micro_batches_for(cfg.optim, p, g, slices.trainer)
   programs.append(_trainer_program(
-      "train_step", cfg, mcfg, slices.trainer, objective, cfg.optim,
-      train_step.micro_batches_for(cfg.optim, p), batch, p * g, seq))
+      "train_step", cfg, mcfg, slices.trainer, objective, cfg.optim, micro, batch, p * g, seq))
+  note = train_step.micro_batch_note("optim.micro_batch_prompts", p, g, asked, micro,
+                                     slices.trainer)
+  programs[-1].notes.extend([note] if note else [])
   if cfg.sft.steps > 0:
     sft_batch = batch_lib.sft_batch_spec(cfg.sft.batch_size, seq)
-    micro = (cfg.sft.batch_size // cfg.sft.micro_batch_size if cfg.sft.micro_batch_size
-             else 1)
     programs.append(_trainer_program(
         "sft_step", cfg, mcfg, slices.trainer, sft_lib.SFTObjective(),
-        sft_lib.optim_config(cfg.optim, cfg.sft), micro, sft_batch, cfg.sft.batch_size, seq))
+        sft_lib.optim_config(cfg.optim, cfg.sft), sft_lib.micro_batches(cfg.sft, slices.trainer),
+        sft_batch, cfg.sft.batch_size, seq))
 
   programs.append(_cast_program(mcfg, slices, programs[0].resident["optimizer"]))
   sampler = _sampler_programs(cfg, mcfg, slices)

@@ -25,6 +25,7 @@ adds up the largest array of every collective a call runs (`hlo_cost`).
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from typing import Any, Callable
@@ -73,6 +74,11 @@ def measure(program: programs_lib.Program, sl: chips_lib.Slice) -> dict[str, Any
       "model_flops_per_chip": program.model_flops / chips,
       "resident_bytes_per_chip": {k: int(v) for k, v in program.resident.items()},
   }
+  if program.micro_rows is not None:
+    row.update(micro_batch_rows=program.micro_rows, data_parallel=program.data_parallel,
+               micro_batch_rows_per_chip=program.micro_rows_per_chip)
+  if program.notes:
+    row["notes"] = list(program.notes)
   t0 = time.perf_counter()
   try:
     with jax.set_mesh(program.mesh):
@@ -152,6 +158,8 @@ def run_plan(cfg: Any, mcfg: Any, sl: chips_lib.Slice,
       "programs": {},
   }
   for program in programs:
+    for note in program.notes:
+      progress(f"  note: {note}")
     progress(f"  compiling {program.name} on {program.mesh.devices.size} devices ...")
     row = measure(program, sl)
     out["programs"][program.name] = row
@@ -236,6 +244,8 @@ def table(plan: dict[str, Any]) -> str:
       lines.append(f"  {name} kernels s by family: " + ", ".join(
           f"{f} {t:.3g} ({t / r['kernel_bound_seconds']:.0%})" for f, t in fam.items()))
   for name, r in plan["programs"].items():
+    lines.extend(f"  {name}: {note}" for note in r.get("notes", []))
+  for name, r in plan["programs"].items():
     if r.get("xla_rematerialized"):
       lines.append(f"  {name}: {_REMAT_NOTE.format(n=r['xla_rematerialized'])}"
                    + (_REMAT_GPU if plan.get("platform") == "gpu" else ""))
@@ -274,6 +284,24 @@ def measured_note() -> str:
           f"step about that far from the bounds above, not at them")
 
 
+def _train_step_fix(r: dict[str, Any]) -> str:
+  """What to change when the train step does not fit, by how its micro-batch splits."""
+  rest = ("use optim.remat=full (the least activation memory), lower optim.logits_chunk, set "
+          "optim.sequence_parallel=true (with mesh.trainer_tp > 1), or give the trainer more "
+          "devices (mesh.trainer_devices)")
+  rows, n = r.get("micro_batch_rows"), r.get("data_parallel")
+  if rows is not None and n and rows % n:
+    # Every chip computes the whole micro-batch: no other knob helps as much.
+    return (f"a micro-batch's {rows} rows do not split over the trainer's {n} data-parallel "
+            f"chips, so each computes all of them: make rl.prompts_per_step x "
+            f"rl.generations_per_prompt (or sft.batch_size) a multiple of {n}, or give the "
+            f"trainer {n // math.gcd(rows, n)}x fewer devices (mesh.trainer_devices)")
+  if r.get("micro_batch_rows_per_chip") == 1:
+    # One row a chip already: fewer prompts per micro-batch would leave chips idle.
+    return rest
+  return "lower optim.micro_batch_prompts (fewer rows per micro-batch), " + rest
+
+
 def advice(plan: dict[str, Any]) -> str | None:
   """One line naming the first program that does not fit, its shortfall and what to change."""
   for name, r in plan["programs"].items():
@@ -286,11 +314,7 @@ def advice(plan: dict[str, Any]) -> str | None:
     short = (f"needs {_gib(need)} of {_gib(r['hbm_capacity_bytes'])} per chip"
              if need else r.get("error", "does not compile"))
     fix = {
-        "train_step": "lower optim.micro_batch_prompts (fewer rows per micro-batch), use "
-                      "optim.remat=full (the least activation memory), lower "
-                      "optim.logits_chunk, set optim.sequence_parallel=true (with "
-                      "mesh.trainer_tp > 1), or give the trainer more devices "
-                      "(mesh.trainer_devices)",
+        "train_step": _train_step_fix(r),
         "sft_step": "set sft.micro_batch_size, or give the trainer more devices",
         "weight_cast": "give the trainer more devices (mesh.trainer_devices)",
         "prefill": "set sampler.prefill_chunk (prefill in pieces), lower sampler.num_slots "

@@ -21,11 +21,42 @@ def _data_spec(example_shape: tuple[int, ...], mesh: Mesh) -> tuple[str | None, 
   are sharded.
   """
   axes = _data_axes(mesh)
-  n = math.prod(mesh.shape[a] for a in axes)
+  n = data_shards(mesh)
   for i, size in enumerate(example_shape):
     if size % n == 0:
       return (None,) * i + (axes if len(axes) > 1 else DATA_AXIS,)
   return ()
+
+
+def data_shards(mesh: Mesh) -> int:
+  """How many ways the trainer splits a micro-batch's rows: the size of its data axes."""
+  return math.prod(mesh.shape[a] for a in _data_axes(mesh))
+
+
+def shardable_micro_batches(examples: int, rows_per_example: int, micro_batches: int,
+                            mesh: Mesh) -> int:
+  """The micro-batch count a step over `examples` uses: `micro_batches`, or the largest
+  smaller one whose micro-batches' rows split evenly over the data-parallel chips.
+
+  A micro-batch whose rows do not divide `data_shards(mesh)` cannot be split by rows, so
+  every chip would compute all of it: with 1 prompt of 16 rows per micro-batch on 32
+  trainer chips that is 16 rows a chip instead of 1 (the paper recipe's train step on a
+  v5p-256: 667.70 GiB of temporaries a chip instead of 61.81). Fewer, larger micro-batches
+  keep the rows a chip computes at the fewest that split. Where no count divides (the
+  whole batch has fewer rows than chips, as in tiny tests), `micro_batches` is returned
+  unchanged.
+
+  Args:
+    examples: the batch's leading axis (prompts for RL, sequences for SFT).
+    rows_per_example: model rows per example (G completions per prompt for RL, 1 for SFT).
+    micro_batches: the count the config asks for; it must divide `examples`.
+    mesh: the trainer mesh.
+  """
+  n = data_shards(mesh)
+  for m in range(micro_batches, 0, -1):
+    if examples % m == 0 and (examples // m * rows_per_example) % n == 0:
+      return m
+  return micro_batches
 
 
 def _data_axes(mesh: Mesh) -> tuple[str, ...]:

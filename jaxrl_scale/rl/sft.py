@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 
 from jaxrl_scale.config import OptimConfig, SFTConfig
 from jaxrl_scale.rl import batch as batch_lib
+from jaxrl_scale.rl import placement
 from jaxrl_scale.rl import train_step
 
 log = logging.getLogger(__name__)
@@ -73,10 +74,23 @@ def optim_config(optim: OptimConfig, sft: SFTConfig) -> OptimConfig:
                              weight_decay=sft.weight_decay, max_grad_norm=sft.max_grad_norm)
 
 
+def micro_batches(sft: SFTConfig, mesh: Mesh) -> int:
+  """M from `sft.micro_batch_size` (0 = the whole batch), fewer where a micro-batch's
+  sequences would not split over the trainer's data-parallel chips
+  (`placement.shardable_micro_batches`)."""
+  asked = sft.batch_size // sft.micro_batch_size if sft.micro_batch_size else 1
+  used = placement.shardable_micro_batches(sft.batch_size, 1, asked, mesh)
+  note = train_step.micro_batch_note("sft.micro_batch_size", sft.batch_size, 1, asked, used,
+                                     mesh)
+  if note:
+    log.warning(note)
+  return used
+
+
 def make_trainer(model: nnx.Module, mesh: Mesh, sft: SFTConfig, optim: OptimConfig,
                  compiler_options: dict[str, Any] | None = None) -> train_step.Trainer:
   """A Trainer that minimises the SFT loss; `sft.micro_batch_size` sets the accumulation."""
-  micro = sft.batch_size // sft.micro_batch_size if sft.micro_batch_size else 1
+  micro = micro_batches(sft, mesh)
   return train_step.Trainer(model, mesh, optim_config(optim, sft), SFTObjective(),
                             micro_batches=micro, compiler_options=compiler_options)
 

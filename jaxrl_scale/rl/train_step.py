@@ -81,6 +81,7 @@ from jaxrl_scale.rl import batch as batch_lib
 from jaxrl_scale.rl import logprobs as logprobs_lib
 from jaxrl_scale.rl import losses
 from jaxrl_scale.rl import optimizer as optimizer_lib
+from jaxrl_scale.rl import placement
 from jaxrl_scale.rl.placement import (DATA_AXIS, _array_shardings, _data_axes, _data_spec,  # noqa: F401
                                       _has_router, _is_abstract, _structs, _to_master,
                                       master_dtype, put_global)
@@ -181,15 +182,36 @@ class RLObjective:
     return diag
 
 
-def micro_batches_for(optim: OptimConfig, num_prompts: int) -> int:
-  """M from `optim.micro_batch_prompts` (0 = one micro-batch of all prompts)."""
+def micro_batches_for(optim: OptimConfig, num_prompts: int, rows_per_prompt: int = 1,
+                      mesh: Mesh | None = None) -> int:
+  """M from `optim.micro_batch_prompts` (0 = one micro-batch of all prompts).
+
+  With the trainer `mesh` (and G as `rows_per_prompt`), M is lowered where a micro-batch's
+  rows would not split over the data-parallel chips (`placement.shardable_micro_batches`):
+  1 prompt of 16 rows on 32 chips becomes 2 prompts a micro-batch, one row a chip.
+  """
   per = optim.micro_batch_prompts
   if per == 0:
     return 1
   if num_prompts % per:
     raise UserError(f"config key 'optim.micro_batch_prompts': {per} does not divide the "
                     f"{num_prompts} prompts of a batch")
-  return num_prompts // per
+  m = num_prompts // per
+  if mesh is None:
+    return m
+  return placement.shardable_micro_batches(num_prompts, rows_per_prompt, m, mesh)
+
+
+def micro_batch_note(key: str, examples: int, rows_per_example: int, asked: int, used: int,
+                     mesh: Mesh) -> str | None:
+  """One line saying that `used` micro-batches replace the `asked` ones, or None."""
+  if asked == used:
+    return None
+  rows = examples // used * rows_per_example
+  n = placement.data_shards(mesh)
+  return (f"{key} {examples // asked} -> {examples // used} per micro-batch: "
+          f"{examples // asked * rows_per_example} rows do not split over the trainer's {n} "
+          f"data-parallel chips, {rows} do ({rows // n} a chip)")
 
 
 # --------------------------------------------------------------------------------------
@@ -270,6 +292,12 @@ class Trainer:
     if leading[0] % m:
       raise UserError(f"config key 'optim.micro_batch_prompts' (or 'sft.micro_batch_size'): "
                       f"the batch's {leading[0]} prompts do not split into {m} micro-batches")
+    rows, n = leading[0] // m * math.prod(leading[1:]), placement.data_shards(self.mesh)
+    if rows % n:
+      # Not an error (tiny batches on 8 CPU devices), but at scale every chip computing the
+      # whole micro-batch is what stops a step fitting (`micro_batches_for` avoids it).
+      log.warning("a micro-batch's %d rows do not split over the trainer's %d data-parallel "
+                  "devices: each computes all of them", rows, n)
     spec = _data_spec((leading[0] // m,) + tuple(leading[1:]), self.mesh)
     self._data_spec = spec
     return jax.tree.map(lambda _: NamedSharding(self.mesh, PartitionSpec(*spec)), batch)
@@ -308,7 +336,7 @@ class Trainer:
     divide. Without the constraint, sharding propagation follows the fsdp-split weights and
     copies the whole micro-batch to every chip (measured: 74.4 vs 9.4 GiB per chip)."""
     axes = _data_axes(self.mesh)
-    if rows % math.prod(self.mesh.shape[a] for a in axes):
+    if rows % placement.data_shards(self.mesh):
       return None
     return NamedSharding(self.mesh, PartitionSpec(axes if len(axes) > 1 else DATA_AXIS,
                                                   None, None))

@@ -173,3 +173,22 @@ def test_advice_tells_a_compiler_refusal_from_a_shortfall():
   line = report.advice({"name": "v6e-64", "programs": {"decode": row}})
   assert "does not fit on v6e-64: needs 51.00 GiB of 32.00 GiB" in line
   assert "sampler.num_slots" in line
+
+
+def test_train_step_advice_follows_how_its_micro_batch_splits():
+  """Lowering optim.micro_batch_prompts is advised only where a chip holds more than one row
+  of a micro-batch; where the rows do not split at all, the advice says so first."""
+  from jaxrl_scale.plan import report
+  row = {"fits": False, "hbm_bytes_per_chip": 120 * 2**30, "hbm_capacity_bytes": 95 * 2**30,
+         "error": "RESOURCE_EXHAUSTED: Ran out of memory on HBM", "micro_batch_rows": 32,
+         "data_parallel": 16, "micro_batch_rows_per_chip": 2}
+  plan = lambda r: {"name": "v5p-128", "programs": {"train_step": r}}  # noqa: E731
+  assert "lower optim.micro_batch_prompts" in report.advice(plan(row))
+  one = dict(row, micro_batch_rows=16, micro_batch_rows_per_chip=1)
+  line = report.advice(plan(one))
+  assert "micro_batch_prompts" not in line and "optim.remat=full" in line
+  whole = dict(row, micro_batch_rows=24, data_parallel=32, micro_batch_rows_per_chip=24)
+  line = report.advice(plan(whole))
+  assert ("a micro-batch's 24 rows do not split over the trainer's 32 data-parallel chips, "
+          "so each computes all of them") in line
+  assert "a multiple of 32" in line and "4x fewer devices" in line

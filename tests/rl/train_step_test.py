@@ -207,6 +207,31 @@ def test_micro_batches_for_config():
     train_step.micro_batches_for(config.OptimConfig(micro_batch_prompts=5), 48)
 
 
+def test_micro_batches_split_over_the_trainer_chips():
+  """A micro-batch whose rows do not divide the data-parallel chips would be computed whole
+  by every chip (issue 68: the paper recipe on a v5p-256); fewer, larger ones are used."""
+  devices = np.array(jax.devices()[:8])
+  mesh8 = jax.sharding.Mesh(devices.reshape(8, 1), ("fsdp", "tp"))
+  mesh4 = jax.sharding.Mesh(devices.reshape(4, 2), ("fsdp", "tp"))  # tp does not split rows
+  one = config.OptimConfig(micro_batch_prompts=1)
+  # 48 prompts x 2 rows: 1 prompt (2 rows) per micro-batch -> 4 prompts (8 rows, 1 a chip).
+  assert train_step.micro_batches_for(one, 48, 2, mesh8) == 12
+  assert train_step.micro_batches_for(one, 48, 2, mesh4) == 24
+  # 16 rows a prompt already split over 8 chips: unchanged.
+  assert train_step.micro_batches_for(one, 48, 16, mesh8) == 48
+  # 3 prompts of 4 rows never split over 8: the smallest micro-batch that does is 2 prompts,
+  # which does not divide 3; the whole batch (12 rows) does not either, so M stays.
+  assert train_step.micro_batches_for(one, 3, 4, mesh8) == 3
+  # 6 prompts of 4 rows: 2 prompts (8 rows) per micro-batch.
+  assert train_step.micro_batches_for(one, 6, 4, mesh8) == 3
+  # Without the mesh, the config's M as before.
+  assert train_step.micro_batches_for(one, 48, 2) == 48
+  note = train_step.micro_batch_note("optim.micro_batch_prompts", 48, 2, 48, 12, mesh8)
+  assert note == ("optim.micro_batch_prompts 1 -> 4 per micro-batch: 2 rows do not split "
+                  "over the trainer's 8 data-parallel chips, 8 do (1 a chip)")
+  assert train_step.micro_batch_note("optim.micro_batch_prompts", 48, 16, 48, 48, mesh8) is None
+
+
 def test_objective_takes_loss_params_from_config():
   rl = config.RLConfig(loss="dapo", clip_low=0.1, clip_high=0.3)
   objective = train_step.RLObjective(rl, temperature=1.0)
