@@ -102,13 +102,18 @@ def section_fractions(args) -> None:
             flush=True)
 
 
-def _run(row, i: int, j: int, sd: float, n_seeds: int, boot: int) -> forecast.RunReport:
-  """Side j of pair i: `n_seeds` seeds of `row`, each with its own true-A offset N(0, sd)."""
+def _run(row, i: int, j: int, sd: float, n_seeds: int, boot: int, b_rel: float = 0.0
+         ) -> forecast.RunReport:
+  """Side j of pair i: `n_seeds` seeds of `row`, each with its own true-A offset N(0, sd)
+  and true B scaled by 1 + N(0, b_rel)."""
   offsets = np.random.default_rng([i, j, 33]).normal(0.0, sd, n_seeds)
+  # Own stream, so the A offsets of the issue-33 cases stay what they were.
+  scales = 1.0 + np.random.default_rng([i, j, 64]).normal(0.0, b_rel, n_seeds)
   seeds = []
-  for k, off in enumerate(offsets):
+  for k, (off, scale) in enumerate(zip(offsets, scales)):
     # Seed k = 0 with no offset is the pre-issue-33 run of this pair (same eval noise).
-    compute, noisy, _ = synthetic.simulate_evals(row._replace(a=row.a + off),
+    seed_row = row._replace(a=row.a + off, b=row.b * max(scale, 0.05))
+    compute, noisy, _ = synthetic.simulate_evals(seed_row,
                                                  seed=10_000 * (j + 1) + i + 1_000_003 * k)
     seeds.append(io.Curve(name=f"run{j}", path="<simulated>", compute=compute,
                           pass_rate=noisy, line=np.arange(compute.size), r0=float(noisy[0]),
@@ -119,18 +124,20 @@ def _run(row, i: int, j: int, sd: float, n_seeds: int, boot: int) -> forecast.Ru
   return forecast.analyse(curve, options)
 
 
-def _pair(row1, row2, i: int, boot: int, sd: float = 0.0, n_seeds: int = 1
-          ) -> compare.Comparison:
-  reports = [_run(row, i, j, sd, n_seeds, boot) for j, row in enumerate((row1, row2))]
+def _pair(row1, row2, i: int, boot: int, sd: float = 0.0, n_seeds: int = 1,
+          b_rel: float = 0.0) -> compare.Comparison:
+  reports = [_run(row, i, j, sd, n_seeds, boot, b_rel) for j, row in enumerate((row1, row2))]
   return compare.compare(reports, seed=i)
 
 
-# (label, A offset sd per seed, seeds per recipe)
+# (label, A offset sd per seed, seeds per recipe, B's relative sd per seed)
 COMPARE_CASES = {
-    "eval": ("eval noise only", 0.0, 1),
-    "sd015": ("seed A offset sd 0.015, one run each", 0.015, 1),
-    "sd02": ("seed A offset sd 0.02, one run each", 0.02, 1),
-    "group": ("seed A offset sd 0.015, --group of 3 seeds each", 0.015, 3),
+    "eval": ("eval noise only", 0.0, 1, 0.0),
+    "sd015": ("seed A offset sd 0.015, one run each", 0.015, 1, 0.0),
+    "sd02": ("seed A offset sd 0.02, one run each", 0.02, 1, 0.0),
+    "group": ("seed A offset sd 0.015, --group of 3 seeds each", 0.015, 3, 0.0),
+    "ab": ("seed A sd 0.01 and B sd 10% of B, one run each", 0.01, 1, 0.10),
+    "abgroup": ("seed A sd 0.01 and B sd 10% of B, --group of 3 seeds each", 0.01, 3, 0.10),
 }
 
 
@@ -142,9 +149,9 @@ def section_compare(args) -> None:
   cases = list(COMPARE_CASES) if args.compare_cases == "all" else args.compare_cases.split(",")
   n = args.pairs
   for key in cases:
-    label, sd, n_seeds = COMPARE_CASES[key]
+    label, sd, n_seeds, b_rel = COMPARE_CASES[key]
     t0 = time.perf_counter()
-    same = [_pair(base, base, i, args.boot, sd, n_seeds) for i in range(n)]
+    same = [_pair(base, base, i, args.boot, sd, n_seeds, b_rel) for i in range(n)]
     false_b = sum(c.most_efficient is not None for c in same)
     false_a = sum(c.higher_asymptote is not None for c in same)
     false = sum(c.most_efficient is not None or c.higher_asymptote is not None for c in same)
@@ -152,7 +159,7 @@ def section_compare(args) -> None:
           f"(most efficient {false_b}, higher asymptote {false_a}; "
           f"{time.perf_counter() - t0:.0f}s)", flush=True)
     t0 = time.perf_counter()
-    right = sum(_pair(base, code, i, args.boot, sd, n_seeds).most_efficient == "run0"
+    right = sum(_pair(base, code, i, args.boot, sd, n_seeds, b_rel).most_efficient == "run0"
                 for i in range(n))
     print(f"[{label}] ScaleRL (B 1.92) vs math+code code curve (B 1.09): ScaleRL named in "
           f"{_fmt(right, n)} of {n} pairs ({time.perf_counter() - t0:.0f}s)", flush=True)

@@ -8,7 +8,8 @@ scalability" (App. A.5).
 
 Significance. Every run's bootstrap replicates (`forecast.analyse`) hold its eval noise;
 `seeds.py` adds the seed-to-seed training variance of A and B (measured from the seeds of
-a `--group`, else the paper's 0.02 prior for A and none for B, which the report says).
+a `--group` and combined with priors: the paper's 0.02 for A, 10% of B from the paper's
+runs of one recipe; a single run gets the priors, which the report says).
 P(A_i > A_j) and P(B_i > B_j) are the shares of replicates in which run i's value beats
 run j's (runs are independent, so replicate k of one run pairs with replicate k of another
 as well as with any other); B there is the free fits' B, which a seed's A offset leaves

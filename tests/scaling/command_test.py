@@ -164,4 +164,4 @@ def test_comparison_says_where_seed_variance_comes_from(tmp_path, capsys):
   assert cli.main(argv) == 0
   out = capsys.readouterr().out
   assert "one run: prior seed sd of A 0.02" in out
-  assert "B: eval noise only" in out
+  assert "of B 10% (the paper's runs of one recipe)" in out

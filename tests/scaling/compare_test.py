@@ -8,6 +8,7 @@ import pytest
 from jaxrl_scale.scaling import compare
 from jaxrl_scale.scaling import forecast
 from jaxrl_scale.scaling import io
+from jaxrl_scale.scaling import seeds
 from jaxrl_scale.scaling import synthetic
 
 
@@ -23,9 +24,10 @@ def _report(curve, n_boot=200, seed=0):
 
 
 def test_clearly_different_efficiency_names_the_winner_with_probabilities():
-  runs = [_report(_curve("slow", 0.60, 1.5, 0), seed=1),
+  # B's 1.6x apart or more: beyond one run's seed spread of B (10%) and the eval noise.
+  runs = [_report(_curve("slow", 0.60, 0.8, 0), seed=1),
           _report(_curve("fast", 0.61, 2.2, 1), seed=2),
-          _report(_curve("mid", 0.605, 1.8, 2), seed=3)]
+          _report(_curve("mid", 0.605, 1.3, 2), seed=3)]
   c = compare.compare(runs)
   assert c.shared_a == pytest.approx(np.mean([r.sigmoid.a for r in runs]))
   assert c.ranking == ("fast", "mid", "slow")
@@ -134,9 +136,11 @@ def test_seeds_of_one_recipe_with_training_noise_are_not_called_different():
 
 
 def test_b_1p92_vs_1p09_is_still_found_with_seed_noise():
+  # One run per recipe, seed spreads of A and B drawn in: the price is power (the benchmark
+  # measures the rate), never the wrong winner.
   named = [_seed_pair(synthetic.TABLE1[0], synthetic.TABLE1[9], i).most_efficient
            for i in range(5)]
-  assert named.count("run0") >= 4, named
+  assert named.count("run0") >= 3 and "run1" not in named, named
 
 
 def test_comparison_seed_is_fresh_by_default_and_reproducible():
@@ -173,3 +177,35 @@ def test_group_between_seed_spread_widens_its_probabilities():
   assert sv["tight"].a_sd < sv["single"].a_sd
   d = c.to_dict()["seed_variance"]
   assert {e["run"] for e in d} == {"tight", "loose", "single"}
+
+
+def test_one_run_each_gets_the_prior_seed_spread_of_b():
+  # B 12% apart on quiet evals (sd 0.003): eval noise alone pins each B to ~2%, so without a
+  # seed spread of B the faster run "wins"; seeds of one recipe differ by ~10% of B (the
+  # paper's 8/16/24/32-generation runs), so this is no evidence of a better recipe.
+  slow = _report(_curve("slow", 0.61, 1.92, 71, noise_sd=0.003), seed=1)
+  fast = _report(_curve("fast", 0.61, 2.15, 72, noise_sd=0.003), seed=2)
+  c = compare.compare([slow, fast], seed=0)
+  assert 0.6 < c.p_b_greater[("fast", "slow")] < 0.98, c.p_b_greater
+  assert c.most_efficient is None
+  sv = {s.name: s for s in c.seed_variance}
+  assert sv["fast"].b_sd == seeds.PRIOR_LOG_B_SD and sv["fast"].tau_b == seeds.PRIOR_LOG_B_SD
+  d = {e["run"]: e for e in c.to_dict()["seed_variance"]}
+  assert d["fast"]["added_sd_log_B"] == seeds.PRIOR_LOG_B_SD
+
+
+def test_group_seed_spread_of_b_is_never_zero_and_grows_with_the_seeds():
+  row = synthetic.TABLE1[0]
+  def group(name, factors, seed):
+    runs = [_curve(f"{name}{k}", row.a, row.b * f, seed + k, noise_sd=0.005)
+            for k, f in enumerate(factors)]
+    return _report(io.pool(runs, name), seed=seed)
+  same = seeds.estimate(group("same", (1.0, 1.0, 1.0), 80))
+  spread = seeds.estimate(group("spread", (0.7, 1.0, 1.4), 90))
+  # Three seeds with one B: the moment estimate is ~0, the prior keeps tau_B at
+  # sqrt(2 / 4) of its 0.10 (2 degrees of freedom against the group's 2).
+  assert same.tau_b == pytest.approx(seeds.PRIOR_LOG_B_SD / np.sqrt(2), rel=0.15)
+  assert same.b_sd == pytest.approx(same.tau_b / np.sqrt(3))
+  # log B per seed spread by sd ~0.35: well above the prior.
+  assert spread.tau_b > 0.2
+  assert np.std(np.log(spread.b_per_seed), ddof=1) > 0.25
