@@ -170,9 +170,12 @@ def run_plan(cfg: Any, mcfg: Any, sl: chips_lib.Slice,
 
 _REMAT_NOTE = ("XLA recomputes {n} values where they are used instead of keeping them "
                "(its rematerialization: the program's peak was above the compiler's memory "
-               "limit); the FLOPs and bounds above include that work. Fewer rows per "
-               "micro-batch (optim.micro_batch_prompts) or a remat policy that keeps less "
-               "(optim.remat) leave it less to do")
+               "limit); the FLOPs and bounds above include that work. {fix} leave it less "
+               "to do")
+_REMAT_FIX = ("Fewer rows per micro-batch (optim.micro_batch_prompts) or a remat policy that "
+              "keeps less (optim.remat)")
+# At one row a chip, fewer prompts per micro-batch would only leave chips idle.
+_REMAT_FIX_ONE_ROW = "A remat policy that keeps less (optim.remat) would"
 _REMAT_GPU = ("; the limit on a GPU is JAX's share of its memory "
               "(XLA_PYTHON_CLIENT_MEM_FRACTION) less the program's arguments and outputs, "
               "times --xla_gpu_memory_limit_slop_factor (95%)")
@@ -247,7 +250,9 @@ def table(plan: dict[str, Any]) -> str:
     lines.extend(f"  {name}: {note}" for note in r.get("notes", []))
   for name, r in plan["programs"].items():
     if r.get("xla_rematerialized"):
-      lines.append(f"  {name}: {_REMAT_NOTE.format(n=r['xla_rematerialized'])}"
+      fix = _REMAT_FIX_ONE_ROW if r.get("micro_batch_rows_per_chip") == 1 else _REMAT_FIX
+      note = _REMAT_NOTE.format(n=r["xla_rematerialized"], fix=fix)
+      lines.append(f"  {name}: {note}"
                    + (_REMAT_GPU if plan.get("platform") == "gpu" else ""))
   dec = plan["programs"].get("decode", {})
   if dec.get("tokens_per_second_per_chip"):
