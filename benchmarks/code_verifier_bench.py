@@ -1,7 +1,7 @@
 """Code verifier benchmark: verdicts on the labelled set, hostile programs, throughput, wall.
 
   python benchmarks/code_verifier_bench.py [--json] [--threads N] [--python PATH]
-                                           [--fresh-interpreter]
+                                           [--baseline REV [--rounds N]]
                                            [--set tests/rewards/data/code_labelled.jsonl]
 
 Scores every program of the labelled set (benchmarks/code_labelled_set.py builds it:
@@ -16,6 +16,11 @@ labels) with the "code" reward's judge under the default limits, through a Score
                as one batch (target: >= 50 on 2 cores)
   wall         p99 seconds per program over the whole labelled set, and the slowest
                timed-out program, against the per-case wall limit + 0.5 s (target)
+  protections  the sandbox's layers in force (code_sandbox.protections())
+  baseline     with --baseline REV: the throughput of the sandbox as it was at git
+               revision REV (its jaxrl_scale/ unpacked to a temporary directory) and of
+               this tree, measured in turns in fresh processes, --rounds times each,
+               and their ratio (target: this tree >= 0.8x)
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+# --baseline runs this script again with an older tree first on the path.
+sys.path.insert(0, os.environ.get("JAXRL_BENCH_TREE", str(REPO)))
 
 from jaxrl_scale.rewards import code  # noqa: E402
 from jaxrl_scale.rewards import code_sandbox  # noqa: E402
@@ -127,26 +135,50 @@ def hostile(limits, threads) -> dict:
           "by_program": rows}
 
 
+def baseline(rev: str, rounds: int, args) -> dict:
+  """Throughput at git revision `rev` against this tree, in alternating fresh processes."""
+  tree = tempfile.mkdtemp(prefix="jaxrl_bench_baseline_")
+  try:
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "jaxrl_scale"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    rates = {"baseline": [], "this": []}
+    for _ in range(rounds):
+      for name, path in (("baseline", tree), ("this", str(REPO))):
+        cmd = [sys.executable, __file__, "--throughput-only", "--threads", str(args.threads),
+               "--set", args.set] + (["--python", args.python] if args.python else [])
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True,
+                             env={**os.environ, "JAXRL_BENCH_TREE": path}).stdout
+        rates[name].append(json.loads(out.strip().splitlines()[-1])["programs_per_s"])
+  finally:
+    shutil.rmtree(tree)
+  ratio = statistics.median(rates["this"]) / statistics.median(rates["baseline"])
+  return {"rev": rev, "rounds": rounds, "programs_per_s": rates,
+          "ratio_of_medians": round(ratio, 3), "target": 0.8, "met": ratio >= 0.8}
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--set", default=str(SET))
   parser.add_argument("--threads", type=int, default=2 * (os.cpu_count() or 1))
   parser.add_argument("--python", default=None,
                       help="interpreter for the programs (default: this one)")
-  parser.add_argument("--isolate-network", action="store_true")
-  parser.add_argument("--fresh-interpreter", action="store_true",
-                      help="start a fresh interpreter per run (Limits.fork_server False)")
+  parser.add_argument("--baseline", metavar="REV", default=None,
+                      help="also measure the throughput of the sandbox at this git revision")
+  parser.add_argument("--rounds", type=int, default=3, help="turns of --baseline")
+  parser.add_argument("--throughput-only", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--json", action="store_true", help="print one JSON object")
   args = parser.parse_args()
-  limits = code_sandbox.Limits(python=args.python, isolate_network=args.isolate_network,
-                               fork_server=not args.fresh_interpreter)
+  limits = code_sandbox.Limits(python=args.python)
   with open(args.set, encoding="utf-8") as f:
     rows = [json.loads(line) for line in f if line.strip()]
-  probe = code_sandbox.run_python("pass", limits, single_stdin="")
+  code_sandbox.run_python("pass", limits, single_stdin="")  # (starts the fork server)
+  if args.throughput_only:
+    print(json.dumps(throughput(rows, limits, args.threads)))
+    return
   report = {
-      "python": limits.python or code_sandbox.default_python(), "as_nobody": probe.as_nobody,
-      "network_isolated": probe.network_isolated,
-      "fork_server": limits.fork_server,
+      "python": limits.python or code_sandbox.default_python(),
+      "protections": code_sandbox.protections(limits.python),
       "limits": {"wall_s": limits.wall_s, "total_wall_s": limits.total_wall_s,
                  "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb},
       "labelled": labelled(rows, limits, args.threads),
@@ -160,11 +192,13 @@ def main() -> None:
                     <= limits.wall_s + WALL_MARGIN_S}
   report["targets_met"] = bool(lab["all_right"] and report["hostile"]["all_inert"]
                                and report["throughput"]["met"] and report["wall"]["met"])
+  if args.baseline:
+    report["baseline"] = baseline(args.baseline, args.rounds, args)
+    report["targets_met"] = report["targets_met"] and report["baseline"]["met"]
   if args.json:
     print(json.dumps(report))
     return
-  print(f"python {report['python']} as_nobody={report['as_nobody']} "
-        f"network_isolated={report['network_isolated']}")
+  print(f"python {report['python']}: {report['protections']}")
   print(f"labelled: {lab['right']}/{lab['programs']} right {lab['by_label']}")
   for m in lab["mismatches"]:
     print(f"  MISMATCH {m}")
@@ -175,6 +209,10 @@ def main() -> None:
         f"{report['wall']['max_timeout_s']} s (target {report['wall']['target_s']} s)")
   ho = report["hostile"]
   print(f"hostile: {ho['inert']}/{ho['programs']} inert, slowest {ho['max_wall_s']} s")
+  if args.baseline:
+    ba = report["baseline"]
+    print(f"baseline {ba['rev']}: programs/s {ba['programs_per_s']}, this/baseline "
+          f"{ba['ratio_of_medians']} (median of {ba['rounds']}; target {ba['target']})")
   print(f"targets met: {report['targets_met']}")
 
 

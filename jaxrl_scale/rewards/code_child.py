@@ -5,10 +5,11 @@ fresh temporary directory, in a new session, with a scrubbed environment. It is 
 imported by the package: it runs before any untrusted code, in the child only, so the
 limits are set without a `preexec_fn` (unsafe in the threaded parent).
 
-Order matters: limits and the uid switch first (they cannot be undone afterwards), then
-the ready line "<nonce> R" as the first bytes of stdout (the parent's proof that the
-sandbox came up: without it, an infrastructure failure, not the program's fault), then the
-audit hook, then the program. With -I -S the child sees neither the parent's environment
+Order matters: the fork server's isolation (code_isolate.py) has already happened; limits
+and the uid switch first (they cannot be undone afterwards), then the ready line
+"<nonce> R" as the first bytes of stdout (the parent's proof that the sandbox came up:
+without it, an infrastructure failure, not the program's fault), then the audit hook,
+then the program. With -I -S the child sees neither the parent's environment
 variables nor site-packages: programs get the standard library only.
 
 Modes (every case ends with a mark "\\n<nonce> <index> <ok|error> <payload>\\n" on
@@ -20,7 +21,8 @@ fd 1, from which the parent splits the outputs and restarts its per-case wall cl
             top-level function), call it on each (index, args) of cases.json; the mark's
             payload is the JSON result. The program's own prints go nowhere.
 The parent compares the outputs; this process never judges, so whatever the program
-forges on fd 1 is at most an output of its own.
+forges on fd 1 is at most an output of its own, and marks out of order are the program's
+malformed output (code_sandbox._split_cases), never an error of the judge.
 """
 
 import os
@@ -30,7 +32,7 @@ import sys
 # key=value arguments: importing json here would cost more than the rest of the start.
 CFG = dict(arg.split("=", 1) for arg in sys.argv[1:])
 for _key in ("cpu_s", "memory_bytes", "file_bytes", "processes", "open_files", "num_cases",
-             "isolate_network"):
+             "own_userns", "audit_hook"):
   CFG[_key] = int(CFG[_key])
 CFG["uid"] = int(CFG["uid"]) if CFG["uid"] else None
 os.write(2, b"")  # stderr must exist before anything can fail loudly
@@ -40,95 +42,90 @@ def _limit(name, value):
   resource.setrlimit(getattr(resource, name), (value, value))
 
 
-def _isolate_network():
-  # A new network namespace has only a down loopback: connect() fails in the kernel,
-  # whatever the code path (C extensions included). Needs root or unprivileged user
-  # namespaces; when refused, the audit hook below is the only network guard.
-  import ctypes  # pylint: disable=g-import-not-at-top
-  flags = 0x40000000  # CLONE_NEWNET
-  if os.geteuid() != 0:
-    flags |= 0x10000000  # CLONE_NEWUSER (lets an unprivileged user own the new netns)
-  return ctypes.CDLL(None, use_errno=True).unshare(flags) == 0
-
-
-NET_ISOLATED = bool(CFG["isolate_network"]) and _isolate_network()
-CPU = CFG["cpu_s"]
-_limit("RLIMIT_CPU", CPU)  # SIGXCPU at the soft limit (soft == hard: then SIGKILL)
+_limit("RLIMIT_CPU", CFG["cpu_s"])  # SIGXCPU at the soft limit (soft == hard: then SIGKILL)
 _limit("RLIMIT_AS", CFG["memory_bytes"])
 _limit("RLIMIT_FSIZE", CFG["file_bytes"])
 _limit("RLIMIT_NOFILE", CFG["open_files"])
 _limit("RLIMIT_CORE", 0)
 if CFG["uid"] is not None:
-  # Root ignores RLIMIT_NPROC and may read and kill anything: run as nobody instead.
+  # Root ignores RLIMIT_NPROC and may read and kill anything: run as the uid the parent
+  # leased to this program alone (code_sandbox's pool), so its count is its own.
   os.setgroups([])
   os.setgid(CFG["uid"])
   os.setuid(CFG["uid"])
+  _limit("RLIMIT_NPROC", CFG["processes"])
+elif CFG["own_userns"]:
+  # Root of a user namespace of its own: the kernel counts its processes there afresh.
   _limit("RLIMIT_NPROC", CFG["processes"])
 elif os.geteuid() != 0:  # (root that cannot switch: only the audit hook limits forks)
   # RLIMIT_NPROC counts every process of the user: allow this many beyond those that
   # exist now (the number of all processes bounds the user's own from above).
   _limit("RLIMIT_NPROC", len(os.listdir("/proc")) + CFG["processes"])
 
-HOME = os.getcwd()
 with open(CFG["program"], encoding="utf-8", errors="replace") as f:
   SOURCE = f.read()
-os.write(1, f"{CFG['nonce']} {'N' if NET_ISOLATED else 'R'}\n".encode())  # ready
+os.write(1, f"{CFG['nonce']} R\n".encode())  # ready
 
-_REFUSED = frozenset((
+
+def _hook(event, args, _refused=frozenset((
     "os.system", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
     "subprocess.Popen", "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill",
     "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
     "socket.sendto", "socket.sendmsg", "ctypes.dlopen", "ctypes.dlsym",
-    "ctypes.call_function", "resource.setrlimit", "resource.prlimit", "os.setuid",
-    "sys.remote_exec", "_posixsubprocess.fork_exec"))
-_REFUSED_MODULES = frozenset(("ctypes", "_ctypes", "socket", "_socket", "subprocess",
-                              "_posixsubprocess", "multiprocessing", "_multiprocessing",
-                              "pty", "ssl", "_ssl", "asyncio"))
-_PATH_EVENTS = frozenset(("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod",
-                          "os.chown", "os.symlink", "os.link", "os.truncate", "os.utime",
-                          "shutil.rmtree", "shutil.move", "shutil.copyfile"))
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_OWN_PROC = ("/proc/self", f"/proc/{os.getpid()}")
-_realpath, _startswith = os.path.realpath, str.startswith
-
-
-def _inside(path):
-  if isinstance(path, int):
-    return True  # an fd the process already holds
-  if isinstance(path, bytes):
-    path = path.decode("utf-8", "replace")
-  real = _realpath(path)
-  return real == HOME or _startswith(real, HOME + "/")
-
-
-def _hook(event, args):
-  # Refuses, by raising, what a test program never needs. Not a security boundary on its
-  # own (README "Code rewards" lists what it misses); the uid switch, limits and the
-  # network namespace are the kernel-enforced parts.
-  if event in _REFUSED:
-    raise PermissionError(f"sandbox: {event} is not allowed")
+    "ctypes.call_function", "ctypes.cdata", "resource.setrlimit", "resource.prlimit",
+    "os.setuid", "sys.remote_exec", "_posixsubprocess.fork_exec", "object.__delattr__")),
+          _modules=frozenset((
+              "ctypes", "_ctypes", "socket", "_socket", "subprocess", "_posixsubprocess",
+              "multiprocessing", "_multiprocessing", "pty", "ssl", "_ssl", "asyncio",
+              "_xxsubinterpreters", "_xxinterpchannels", "_testcapi", "_testinternalcapi",
+              "_testmultiphase", "_testsinglephase", "_testbuffer")),
+          _path_events=frozenset((
+              "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
+              "os.symlink", "os.link", "os.truncate", "os.utime", "shutil.rmtree",
+              "shutil.move", "shutil.copyfile", "sqlite3.connect")),
+          _frozen=frozenset(("__code__", "__defaults__", "__kwdefaults__", "__globals__",
+                             "__closure__", "__dict__", "__class__")),
+          _write_flags=os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND,
+          _home=os.getcwd() + "/", _str=str, _bytes=bytes, _isinstance=isinstance,
+          _any=any, _err=PermissionError):
+  # Refuses, by raising, what a test program never needs. A second layer only: the
+  # kernel's namespaces, uid, limits and seccomp filter (code_isolate.py) are the
+  # boundary. Everything it reads is a default argument (replacing __defaults__ is an
+  # audited event it refuses) or a constant: no global, no builtin, no module attribute
+  # the program could rebind to switch it off.
+  if event in _refused:
+    raise _err(f"sandbox: {event} is not allowed")
   if event == "import":
-    if args[0].partition(".")[0] in _REFUSED_MODULES:
-      raise PermissionError(f"sandbox: import {args[0]} is not allowed")
+    if args[0].partition(".")[0] in _modules:
+      raise _err(f"sandbox: import {args[0]} is not allowed")
   elif event == "open":
     path, mode, flags = args
-    writes = (mode is not None and any(c in mode for c in "wax+")) or (
-        flags is not None and flags & _WRITE_FLAGS)
-    if writes and not _inside(path):
-      raise PermissionError(f"sandbox: writing {path!r} is not allowed")
-    if isinstance(path, str) and _startswith(path, "/proc/"):
-      if not _startswith(path, _OWN_PROC) or ".." in path:
-        raise PermissionError(f"sandbox: reading {path!r} is not allowed")
-  elif event in _PATH_EVENTS:
+    if _isinstance(path, _bytes):
+      path = path.decode("utf-8", "replace")
+    if not _isinstance(path, _str):
+      return  # an fd the process already holds
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    writes = (mode is not None and _any(c in mode for c in "wax+")) or (
+        flags is not None and flags & _write_flags)
+    if writes and (".." in parts or (path[:1] == "/" and not path.startswith(_home))):
+      raise _err(f"sandbox: writing {path!r} is not allowed")
+    if "proc" in parts and (".." in parts or parts[parts.index("proc") + 1:][:1] not in (
+        ["self"], ["thread-self"])):
+      raise _err(f"sandbox: reading {path!r} is not allowed")
+  elif event in _path_events:
     for arg in args:
-      if isinstance(arg, (str, bytes)) and not _inside(arg):
-        raise PermissionError(f"sandbox: {event} outside the sandbox directory")
-  elif event == "object.__setattr__" and args[1] in ("__code__", "__globals__"):
-    raise PermissionError("sandbox: rewriting function code is not allowed")
+      if _isinstance(arg, _bytes):
+        arg = arg.decode("utf-8", "replace")
+      if _isinstance(arg, _str) and arg != ":memory:" and (
+          ".." in arg.split("/") or (arg[:1] == "/" and not arg.startswith(_home))):
+        raise _err(f"sandbox: {event} outside the sandbox directory")
+  elif event == "object.__setattr__" and args[1] in _frozen:
+    raise _err(f"sandbox: setting {args[1]} is not allowed")
 
 
-sys.addaudithook(_hook)
-del _isolate_network, _limit  # nothing left that the program should call
+if CFG["audit_hook"]:  # (off only in the tests of the kernel's layers alone)
+  sys.addaudithook(_hook)
+del _hook, _limit  # nothing left that the program should call
 sys.argv = ["prog.py"]  # the program sees its own name only, not the mark's nonce
 
 

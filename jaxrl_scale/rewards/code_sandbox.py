@@ -1,25 +1,35 @@
-"""Runs one untrusted Python program in a separate, limited process.
+"""Runs one untrusted Python program in a separate, isolated, limited process.
 
-Each run gets a fresh temporary directory (its only writable place, deleted afterwards),
-a new session (so the whole process group is killed on timeout), a scrubbed environment
-(PATH and a UTF-8 locale only), `python -I -S` (no site-packages, no PYTHON* variables),
-and the limits of `Limits`, which the child's bootstrap (code_child.py) applies to itself
-before the program starts: CPU seconds, address space, file size, open files, processes;
-as root it also switches to uid nobody. The parent enforces the wall-clock limit and the
-output cap, reading stdout and stderr incrementally, and kills the process group at either.
-By default the child is forked from one idle `python -I -S` per interpreter (the fork
-server, code_forkserver.py) rather than started afresh: an interpreter start is ~20 ms of
-CPU, the demo's programs ~1 ms, and on two cores the starts took CPU from training.
+Each program is forked from one idle `python -I -S` per interpreter (the fork server,
+code_forkserver.py: an interpreter start is ~20 ms of CPU, the demo's programs ~1 ms) and,
+where the kernel allows it (root, or unprivileged user namespaces), runs as pid 1 of
+namespaces of its own (code_isolate.py): its own pid namespace (it sees and signals no
+other process; when it ends, everything it started dies), a new root holding only the
+system directories and the interpreter, read-only, an empty /tmp and its work dir as the
+one writable place (no dataset, no other program's files), a network namespace with
+nothing in it, its own ipc namespace, no capabilities, no_new_privs. As root it also runs
+under a uid leased to it alone from a pool (`UID_POOL`), so concurrent programs share no
+uid. Then the limits of `Limits` (code_child.py: CPU, address space, file size, open
+files, processes), a scrubbed environment, and the audit hook as a second layer. Where
+the kernel refuses namespaces, root still gives each program its own uid (and kills what
+that uid left behind); a non-root parent without namespaces runs one program at a time.
+`protections()` names the layers in force (printed once, to stderr, at first use).
 
-Outcomes (`Run.status`): "ok" (exit 0), "runtime_error" (non-zero exit or a signal),
-"timeout" (wall or CPU limit), "output_limit", "stopped" (the caller's `stop` saw a
-failing case and ended the run early). A sandbox that did not come up (no ready line
-from the bootstrap as the first bytes of its stdout) raises `SandboxError`: that is our
-failure, never the program's, and the caller must not score it.
+The parent enforces the wall-clock limit and the output cap, reading stdout and stderr
+incrementally, and kills the program at either.
+
+Outcomes (`Run.status`): "ok" (exit 0), "runtime_error" (non-zero exit, a signal, or case
+marks out of order: the program's malformed output), "timeout" (wall or CPU limit),
+"output_limit", "stopped" (the caller's `stop` saw a failing case and ended the run
+early). A sandbox that did not come up (no ready line from the bootstrap as the first
+bytes of its stdout), or a program killed by a signal that neither we nor its CPU limit
+sent (someone else's kill), raises `SandboxError`: that is not the program's doing, and
+the caller must not score it.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import json
@@ -27,11 +37,13 @@ import os
 import pathlib
 import secrets
 import selectors
+import shutil
 import signal
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 
@@ -40,7 +52,9 @@ from jaxrl_scale.rewards import code_forkserver
 
 _BOOTSTRAP = (pathlib.Path(__file__).with_name("code_child.py")).read_text(encoding="utf-8")
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-_NOBODY = 65534
+# Uids leased one per running program (as root): Debian's reserved 65000-65533 range,
+# below nobody, inside any container's usual 0-65535 map.
+UID_POOL = range(65100, 65500)
 _SYSTEM_PYTHONS = ("/usr/bin/python3",)
 _STARTUP_S = 10.0  # interpreter start and bootstrap, before the program's clocks start
 _STDERR_KEEP = 2048  # bytes of stderr kept for the verdict's detail
@@ -65,15 +79,16 @@ class Limits:
     memory_mb: address space (RLIMIT_AS), interpreter included (~30 MB).
     output_bytes: stdout and stderr each; more kills the run ("output_limit").
     file_mb: largest file the program may write (RLIMIT_FSIZE).
-    processes: RLIMIT_NPROC (as nobody; beyond the existing ones otherwise).
+    processes: RLIMIT_NPROC (per program: its own uid or user namespace; beyond the
+      user's existing processes otherwise).
     open_files: RLIMIT_NOFILE.
-    isolate_network: try a new network namespace (root or user namespaces); the audit
-      hook refuses sockets either way.
-    python: the interpreter that runs programs. As root the child switches to uid
-      nobody only when nobody can read that interpreter's standard library (a pyenv
-      under /root cannot be read; /usr/bin/python3 usually can). None: this one, or, as
-      root when nobody cannot read it, /usr/bin/python3 of the same minor version if
-      nobody can (`default_python`).
+    python: the interpreter that runs programs. As root the child switches to its
+      leased uid only when any user can read that interpreter's standard library (a
+      pyenv under /root cannot be read; /usr/bin/python3 usually can). None: this one,
+      or, as root when others cannot read it, /usr/bin/python3 of the same minor version
+      if they can (`default_python`).
+    audit_hook: install the audit hook (the second layer). Only tests turn it off, to
+      check that the kernel's layers hold by themselves.
   """
   wall_s: float = 2.0
   total_wall_s: float = 4.0
@@ -83,9 +98,8 @@ class Limits:
   file_mb: int = 16
   processes: int = 32
   open_files: int = 64
-  isolate_network: bool = False
   python: str | None = None
-  fork_server: bool = True
+  audit_hook: bool = True
 
   def __post_init__(self):
     for key in ("wall_s", "total_wall_s", "cpu_s", "memory_mb", "output_bytes", "file_mb",
@@ -119,8 +133,8 @@ class Run:
     stdout: the unmarked stdout (single mode), at most the output cap.
     stderr: the first bytes of stderr (a traceback's start), decoded.
     wall_s: seconds from spawn to exit.
-    network_isolated: whether the process had its own network namespace.
-    as_nobody: whether the process ran as uid nobody (root parents only).
+    namespaces: whether the process ran in namespaces of its own (code_isolate.py).
+    uid: the uid it ran as when root leased it one, else None (ours).
   """
   cases: list[Case]
   status: str
@@ -128,13 +142,13 @@ class Run:
   stdout: bytes
   stderr: str
   wall_s: float
-  network_isolated: bool
-  as_nobody: bool = False
+  namespaces: bool = False
+  uid: int | None = None
 
 
 @functools.lru_cache(maxsize=None)
-def _nobody_can_import(python: str) -> bool:
-  """Whether uid nobody can read `python`'s standard library (checked by mode bits)."""
+def _others_can_import(python: str) -> bool:
+  """Whether any uid can read `python`'s standard library (checked by mode bits)."""
   try:
     stdlib = subprocess.run([python, "-I", "-S", "-c", "import os; print(os.__file__)"],
                             capture_output=True, text=True, timeout=30, check=True,
@@ -155,11 +169,11 @@ def _nobody_can_import(python: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def default_python() -> str:
-  """This interpreter, unless root must fall back to a system one to drop to nobody."""
-  if os.geteuid() != 0 or _nobody_can_import(sys.executable):
+  """This interpreter, unless root must fall back to a system one to drop its uid."""
+  if os.geteuid() != 0 or _others_can_import(sys.executable):
     return sys.executable
   for candidate in _SYSTEM_PYTHONS:
-    if os.path.exists(candidate) and _nobody_can_import(candidate):
+    if os.path.exists(candidate) and _others_can_import(candidate):
       try:
         version = subprocess.run([candidate, "-I", "-S", "-c",
                                   "import sys; print(*sys.version_info[:2])"],
@@ -170,6 +184,101 @@ def default_python() -> str:
       if version == [str(v) for v in sys.version_info[:2]]:
         return candidate
   return sys.executable
+
+
+class _UidPool:
+  """Uids leased to running programs, one each (root only)."""
+
+  def __init__(self, uids: range):
+    self._free, self._cond = list(reversed(uids)), threading.Condition()
+
+  def lease(self) -> int:
+    with self._cond:
+      while not self._free:  # (more concurrent programs than uids: wait for one)
+        self._cond.wait()
+      return self._free.pop()
+
+  def release(self, uid: int) -> None:
+    with self._cond:
+      self._free.append(uid)
+      self._cond.notify()
+
+
+_UIDS = _UidPool(UID_POOL)
+_SERIAL = threading.Lock()  # one program at a time where nothing else separates them
+_WORK_ROOT: list[str] = []
+_TOLD: set[str] = set()
+_STATE_LOCK = threading.Lock()
+
+
+def _work_root() -> str:
+  """This process's directory of work dirs: -wx--x--x, listable by no program (nor by
+  a user namespace's root, which owns it), each work dir in it an unguessable name."""
+  with _STATE_LOCK:
+    if not _WORK_ROOT:
+      root = tempfile.mkdtemp(prefix="jaxrl_code_")
+      os.chmod(root, 0o311)
+      _WORK_ROOT.append(root)
+      atexit.register(_remove_work_root, root)
+    return _WORK_ROOT[0]
+
+
+def _remove_work_root(root: str) -> None:
+  try:
+    os.chmod(root, 0o700)
+  except OSError:
+    return
+  shutil.rmtree(root, ignore_errors=True)
+
+
+def _work_dir() -> str:
+  home = os.path.join(_work_root(), secrets.token_hex(16))
+  os.mkdir(home, 0o700)
+  return home
+
+
+def _server(python: str) -> code_forkserver.ForkServer:
+  server = code_forkserver.get(python, _BOOTSTRAP, _ENV, _work_root())
+  try:
+    server.ensure_started()
+  except code_forkserver.ForkServerError as e:
+    raise SandboxError(f"cannot start the sandbox: {e}") from None
+  with _STATE_LOCK:
+    if python not in _TOLD:
+      _TOLD.add(python)
+      print(f"code sandbox ({python}): {_describe_protections(server, python)}",
+            file=sys.stderr, flush=True)
+  return server
+
+
+def _leases_uid(python: str) -> bool:
+  return os.geteuid() == 0 and _others_can_import(python)
+
+
+def _describe_protections(server: code_forkserver.ForkServer, python: str) -> str:
+  layers = []
+  if server.namespaces:
+    layers.append("own pid and ipc namespaces"
+                  + ("" if os.geteuid() == 0 else " and user namespace")
+                  + ", an empty network namespace")
+    layers.append("read-only system view without /proc, a work dir no other program"
+                  " reaches, no capabilities")
+  layers.append("seccomp filter" if server.seccomp else "NO seccomp filter")
+  if _leases_uid(python):
+    layers.append(f"a uid per program ({UID_POOL.start}-{UID_POOL.stop - 1})")
+  layers.append("rlimits, scrubbed environment, audit hook")
+  line = "; ".join(layers)
+  if not server.namespaces:
+    line += f". NO namespaces ({server.why_not})"
+    if not _leases_uid(python):
+      line += ": programs share our uid, so they run one at a time"
+  return line
+
+
+def protections(python: str | None = None) -> str:
+  """One line naming the layers in force for `python` (starts its fork server)."""
+  python = python or default_python()
+  return _describe_protections(_server(python), python)
 
 
 def run_python(source: str, limits: Limits, *, inputs: list[str] | None = None,
@@ -186,37 +295,61 @@ def run_python(source: str, limits: Limits, *, inputs: list[str] | None = None,
   scoring).
 
   Returns:
-    The Run. Raises SandboxError when the sandbox failed to come up.
+    The Run. Raises SandboxError when the sandbox failed to come up, or the program was
+    killed from outside.
   """
-  with tempfile.TemporaryDirectory(prefix="jaxrl_code_") as home:
-    nonce = secrets.token_hex(8)
-    prog = os.path.join(home, "prog.py")
-    _write(prog, source)
-    stdin_path = os.path.join(home, "stdin.txt")
-    _write(stdin_path, single_stdin or "")
-    if fn_name is not None:
-      mode, n = "function", len(args or [])
-      cases = os.path.join(home, "cases.json")
-      _write(cases, json.dumps(list(enumerate(args or []))))
-    elif inputs is not None:
-      mode, n, cases = "stdin", len(inputs), ""
-      for i, text in enumerate(inputs):
-        _write(os.path.join(home, f"in{i}.txt"), text)  # the child's case i reads in{i}.txt
-    else:
-      mode, n, cases = "single", 1, ""
-    python = limits.python or default_python()
-    as_nobody = os.geteuid() == 0 and _nobody_can_import(python)
-    cfg = {"mode": mode, "program": prog, "uid": _NOBODY if as_nobody else "",
-           "cases": cases, "num_cases": n,
-           "cpu_s": int(limits.cpu_s) * max(n, 1), "memory_bytes": limits.memory_mb << 20,
-           "file_bytes": limits.file_mb << 20, "processes": limits.processes,
-           "open_files": limits.open_files, "isolate_network": int(limits.isolate_network),
-           "fn_name": fn_name or "", "nonce": nonce}
-    if as_nobody:
-      os.chown(home, _NOBODY, _NOBODY)  # the child runs as nobody: its one writable place
-    run = _spawn(python, cfg, home, stdin_path, limits, ("\n" + nonce + " ").encode(),
-                 max(n, 1), stop)
-    return dataclasses.replace(run, as_nobody=as_nobody)
+  python = limits.python or default_python()
+  server = _server(python)
+  uid = _UIDS.lease() if _leases_uid(python) else None
+  serial = _SERIAL if not server.namespaces and uid is None else None
+  try:
+    if serial is not None:
+      serial.acquire()  # pylint: disable=consider-using-with
+    home = _work_dir()
+    try:
+      run = _run_in(home, server, source, limits, uid, inputs=inputs, fn_name=fn_name,
+                    args=args, single_stdin=single_stdin, stop=stop)
+    finally:
+      shutil.rmtree(home, ignore_errors=True)
+  finally:
+    if uid is not None:
+      if not server.namespaces:
+        _kill_uid(uid)  # what it left behind (with namespaces, its pid 1's end did)
+      _UIDS.release(uid)
+    if serial is not None:
+      serial.release()
+  return run
+
+
+def _run_in(home: str, server: code_forkserver.ForkServer, source: str, limits: Limits,
+            uid: int | None, *, inputs, fn_name, args, single_stdin, stop) -> Run:
+  nonce = secrets.token_hex(8)
+  prog = os.path.join(home, "prog.py")
+  _write(prog, source)
+  stdin_path = os.path.join(home, "stdin.txt")
+  _write(stdin_path, single_stdin or "")
+  if fn_name is not None:
+    mode, n = "function", len(args or [])
+    cases = os.path.join(home, "cases.json")
+    _write(cases, json.dumps(list(enumerate(args or []))))
+  elif inputs is not None:
+    mode, n, cases = "stdin", len(inputs), ""
+    for i, text in enumerate(inputs):
+      _write(os.path.join(home, f"in{i}.txt"), text)  # the child's case i reads in{i}.txt
+  else:
+    mode, n, cases = "single", 1, ""
+  cfg = {"mode": mode, "program": prog, "uid": "" if uid is None else uid,
+         "own_userns": int(bool(server.namespaces) and os.geteuid() != 0),
+         "cases": cases, "num_cases": n,
+         "cpu_s": int(limits.cpu_s) * max(n, 1), "memory_bytes": limits.memory_mb << 20,
+         "file_bytes": limits.file_mb << 20, "processes": limits.processes,
+         "open_files": limits.open_files, "audit_hook": int(limits.audit_hook),
+         "fn_name": fn_name or "", "nonce": nonce}
+  if uid is not None:
+    os.chown(home, uid, uid)  # its one writable place; 0700: no other program's
+  run = _spawn(server, cfg, home, stdin_path, limits, ("\n" + nonce + " ").encode(),
+               max(n, 1), stop)
+  return dataclasses.replace(run, namespaces=bool(server.namespaces), uid=uid)
 
 
 def _write(path: str, text: str) -> None:
@@ -224,80 +357,70 @@ def _write(path: str, text: str) -> None:
     f.write(text)
 
 
-def _split_cases(stdout: bytes, mark: bytes) -> tuple[list[Case], bytes]:
-  """Outputs between marks -> Cases; the unmarked tail (a dying case's output) apart."""
+def _split_cases(stdout: bytes, mark: bytes, n: int) -> tuple[list[Case], bytes, bool]:
+  """Outputs between marks -> Cases; the unmarked tail (a dying case's output) apart.
+
+  The program runs in the process that writes the marks, so it can learn the nonce and
+  write marks of its own. Only marks for cases 0, 1, ... in order, at most `n`, each
+  "ok" or "error", count: the third value is False from the first one that is not (the
+  program's malformed output; the cases before it stand).
+  """
   cases, pos = [], 0
   while True:
     at = stdout.find(mark, pos)
     if at < 0:
-      return cases, stdout[pos:]
+      return cases, stdout[pos:], True
     end = stdout.find(b"\n", at + len(mark))
     if end < 0:
-      return cases, stdout[pos:at]
-    _, kind, payload = (stdout[at + len(mark):end].split(b" ", 2) + [b"", b""])[:3]
+      return cases, stdout[pos:at], True
+    index, kind, payload = (stdout[at + len(mark):end].split(b" ", 2) + [b"", b""])[:3]
+    if index != str(len(cases)).encode() or len(cases) >= n or kind not in (b"ok", b"error"):
+      return cases, b"", False
     output = payload if payload else stdout[pos:at]
     cases.append(Case("ok" if kind == b"ok" else "runtime_error", output))
     pos = end + 1
 
 
-def _spawn(python: str, cfg: dict, home: str, stdin_path: str, limits: Limits, mark: bytes,
-           n: int, stop: Callable[[list[Case]], bool] | None) -> Run:
+def _spawn(server: code_forkserver.ForkServer, cfg: dict, home: str, stdin_path: str,
+           limits: Limits, mark: bytes, n: int,
+           stop: Callable[[list[Case]], bool] | None) -> Run:
   start = time.monotonic()
   argv = [f"{k}={v}" for k, v in cfg.items()]
   with open(stdin_path, "rb") as stdin_file:
-    if limits.fork_server:
-      child = _ForkedChild(python, home, argv, stdin_file.fileno())
-    else:
-      child = _PopenChild(python, home, argv, stdin_file)
+    child = _ForkedChild(server, home, argv, stdin_file.fileno())
   ready_line = (cfg["nonce"] + " ").encode()
   try:
     status, out, err, ready = _supervise(child, ready_line, limits, mark, n, stop)
   finally:
-    code = child.finish()
+    code, cpu_s = child.finish()
   wall = time.monotonic() - start
   if not ready:  # (also when it timed out: a start that slow is an overloaded host)
     how = (f"no start within {_STARTUP_S:g}s" if status == "timeout"
            else f"exit {code} after {wall:.2f}s")
     raise SandboxError(f"the sandbox bootstrap failed ({how}): "
                        f"{err[:_STDERR_KEEP].decode('utf-8', 'replace').strip()[-300:]}")
+  if status is None and code in (-signal.SIGXCPU, -signal.SIGKILL):
+    # We did not kill it (status would say why). The kernel does at the CPU limit; any
+    # other such end is someone else's kill, not the program's timeout.
+    if cpu_s < cfg["cpu_s"] * 0.95:
+      raise SandboxError(f"the program was killed from outside (signal {-code}) after "
+                         f"{wall:.2f}s wall, {cpu_s:.2f}s CPU: not its doing")
+    status = "timeout"
   if status is None:
-    cpu_signals = (-signal.SIGXCPU, -signal.SIGKILL)
-    status = "ok" if code == 0 else "timeout" if code in cpu_signals else "runtime_error"
-  cases, tail = _split_cases(bytes(out), mark)
-  return Run(cases, status, code, tail, err[:_STDERR_KEEP].decode("utf-8", "replace"), wall,
-             ready == b"N")
-
-
-class _PopenChild:
-  """A fresh `python -I -S -c <bootstrap>` per run (Limits.fork_server False)."""
-
-  def __init__(self, python: str, home: str, argv: list[str], stdin_file):
-    try:
-      self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
-          [python, "-I", "-S", "-c", _BOOTSTRAP] + argv, cwd=home, env=dict(_ENV),
-          stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-          start_new_session=True, close_fds=True)
-    except OSError as e:
-      raise SandboxError(f"cannot start the sandbox: {e}") from None
-    self.pid = self.proc.pid
-    self.pidfd = os.pidfd_open(self.pid)
-    self.stdout, self.stderr = self.proc.stdout.fileno(), self.proc.stderr.fileno()
-
-  def finish(self) -> int:
-    """Kills the group, reaps the child, closes its pipes: the returncode."""
-    _kill_group(self.pid)
-    self.proc.wait()
-    self.proc.stdout.close()
-    self.proc.stderr.close()
-    os.close(self.pidfd)
-    return self.proc.returncode
+    status = "ok" if code == 0 else "runtime_error"
+  cases, tail, well_formed = _split_cases(bytes(out), mark, n)
+  stderr = err[:_STDERR_KEEP].decode("utf-8", "replace")
+  if not well_formed:
+    status, stderr = "runtime_error", stderr + "\nsandbox: case marks out of order"
+  return Run(cases, status, code, tail, stderr, wall)
 
 
 class _ForkedChild:
-  """The same child forked by the interpreter's fork server (code_forkserver.py)."""
+  """The program's process, forked by the interpreter's fork server (code_forkserver.py)."""
 
-  def __init__(self, python: str, home: str, argv: list[str], stdin_fd: int):
-    self.server = code_forkserver.get(python, _BOOTSTRAP, _ENV)
+  def __init__(self, server: code_forkserver.ForkServer, home: str, argv: list[str],
+               stdin_fd: int):
+    self.server = server
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
@@ -312,9 +435,17 @@ class _ForkedChild:
     self.pid, self.pidfd = self.child.pid, self.child.pidfd
     self.stdout, self.stderr = out_r, err_r
 
-  def finish(self) -> int:
-    """Kills the group, has the server reap the child, closes the pipes: the returncode."""
-    _kill_group(self.pid)
+  def kill(self) -> None:
+    """SIGKILL to the program (in namespaces: with it, everything it started)."""
+    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+    try:
+      os.killpg(self.pid, signal.SIGKILL)  # (without namespaces: its process group)
+    except (ProcessLookupError, PermissionError):
+      pass
+
+  def finish(self) -> tuple[int, float]:
+    """Kills, has the server reap the child, closes the pipes: returncode, CPU seconds."""
+    self.kill()
     try:
       return self.server.reap(self.child)
     except code_forkserver.ForkServerError as e:
@@ -322,6 +453,17 @@ class _ForkedChild:
     finally:
       os.close(self.stdout)
       os.close(self.stderr)
+
+
+def _kill_uid(uid: int) -> None:
+  """SIGKILL to every process of `uid` (root, without namespaces: a program's leftovers)."""
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        if os.stat(f"/proc/{entry}").st_uid == uid:
+          os.kill(int(entry), signal.SIGKILL)
+      except (FileNotFoundError, ProcessLookupError):
+        pass
 
 
 def _supervise(child, ready_line: bytes, limits: Limits, mark: bytes, n: int,
@@ -369,7 +511,7 @@ def _supervise(child, ready_line: bytes, limits: Limits, mark: bytes, n: int,
         if not ready:
           if len(out) < len(ready_line) + 2:
             continue
-          # The bootstrap's first line, "<nonce> R" (N: own network namespace), is written
+          # The bootstrap's first line, "<nonce> R", is written
           # before the program exists, so the program cannot forge it.
           if not out.startswith(ready_line) or out[len(ready_line) + 1:][:1] != b"\n":
             return None, out, err, ready
@@ -380,7 +522,8 @@ def _supervise(child, ready_line: bytes, limits: Limits, mark: bytes, n: int,
         seen = out.count(mark)
         if seen > marks:
           marks, case_deadline = seen, time.monotonic() + limits.wall_s
-          if stop is not None and stop(_split_cases(bytes(out), mark)[0]):
+          cases, _, well_formed = _split_cases(bytes(out), mark, n)
+          if stop is not None and well_formed and cases and stop(cases):
             # The failing case wrote its traceback before its mark: take what stderr holds
             # now (its event may come after stdout's in this round), without waiting.
             _drain(child.stderr, err, _STDERR_KEEP)
@@ -400,10 +543,3 @@ def _drain(fd: int, buf: bytearray, limit: int) -> None:
       if not chunk:
         return
       buf.extend(chunk)
-
-
-def _kill_group(pid: int) -> None:
-  try:
-    os.killpg(pid, signal.SIGKILL)
-  except (ProcessLookupError, PermissionError):
-    pass

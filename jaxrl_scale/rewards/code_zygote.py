@@ -1,27 +1,41 @@
 """The sandbox's fork server: one idle interpreter that forks a fresh child per program.
 
-code_forkserver.py runs this file's text as `python -I -S -c <text> <bootstrap> <fd>`
-(scrubbed environment, new session, cwd /); it is never imported by the package. It never
-runs untrusted code itself: it reads requests from the control socket <fd> and forks. A
-forked child becomes exactly what `python -I -S -c <bootstrap> key=value...` would be
+code_forkserver.py runs this file's text as
+`python -I -S -c <text> <bootstrap> <fd> <isolation> <work root>` (scrubbed
+environment, new session, cwd /); it is never imported by the package. It never runs
+untrusted code itself: it reads requests from the control socket <fd> and forks. A forked
+child becomes exactly what `python -I -S -c <bootstrap> key=value...` would be
 (code_child.py: limits, uid switch, ready line, audit hook, program), without paying for
 an interpreter start (~20 ms of CPU per program; a fork of this small process ~1 ms).
 
-Requests (one SOCK_SEQPACKET message each, JSON, answered in order):
+Isolation (code_isolate.py, whose text is <isolation>): at its start the server tries the
+whole sequence once in a throwaway child. When it works ("namespaces"), each spawn forks
+A, which enters new namespaces and forks B, the program, as pid 1 of its own pid
+namespace inside a new root; A exits at once and B, reparented to this server (a child
+subreaper), is what the caller watches and kills. When it does not, the child is the
+program itself, with limits and (as root) its own uid only.
+
+Messages (one SOCK_SEQPACKET message each, JSON, answered in order):
+  first, unasked: {"namespaces": bool, "why": reason or null, "root": bool,
+                   "seccomp": bool}
   {"op": "spawn", "cwd": DIR, "argv": [key=value...]} with fds [stdin, stdout, stderr]
       -> {"pid": PID} with a pidfd of the child (taken before it could be reaped, so the
          caller's pidfd and process-group id can never name a reused pid).
-  {"op": "reap", "pid": PID} -> {"returncode": N} (negative: killed by signal -N). A
-      child stays a zombie until reaped, so the caller may kill its group until then.
+      In namespaces, the fds are [stdin, stdout, stderr, report] and the answer is
+      {"helper": A's pid}; A sends "pid <B>" with a pidfd of B (or "error <why>") on the
+      report socket, so the server's serial work stays one fork.
+  {"op": "reap", "pid": PID, "helper": A's pid or absent} -> {"returncode": N, "cpu_s": S}
+      (N negative: killed by signal -N; S: the CPU seconds it used). A child stays a
+      zombie until reaped, so the caller may kill it until then.
 EOF on the socket (the parent exited or closed it) ends the server.
 
 The child, in order: closes the control socket and every other inherited fd (a program
 must never reach the server, which runs as the parent's user), starts a new session,
-puts the given fds on 0, 1, 2, enters its directory, forgets the modules only the server
-needed (so `import socket` is refused by the audit hook as in a fresh interpreter), and
-runs the bootstrap as __main__; then it ends as an interpreter would (SystemExit's code,
-a traceback and 1 on an uncaught exception, non-daemon threads joined, atexit functions
-run, stdout and stderr flushed: 120 when that fails).
+puts the given fds on 0, 1, 2, enters its directory (and its namespaces), forgets the
+modules only the server needed (so `import socket` is refused by the audit hook as in a
+fresh interpreter), and runs the bootstrap as __main__; then it ends as an interpreter
+would (SystemExit's code, a traceback and 1 on an uncaught exception, non-daemon threads
+joined, atexit functions run, stdout and stderr flushed: 120 when that fails).
 
 What differs from a fresh interpreter: the hash seed is the server's (set and dict
 iteration orders repeat across children), and json, io and traceback are already
@@ -38,10 +52,19 @@ import traceback  # noqa: F401  (warm for the children: imported on every runtim
 _WARM = frozenset(sys.modules)
 import socket  # noqa: E402  pylint: disable=wrong-import-position
 
+_ISO = {"__name__": "code_isolate"}
+exec(compile(sys.argv[3], "<isolation>", "exec"), _ISO)  # noqa: S102  (ours; imports ctypes)
 _SERVER_ONLY = frozenset(sys.modules) - _WARM
 _BOOTSTRAP = compile(sys.argv[1], "<bootstrap>", "exec")
 _SOCK = socket.socket(fileno=int(sys.argv[2]))
+_WORK_ROOT = sys.argv[4]
 _MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024
+_ROOT = os.geteuid() == 0
+# The interpreter's own files (a pyenv under /root, a conda under /home) besides /usr.
+_PREFIXES = sorted({os.path.realpath(sys.base_prefix)})
+_PR_SET_CHILD_SUBREAPER = 36
+_SOCKET, _REPORT_SOCKET = socket, socket.socket
+_HELPERS = set()  # pids of the As not reaped yet
 
 
 def _exit_code(e):
@@ -88,15 +111,27 @@ def _finish(code):
   return code
 
 
-def _child(request, fds):
+def _child(request, fds, report=None, isolated=False):
+  """The forked child: the program itself (`isolated`: as pid 1 of its namespaces, root
+  only), or A (`report` set) that forks it as B."""
   code = 1
   try:
     _SOCK.close()
     os.setsid()
     for target, fd in enumerate(fds):
       os.dup2(fd, target)
-    os.closerange(3, _MAX_FD)
+    keep = sorted({report, *_ISO["PROC_FD"]} - {None}) + [_MAX_FD]
+    os.closerange(3, keep[0])
+    for low, high in zip(keep, keep[1:]):
+      os.closerange(low + 1, high)
     os.chdir(request["cwd"])
+    if report is not None:
+      _enter_namespaces(request["cwd"], report)
+    elif isolated:
+      _enter(request["cwd"])
+    else:
+      _ISO["confine"]()
+    _ISO.clear()  # (the server's ctypes handles: nothing a program should reach)
     for name in _SERVER_ONLY:
       sys.modules.pop(name, None)
     sys.argv = ["-c"] + request["argv"]
@@ -115,38 +150,97 @@ def _child(request, fds):
     if code == -signal.SIGINT:
       signal.signal(signal.SIGINT, signal.SIG_DFL)
       signal.raise_signal(signal.SIGINT)
+      code = 128 + signal.SIGINT  # (still here: pid 1 of a namespace ignores its own kill)
   finally:
     os._exit(code)  # never back into the server's loop, whatever happened
+
+
+def _enter_namespaces(home, report):
+  """A: new namespaces, fork B (their pid 1), send B's pid and a pidfd of it to the caller
+  over `report`, exit; B returns, isolated. (All of it off the server's serial path.)"""
+  try:
+    _ISO["unshare_namespaces"](not _ROOT)
+    pid = os.fork()
+  except BaseException as e:  # pylint: disable=broad-except
+    _SOCKET.send_fds(_REPORT_SOCKET(fileno=report), [f"error {e}".encode()[:500]], [])
+    os._exit(1)
+  if pid:
+    try:
+      _SOCKET.send_fds(_REPORT_SOCKET(fileno=report), [f"pid {pid}".encode()],
+                       [os.pidfd_open(pid)])
+    finally:
+      os._exit(0)
+  os.close(report)
+  for fd in _ISO["PROC_FD"]:
+    os.close(fd)
+  _enter(home)
+
+
+def _enter(home):
+  try:
+    _ISO["enter"](home, not _ROOT)
+  except BaseException as e:  # pylint: disable=broad-except  (ours: no ready line follows)
+    os.write(2, f"sandbox isolation failed: {e}\n".encode())
+    os._exit(125)
+
+
+def _fork_isolated():
+  """As root: the child as pid 1 of new pid and ipc namespaces in one fork; the server
+  itself steps back into its own afterwards (setns), ready for the next."""
+  _ISO["_check"](_ISO["_LIBC"].unshare(_ISO["CLONE_NEWPID"] | _ISO["CLONE_NEWIPC"]),
+                 "unshare")
+  try:
+    return os.fork()
+  finally:
+    if os.getpid() != 1:  # (the server; the child is pid 1 of its namespace)
+      for fd, kind in _OWN_NAMESPACES:
+        _ISO["_check"](_ISO["_LIBC"].setns(fd, kind), "setns")
 
 
 def _serve():
   while True:
     try:
-      message, fds, _, _ = socket.recv_fds(_SOCK, 1 << 20, 3)
+      message, fds, _, _ = socket.recv_fds(_SOCK, 1 << 20, 4)
     except OSError:
       return
     if not message:
       return
     request = json.loads(message)
     if request["op"] == "spawn":
+      # Namespaces: fds are [stdin, stdout, stderr, report]; A answers on report.
       try:
-        pid = os.fork()
+        pid = _fork_isolated() if NAMESPACES and _ROOT else os.fork()
       except OSError as e:
-        for fd in fds:
-          os.close(fd)
         _SOCK.send(json.dumps({"error": f"fork: {e}"}).encode())
-        continue
+        pid = None
       if pid == 0:
-        _child(request, fds)
+        _child(request, fds[:3], fds[3] if NAMESPACES and not _ROOT else None,
+               NAMESPACES and _ROOT)
       for fd in fds:
         os.close(fd)
+      if pid is None:
+        continue
+      if NAMESPACES and not _ROOT:
+        _HELPERS.add(pid)
+        _SOCK.send(json.dumps({"helper": pid}).encode())
+        continue
       pidfd = os.pidfd_open(pid)
       socket.send_fds(_SOCK, [json.dumps({"pid": pid}).encode()], [pidfd])
       os.close(pidfd)
     elif request["op"] == "reap":
+      helper = request.get("helper")
+      if helper in _HELPERS:  # (gone at once: B is ours once its A has exited)
+        os.waitpid(helper, 0)
+        _HELPERS.discard(helper)
+      for other in list(_HELPERS):  # (As whose B never started)
+        if os.waitpid(other, os.WNOHANG)[0]:
+          _HELPERS.discard(other)
       try:
-        _, status = os.waitpid(request["pid"], 0)
-        reply = {"returncode": os.waitstatus_to_exitcode(status)}
+        if request["pid"] is None:  # (the helper only: its B never started)
+          raise ChildProcessError("no program to reap")
+        _, status, usage = os.wait4(request["pid"], 0)
+        reply = {"returncode": os.waitstatus_to_exitcode(status),
+                 "cpu_s": usage.ru_utime + usage.ru_stime}
       except ChildProcessError as e:
         reply = {"error": f"reap: {e}"}
       _SOCK.send(json.dumps(reply).encode())
@@ -156,4 +250,18 @@ def _serve():
       _SOCK.send(json.dumps({"error": f"unknown op {request['op']!r}"}).encode())
 
 
+WHY = _ISO["probe"](_WORK_ROOT, _PREFIXES, not _ROOT)
+NAMESPACES = WHY is None
+if NAMESPACES:  # B, orphaned by A, must be ours to reap (and so never a reused pid)
+  NAMESPACES = _ISO["_LIBC"].prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+  WHY = None if NAMESPACES else "no child subreaper"
+if NAMESPACES:  # (the probe built it in a throwaway child: now for real)
+  # As root, the server's own pid and ipc namespaces, to step back into after each fork
+  # (_fork_isolated); opened first, as the new root has no /proc.
+  _OWN_NAMESPACES = [(os.open(f"/proc/self/ns/{name}", os.O_RDONLY), _ISO[kind])
+                     for name, kind in (("pid", "CLONE_NEWPID"), ("ipc", "CLONE_NEWIPC"))
+                     if _ROOT]
+  _ISO["build_root"](_WORK_ROOT, _PREFIXES, not _ROOT)
+_SOCK.send(json.dumps({"namespaces": NAMESPACES, "why": WHY, "root": _ROOT,
+                       "seccomp": _ISO["probe_seccomp"]()}).encode())
 _serve()

@@ -1,13 +1,15 @@
 """The sandbox's fork server: a forked child behaves as a fresh interpreter, and cheaply.
 
-Every program runs under both backends (`Limits.fork_server` True and False); where a
-fresh `python -I -S` is the reference, the forked child must end the same way.
+The reference is the same interpreter started afresh on the program's file
+(`python -I prog.py`, outside any sandbox): the forked child must end the same way.
 """
 
 import dataclasses
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -16,10 +18,8 @@ from jaxrl_scale.rewards import code_forkserver
 from jaxrl_scale.rewards import code_sandbox
 from jaxrl_scale.rewards import code_tests
 
-LIMITS = code_sandbox.Limits(wall_s=2.0, total_wall_s=4.0)
-FORKED = dataclasses.replace(LIMITS, fork_server=True)
-FRESH = dataclasses.replace(LIMITS, fork_server=False)
-FUNC = code_tests.TestSpec("f", [[-3], [0], [7]], [-8, 1, 15]).to_json()
+LIMITS = FORKED = code_sandbox.Limits(wall_s=2.0, total_wall_s=4.0)
+FUNC = code_tests.TestSpec("f", [[-3], [0], [7]], [-5, 1, 15]).to_json()
 
 # Programs whose end an interpreter defines: exit codes, tracebacks, threads, atexit, the
 # flush of stdout at exit (120 when it fails), output left in the buffer.
@@ -48,6 +48,21 @@ def _run(program, limits, stdin="some input\n"):
   return code_sandbox.run_python(program, limits, single_stdin=stdin)
 
 
+def _fresh(program, stdin="some input\n"):
+  """(returncode, stdout, stderr) of a fresh interpreter on prog.py."""
+  with tempfile.TemporaryDirectory() as home:
+    with open(os.path.join(home, "prog.py"), "w", encoding="utf-8") as f:
+      f.write(program)
+    proc = subprocess.run([code_sandbox.default_python(), "-I", "prog.py"], cwd=home,
+                          input=stdin.encode(), capture_output=True, timeout=30, check=False,
+                          env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"})
+  return proc.returncode, proc.stdout, proc.stderr.decode()
+
+
+def _server():
+  return code_sandbox._server(code_sandbox.default_python())  # pylint: disable=protected-access
+
+
 def _last_line(text):
   lines = [line for line in text.strip().splitlines() if line.strip()]
   return lines[-1] if lines else ""
@@ -55,24 +70,27 @@ def _last_line(text):
 
 @pytest.mark.parametrize("name", list(ENDINGS))
 def test_forked_child_ends_as_a_fresh_interpreter(name):
-  fresh, forked = _run(ENDINGS[name], FRESH), _run(ENDINGS[name], FORKED)
-  assert (forked.status, forked.returncode, forked.stdout) == (
-      fresh.status, fresh.returncode, fresh.stdout), name
-  assert _last_line(forked.stderr) == _last_line(fresh.stderr), name
+  (code_, stdout, stderr), forked = _fresh(ENDINGS[name]), _run(ENDINGS[name], FORKED)
+  if code_ < 0 and forked.namespaces:
+    code_ = 128 - code_  # pid 1 of its namespace cannot kill itself: the shell's code
+  assert (forked.returncode, forked.stdout) == (code_, stdout), name
+  assert forked.status == ("ok" if code_ == 0 else "runtime_error"), name
+  assert _last_line(forked.stderr) == _last_line(stderr), name
 
 
-@pytest.mark.parametrize("limits", [FORKED, FRESH], ids=["forked", "fresh"])
+@pytest.mark.parametrize("limits", [FORKED], ids=["forked"])
 def test_child_holds_only_its_three_descriptors(limits):
   # The fork server's control socket (or any other fd of it) would let a program ask for
   # children of its own, outside its limits.
-  run = _run("import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))\n",
-             limits)
+  program = ("import os\ndef is_open(fd):\n  try:\n    os.fstat(fd)\n    return True\n"
+             "  except OSError:\n    return False\n"
+             "print(*[fd for fd in range(1024) if is_open(fd)])\n")
+  run = _run(program, limits)
   assert run.status == "ok", run.stderr
-  fds = eval(run.stdout)  # noqa: S307  (a list of ints printed by our own program)
-  assert fds[:3] == [0, 1, 2] and len(fds) <= 4, fds  # (+ listdir's own fd)
+  assert run.stdout.split() == [b"0", b"1", b"2"], run.stdout
 
 
-@pytest.mark.parametrize("limits", [FORKED, FRESH], ids=["forked", "fresh"])
+@pytest.mark.parametrize("limits", [FORKED], ids=["forked"])
 @pytest.mark.parametrize("module", ["socket", "_socket"])
 def test_server_modules_are_refused_as_in_a_fresh_interpreter(limits, module):
   run = _run(f"import {module}\n", limits)
@@ -89,8 +107,7 @@ def test_each_child_seeds_its_own_random():
 def test_server_that_died_is_replaced():
   run = _run("print(1)\n", FORKED)
   assert run.status == "ok"
-  server = code_forkserver.get(code_sandbox.default_python(), code_sandbox._BOOTSTRAP,  # pylint: disable=protected-access
-                               code_sandbox._ENV)  # pylint: disable=protected-access
+  server = _server()
   os.kill(server._proc.pid, signal.SIGKILL)  # pylint: disable=protected-access
   server._proc.wait()  # pylint: disable=protected-access
   run = _run("print(2)\n", FORKED)
@@ -103,22 +120,27 @@ def test_program_cannot_kill_the_server():
   assert _run("print(3)\n", FORKED).stdout == b"3\n"
 
 
-def test_verdicts_agree_between_backends():
-  programs = ["f=lambda x:2*x+1", "f=lambda x:x^2", "def f(x):\n  return 2*x+1",
-              "f=lambda x:1/0", "import time\nf=lambda x:time.sleep(9)", "f=3"]
-  for program in programs:
-    response = f"```\n{program}\n```"
-    got = [code.judge(response, FUNC, limits=limits) for limits in (FORKED, FRESH)]
-    assert got[0].status == got[1].status and got[0].passed == got[1].passed, (program, got)
+def test_function_verdicts():
+  programs = {"f=lambda x:2*x+1": ("pass", 3), "f=lambda x:x^2": ("wrong", 0),
+              "def f(x):\n  return 2*x+1": ("pass", 3), "f=lambda x:1/0": ("runtime_error", 0),
+              "import time\nf=lambda x:time.sleep(9)": ("timeout", 0),
+              "f=3": ("runtime_error", 0)}
+  for program, want in programs.items():
+    got = code.judge(f"```\n{program}\n```", FUNC, limits=FORKED)
+    assert (got.status, got.passed) == want, (program, got)
 
 
 def test_one_server_process_forks_every_child():
-  # No interpreter start per program: every child's parent is the same idle server.
+  # No interpreter start per program: every child's parent is the same idle server (in
+  # namespaces it has none it could name: its parent is outside its pid namespace).
+  server = _server()
   parents = {_run("import os\nprint(os.getppid())\n", FORKED).stdout for _ in range(3)}
-  server = code_forkserver.get(code_sandbox.default_python(), code_sandbox._BOOTSTRAP,  # pylint: disable=protected-access
-                               code_sandbox._ENV)  # pylint: disable=protected-access
-  assert parents == {f"{server._proc.pid}\n".encode()}  # pylint: disable=protected-access
-  assert _run("import os\nprint(os.getppid())\n", FRESH).stdout == f"{os.getpid()}\n".encode()
+  want = 0 if server.namespaces else server._proc.pid  # pylint: disable=protected-access
+  assert parents == {f"{want}\n".encode()}
+  pid = server._proc.pid  # pylint: disable=protected-access
+  for _ in range(3):
+    _run("print(1)\n", FORKED)
+  assert server._proc.pid == pid and server._proc.poll() is None  # pylint: disable=protected-access
 
 
 def test_sys_executable_is_the_interpreter_that_serves():
@@ -132,18 +154,20 @@ def test_sys_executable_is_the_interpreter_that_serves():
 def test_a_forked_copy_of_the_parent_starts_its_own_server():
   # The copy must neither share the parent's server socket nor kill the server at its exit.
   assert _run("print(1)\n", FORKED).status == "ok"
-  server = code_forkserver.get(code_sandbox.default_python(), code_sandbox._BOOTSTRAP,  # pylint: disable=protected-access
-                               code_sandbox._ENV)  # pylint: disable=protected-access
+  server = _server()
   before = server._proc.pid  # pylint: disable=protected-access
   pid = os.fork()
+  ok = False
   if pid == 0:
     try:
-      parent = _run("import os\nprint(os.getppid())\n", FORKED).stdout.strip()
-      ok = parent.isdigit() and int(parent) != before  # a server of its own
+      ok = _run("print(2)\n", FORKED).stdout == b"2\n"
+      mine = _server()._proc.pid  # pylint: disable=protected-access
+      ok = ok and mine != before  # a server of its own
       code_forkserver.close_all()
     finally:
       os._exit(0 if ok else 1)
   _, status = os.waitpid(pid, 0)
   assert os.waitstatus_to_exitcode(status) == 0
   assert _run("print(3)\n", FORKED).stdout == b"3\n"
-  assert server._proc.pid == before and server._proc.poll() is None  # pylint: disable=protected-access
+  assert server._proc.pid == before  # pylint: disable=protected-access
+  assert server._proc.poll() is None  # pylint: disable=protected-access
