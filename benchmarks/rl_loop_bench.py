@@ -28,8 +28,9 @@ hands the bench the `Loop`; the bench wraps its objects' methods, the loop is un
   other      the rest of the step's wall time (batching, metrics, bookkeeping)
 
 The first `--warmup` steps (compiles) are not timed; the report is the median over the
-rest. Tokens per second per device: generated (prompt + completion) and trained tokens over
-the step's wall time and all devices of both roles. The train phase's MFU against the chip's
+rest. Tokens per second per device, over the step's wall time and all devices of both roles:
+generated (the completions' sampled tokens) and trained (train/tokens: every valid position
+of the batch, prompt and completion). The train phase's MFU against the chip's
 bf16 spec (`train_step_bench.SPEC_BF16`) and the generate phase's fraction of the HBM
 roofline (`sampler_bench._roofline`, prefill included in its time) on a GPU/TPU.
 
