@@ -17,7 +17,8 @@ The loop's trainer and sampler are timed where the loop calls them (`wiring.trai
 hands the bench the `Loop`; the bench wraps its objects' methods, the loop is unchanged):
 
   generate   Sampler.generate of the step's groups (sync modes; pipelined: the generator
-             thread's busy time, gen/busy_s when the source reports it)
+             thread's time not stalled by the staleness bound or a full queue, from
+             gen/idle_frac, beside the trainer rather than inside the step)
   score      the verifiers over the step's groups (sync modes)
   train      Trainer.step, until its outputs are computed
   update     Sampler.update_params, the trainer -> generator weight update (cast / copy /
@@ -227,9 +228,10 @@ def step_record(row: dict[str, Any], seconds: dict[str, float], memory, devices:
   out = {f"{k}_s": v for k, v in seconds.items()}
   for kind in ("eval", "checkpoint", "compile", "wait"):
     out[f"{kind}_s"] = float(row.get(f"time/{kind}_s", 0.0))
-  if "generate_s" not in out and row.get("gen/busy_s") is not None:
-    out["generate_s"] = float(row["gen/busy_s"])  # the pipelined generator thread
   wall = float(row["time/step_s"])
+  if "generate_s" not in out and row.get("gen/idle_frac") is not None:
+    # The pipelined generator thread: the step's wall time less its stalls.
+    out["generate_s"] = (1.0 - float(row["gen/idle_frac"])) * wall
   out["step_s"] = wall
   # Sync modes: generate and score happen inside the trainer's wait; the rest is other.
   inside = ("train", "update", "eval", "checkpoint", "wait")
@@ -399,7 +401,8 @@ def summarise(report: dict[str, Any], log) -> None:
       r["update_share_of_step"] = m.get("update_s", 0.0) / m["step_s"]
       inside = []
       for k in ("generate", "train"):
-        if m.get(f"{k}_s"):
+        # A pipelined generator's busy time runs beside the step, not inside it.
+        if m.get(f"{k}_s") and not (k == "generate" and mode == "pipeline"):
           r[f"{k}_in_loop_over_alone"] = m[f"{k}_s"] / alone[f"{k}_s"]
           inside.append(f"{k} {r[f'{k}_in_loop_over_alone']:.2f}x")
       log(f"  loop efficiency {r['loop_efficiency']:.2f} ((generate + train alone) / step) | "
