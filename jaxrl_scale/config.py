@@ -502,12 +502,15 @@ class ForecastConfig:
   """Live sigmoid forecast of the validation pass rate (scaling/)."""
 
   enabled: bool = True  # refit the sigmoid after every eval (forecast/* metrics)
+  axis: str = "flops"  # compute axis: flops (model FLOPs, steady under load) or hours
   target_compute_hours: float | None = None  # default: the run's projected total
   min_compute_hours: float = 0.0  # points below this are excluded from the fit
   n_boot: int = 200  # bootstrap refits per eval for the intervals (0 = none)
   plot: bool = True  # write forecast.png at the end of the run
 
   def __post_init__(self):
+    _check(self.axis in ("flops", "hours"), "forecast.axis",
+           f"must be 'flops' or 'hours', got {self.axis!r}")
     _check(self.n_boot >= 0, "forecast.n_boot", "must be >= 0")
 
 

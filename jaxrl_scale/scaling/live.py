@@ -6,12 +6,22 @@ on the host (nothing queues behind training on the accelerator). So the live lin
 `jaxrl-scale fit --fit-fraction` (or fit on the file cut at that eval) print the same
 interval on the same data and seed.
 
-    forecaster = live.LiveForecaster(target_compute=budget_hours)
+    forecaster = live.LiveForecaster(axis="flops", total_steps=steps)
     for each eval:
-      f = forecaster.update(compute_hours, pass_rate, step=step)
+      f = forecaster.update(flops, pass_rate, step=step, hours=compute_hours)
       if f is not None:
         writer.write(step, f.as_metrics())   # forecast/A, forecast/A_lo, ...
-      metrics, lines = forecaster.update_domains(compute_hours, eval_row, step=step)
+      metrics, lines = forecaster.update_domains(flops, eval_row, step=step,
+                                                 hours=compute_hours)
+
+The compute axis. The trainer's forecast runs on model FLOPs by default (`forecast.axis`,
+the `flops` column of metrics.jsonl, what `jaxrl-scale fit --x flops` reads): accelerator-
+hours move with machine load (another job on the host, a slower node), so two runs of one
+config would fit different C_mid and forecast different budgets; the FLOPs of a step are
+the tokens it sampled and trained. The hours of every eval are still recorded and
+reported (the target's hours at the run's FLOPs per hour so far). A cutoff or target
+given in hours (`min_hours`, `target_hours`) is turned into the axis's units: the cutoff
+at the first eval past it, the target at the run's FLOPs per hour so far.
 
 A mixed-domain run's eval row also carries val/<domain>/pass_rate: `update_domains` feeds
 each domain's points to a forecaster of its own (`domains`), whose metrics are named like
@@ -25,6 +35,7 @@ import math
 
 import numpy as np
 
+from jaxrl_scale import config as config_lib
 from jaxrl_scale.scaling import fit as fit_lib
 from jaxrl_scale.scaling import forecast
 from jaxrl_scale.scaling import io
@@ -49,6 +60,9 @@ class LiveForecast:
   forecast: float | None
   forecast_interval: tuple[float, float] | None
   declining: bool = False  # the recent evals fall below the curve (scaling/decline.py)
+  axis: str = "hours"  # the unit of compute, c_mid and target_compute (AXES)
+  hours: float | None = None  # accelerator-hours at this eval
+  target_hours: float | None = None  # the target in hours, at the FLOPs per hour so far
 
   def as_metrics(self, prefix: str = "forecast/") -> dict[str, float]:
     """Flat float metrics for a metrics writer (intervals as _lo / _hi)."""
@@ -62,6 +76,8 @@ class LiveForecast:
     if self.forecast is not None:
       out["pass_rate"] = self.forecast
       out["target_compute"] = float(self.target_compute)
+      if self.target_hours is not None:
+        out["target_hours"] = self.target_hours
     return {prefix + k: float(v) for k, v in out.items()}
 
   def summary(self, label: str = "forecast") -> str:
@@ -71,12 +87,30 @@ class LiveForecast:
       a += f" [{self.a_interval[0]:.3f}, {self.a_interval[1]:.3f}]"
     line = f"{label}: {a} B={self.b:.2f} C_mid={self.c_mid:.3g}"
     if self.forecast is not None:
-      line += f"; at {self.target_compute:.3g}: {self.forecast:.3f}"
+      at = f"{self.target_compute:.3g} {UNITS[self.axis]}"
+      if self.axis != "hours" and self.target_hours is not None:
+        at += f" (~{self.target_hours:.3g} h)"
+      line += f"; at {at}: {self.forecast:.3f}"
       if self.forecast_interval is not None:
         line += f" [{self.forecast_interval[0]:.3f}, {self.forecast_interval[1]:.3f}]"
     if self.declining:
       line += "; DECLINING: the last evals fall below the curve, A is not the plateau"
     return line
+
+
+AXES = ("flops", "hours")
+UNITS = {"flops": "FLOPs", "hours": "h"}
+# The metrics.jsonl column of each axis.
+COLUMNS = {"flops": "flops", "hours": "compute_hours"}
+
+
+def cutoff(compute, hours, min_hours: float) -> float:
+  """The compute of the first eval at >= `min_hours` hours (inf when none is yet): fitting
+  compute >= it is fitting hours >= min_hours, as both rise with every eval."""
+  if min_hours <= 0:
+    return 0.0
+  past = np.flatnonzero(np.asarray(hours, np.float64) >= min_hours)
+  return float(np.asarray(compute, np.float64)[past[0]]) if past.size else math.inf
 
 
 class LiveForecaster:
@@ -91,13 +125,30 @@ class LiveForecaster:
     level: interval level.
     seed: bootstrap seed (every refit uses it, as `jaxrl-scale fit --seed` does).
     options: fitter settings.
+    axis: the unit of the compute fed to `update` ("flops" or "hours"; see the module
+      docstring); with "hours", `hours` and the compute are one.
+    min_hours: points below this many accelerator-hours are kept but not fitted (needs
+      `hours` with every update).
+    target_hours: forecast at this many hours, converted at the FLOPs per hour so far
+      (overrides target_compute).
+    total_steps: with neither target given, forecast at the run's projected total compute,
+      compute x total_steps / step at every eval.
   """
 
   def __init__(self, target_compute: float | None = None, *, r0: float | None = None,
                min_compute: float = 0.0, n_boot: int = 200, level: float = 0.95,
-               seed: int = 0, options: fit_lib.FitOptions = fit_lib.FitOptions()):
+               seed: int = 0, options: fit_lib.FitOptions = fit_lib.FitOptions(),
+               axis: str = "hours", min_hours: float = 0.0,
+               target_hours: float | None = None, total_steps: int | None = None):
+    if axis not in AXES:
+      raise ValueError(f"axis must be one of {AXES}, got {axis!r}")
     self.target_compute = target_compute
     self.min_compute = min_compute
+    self.axis = axis
+    self.min_hours = min_hours
+    self.target_hours = target_hours
+    self.total_steps = total_steps
+    self._hours: list[float] = []  # hours of the fitted points (nan: not given)
     self.n_boot = n_boot
     self.level = level
     self.seed = seed
@@ -111,6 +162,15 @@ class LiveForecaster:
     self.history: list[LiveForecast] = []
     # One forecaster per domain of a mixed-domain run, made when its first eval arrives.
     self.domains: dict[str, LiveForecaster] = {}
+
+  @classmethod
+  def from_config(cls, cfg: config_lib.ForecastConfig, *, total_steps: int, seed: int
+                  ) -> LiveForecaster:
+    """The trainer's forecaster: `forecast.axis` (FLOPs by default), its hours settings
+    turned into that axis, the run's projected total as the target unless one is given."""
+    return cls(axis=cfg.axis, target_hours=cfg.target_compute_hours,
+               min_hours=cfg.min_compute_hours, total_steps=total_steps, n_boot=cfg.n_boot,
+               seed=seed)
 
   @property
   def r0(self) -> float | None:
@@ -126,7 +186,8 @@ class LiveForecaster:
     return made[-1] if made else None
 
   def update(self, compute: float, pass_rate: float, step: int | None = None,
-             eval_size: float | None = None) -> LiveForecast | None:
+             eval_size: float | None = None, hours: float | None = None
+             ) -> LiveForecast | None:
     """Adds one eval point and refits.
 
     A non-finite point is ignored. A point at lower compute than the last one means the run
@@ -139,12 +200,15 @@ class LiveForecaster:
       eval_size: problems x samples of the eval (val/num_prompts x
         val/samples_per_prompt), as `jaxrl-scale fit` reads it from metrics.jsonl; with
         every eval's size known the fit is weighted by the binomial error, as there.
+      hours: accelerator-hours at the eval (reported; `min_hours`, `target_hours`).
 
     Returns:
       The new forecast, or None while there are fewer than 4 fittable points.
     """
     compute, pass_rate = float(compute), float(pass_rate)
     size = float("nan") if eval_size is None else float(eval_size)
+    hours = compute if self.axis == "hours" else (
+        float("nan") if hours is None else float(hours))
     if not (math.isfinite(compute) and math.isfinite(pass_rate)) or compute < 0:
       return self.latest
     if (compute == 0.0 or step == 0) and not self._compute and self._r0_stream is None:
@@ -153,18 +217,21 @@ class LiveForecaster:
       return None
     keep = int(np.searchsorted(self._compute, compute, side="left"))
     if keep < len(self._compute):  # replayed evals replace those of the abandoned timeline
-      del self._compute[keep:], self._rate[keep:], self._size[keep:]
+      del self._compute[keep:], self._rate[keep:], self._size[keep:], self._hours[keep:]
       self.history = [f for f in self.history if f.compute < compute]
     self._compute.append(compute)
     self._rate.append(pass_rate)
     self._size.append(size)
+    self._hours.append(hours)
+    self._set_target(compute, hours, step)
     result = self._refit(compute, step)
     if result is not None:
       self.history.append(result)
     return result
 
   def update_domains(self, compute: float, row: dict, step: int | None = None,
-                     y_key: str = "val/pass_rate") -> tuple[dict[str, float], list[str]]:
+                     y_key: str = "val/pass_rate", hours: float | None = None
+                     ) -> tuple[dict[str, float], list[str]]:
     """Feeds every domain's pass rate in an eval row to that domain's forecaster.
 
     A domain's points are its `val/<domain>/pass_rate`, weighted by its own eval size
@@ -176,6 +243,7 @@ class LiveForecaster:
       row: the eval's metrics (as the evaluator returns them or metrics.jsonl holds them).
       step: its training step.
       y_key: the overall pass-rate column the domains' columns are named after.
+      hours: accelerator-hours at the eval.
 
     Returns:
       (metrics forecast/<domain>/... of the domains refitted at this eval, one display line
@@ -190,13 +258,14 @@ class LiveForecaster:
         f = self.domains[domain] = LiveForecaster(
             self.target_compute, min_compute=self.min_compute, n_boot=self.n_boot,
             level=self.level, seed=self.seed + 613 * (len(self.domains) + 1),
-            options=self.fit_options)
+            options=self.fit_options, axis=self.axis, min_hours=self.min_hours)
       f.target_compute = self.target_compute
       size_keys = [io.domain_key(y_key.rpartition("/")[0] + "/" + k, domain)
                    for k in ("num_prompts", "samples_per_prompt")]
       n, k = (row.get(key) for key in size_keys)
       size = None if n is None or k is None else float(n) * float(k)
-      fit = f.update(compute, row[io.domain_key(y_key, domain)], step=step, eval_size=size)
+      fit = f.update(compute, row[io.domain_key(y_key, domain)], step=step, eval_size=size,
+                     hours=hours)
       if fit is not None and fit.step == step:
         metrics.update(fit.as_metrics(f"forecast/{domain}/"))
         lines.append("    " + fit.summary(label=domain))
@@ -213,15 +282,35 @@ class LiveForecaster:
         is_start=np.arange(len(x)) < int(start),
         eval_size=np.asarray(([self._r0_size] if start else []) + self._size, np.float64))
 
+  @property
+  def column(self) -> str:
+    """The metrics.jsonl column of this forecaster's compute axis."""
+    return COLUMNS[self.axis]
+
+  @property
+  def fit_min_compute(self) -> float:
+    """The fit's cutoff on the axis: min_compute, or past it the one min_hours implies."""
+    return max(self.min_compute, cutoff(self._compute, self._hours, self.min_hours))
+
+  def _set_target(self, compute: float, hours: float, step: int | None) -> None:
+    if self.target_hours is not None:
+      if self.axis == "hours":
+        self.target_compute = self.target_hours
+      elif hours > 0:  # nan (not given) fails too: the target stays
+        self.target_compute = self.target_hours * compute / hours
+    elif self.total_steps and step:
+      self.target_compute = compute * self.total_steps / step
+
   def analysis_options(self) -> forecast.AnalysisOptions:
     """The `jaxrl-scale fit` options this forecaster's refits use."""
     return forecast.AnalysisOptions(
-        r0=self._r0_given, min_compute=self.min_compute, target_compute=self.target_compute,
-        n_boot=self.n_boot, level=self.level, seed=self.seed, fit=self.fit_options)
+        r0=self._r0_given, min_compute=self.fit_min_compute,
+        target_compute=self.target_compute, n_boot=self.n_boot, level=self.level,
+        seed=self.seed, fit=self.fit_options)
 
   def _refit(self, compute: float, step: int | None) -> LiveForecast | None:
     x = np.asarray(self._compute)
-    if int(np.sum((x > 0) & (x >= self.min_compute))) < forecast.MIN_POINTS:
+    if int(np.sum((x > 0) & (x >= self.fit_min_compute))) < forecast.MIN_POINTS:
       return None
     # One computation for both: the live line is `forecast.analyse` on the points so far,
     # exactly what `jaxrl-scale fit --fit-fraction` (or fit on a truncated file) runs.
@@ -240,4 +329,14 @@ class LiveForecaster:
         forecast=report.forecast if self.target_compute is not None else None,
         forecast_interval=(report.forecast_interval if self.target_compute is not None
                            else None),
-        declining=report.declining)
+        declining=report.declining, axis=self.axis, hours=self._hours[-1],
+        target_hours=self._target_hours())
+
+  def _target_hours(self) -> float | None:
+    """The target in hours: itself on the hours axis, else at the FLOPs per hour so far."""
+    if self.target_compute is None:
+      return None
+    if self.axis == "hours":
+      return float(self.target_compute)
+    x, h = self._compute[-1], self._hours[-1]
+    return float(self.target_compute * h / x) if x > 0 and math.isfinite(h) else None

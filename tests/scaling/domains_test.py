@@ -188,7 +188,7 @@ def test_live_forecaster_makes_a_forecast_per_domain():
   overall = live.LiveForecast(
       step=0, compute=1.0, n_points=4, a=0.5, b=1.0, c_mid=1.0, r0=0.4, a_interval=band,
       b_interval=band, c_mid_interval=band, well_determined=True, messages=(),
-      target_compute=2.0, forecast=0.5, forecast_interval=band).as_metrics()
+      target_compute=2.0, forecast=0.5, forecast_interval=band, target_hours=2.0).as_metrics()
   for domain, true in TRUE.items():
     keys = {k.replace(f"forecast/{domain}/", "forecast/") for k in metrics
             if k.startswith(f"forecast/{domain}/")}
@@ -241,7 +241,8 @@ def test_run_summary_prints_a_fitted_curve_per_domain(tmp_path, monkeypatch):
                       lambda reports, *a, **k: drawn.append(reports) or real(reports, *a, **k))
   ns = types.SimpleNamespace
   cfg = ns(run=ns(steps=rows[-1]["step"], seed=0),
-           forecast=ns(plot=True, min_compute_hours=0.0, target_compute_hours=30000.0,
+           forecast=ns(plot=True, axis="hours", min_compute_hours=0.0,
+                       target_compute_hours=30000.0,
                        n_boot=0))
   out = summary.finish(cfg, tmp_path, ns(reason="done", signal_name=None,
                                          step=rows[-1]["step"]),

@@ -119,3 +119,74 @@ def test_live_line_is_fits_line_on_the_same_data(tmp_path, capsys, sized):
   np.testing.assert_allclose(half.forecast_interval, d["forecast"]["interval"], rtol=1e-9)
   np.testing.assert_allclose(half.a_interval, d["intervals"]["A"], rtol=1e-9)
   assert half.well_determined == d["well_determined"]
+
+
+def _loaded_run(load, seed=12, n_evals=40):
+  """One run's evals: FLOPs per eval fixed by the config (1e13 per step), hours per eval
+  scaled by `load(i)` (another job on the machine, a slower node)."""
+  compute, noisy, _ = synthetic.simulate_evals(ROW, n_evals=n_evals, seed=seed)
+  flops = compute / ROW.budget * 1e13 * 100 * n_evals
+  hours = np.concatenate([[0.0], np.cumsum([np.diff(compute)[i] * load(i)
+                                            for i in range(n_evals)])])
+  return flops, hours, noisy
+
+
+def _feed(fc, flops, hours, noisy):
+  x = flops if fc.axis == "flops" else hours
+  return [fc.update(x[i], noisy[i], step=100 * i, hours=hours[i]) for i in range(x.size)]
+
+
+def test_default_axis_is_flops_so_load_leaves_the_forecast_alone():
+  # Issue 64: the live forecast ran on hours, so one config on a machine that got 2x slower
+  # half-way forecast another C_mid and another budget. On FLOPs the two forecast alike.
+  from jaxrl_scale import config
+  steady = _loaded_run(lambda i: 1.0, n_evals=24)
+  slowed = _loaded_run(lambda i: 1.0 if i < 12 else 2.0, n_evals=24)
+  np.testing.assert_array_equal(steady[0], slowed[0])  # same FLOPs, different hours
+  outs = {}
+  for axis in ("flops", "hours"):
+    cfg = config.ForecastConfig(n_boot=20) if axis == "flops" else config.ForecastConfig(
+        axis="hours", n_boot=0)
+    for name, run in (("steady", steady), ("slowed", slowed)):
+      fc = live.LiveForecaster.from_config(cfg, total_steps=2400, seed=3)
+      outs[axis, name] = _feed(fc, *run)[-1]
+  assert config.ForecastConfig().axis == "flops"
+  assert outs["flops", "steady"].axis == "flops"
+  a, b = outs["flops", "steady"], outs["flops", "slowed"]
+  assert (a.a, a.b, a.c_mid, a.forecast, a.forecast_interval) == (
+      b.a, b.b, b.c_mid, b.forecast, b.forecast_interval)
+  # Hours are still reported: the eval's hours, the target's at the FLOPs per hour so far.
+  assert b.hours == pytest.approx(slowed[1][-1]) and a.hours == pytest.approx(steady[1][-1])
+  assert b.target_hours == pytest.approx(slowed[1][-1])  # the last eval is the budget
+  assert "FLOPs (~" in b.summary() and b.as_metrics()["forecast/target_hours"] > 0
+  # On hours the slowed run's curve is another one (the old default).
+  h1, h2 = outs["hours", "steady"], outs["hours", "slowed"]
+  assert abs(h2.b - h1.b) > 0.05, (h1.b, h2.b)
+
+
+def test_flops_line_is_fit_x_flops_with_the_hours_cutoff_and_target(tmp_path, capsys):
+  # The live forecast on FLOPs with a cutoff and a target given in hours is `fit --x flops`
+  # with them turned into FLOPs: the cutoff at the first eval past it, the target at the
+  # FLOPs per hour so far.
+  flops, hours, noisy = _loaded_run(lambda i: 1.0 + 0.5 * (i % 3 == 0), seed=13)
+  path = tmp_path / "metrics.jsonl"
+  path.write_text("".join(json.dumps({"step": 100 * i, "compute_hours": float(hours[i]),
+                                      "flops": float(flops[i]),
+                                      "val/pass_rate": float(noisy[i])}) + "\n"
+                          for i in range(flops.size)))
+  fc = live.LiveForecaster(axis="flops", min_hours=0.1 * hours[-1],
+                           target_hours=2 * hours[-1], n_boot=50, seed=5)
+  last = _feed(fc, flops, hours, noisy)[-1]
+  cut = float(flops[np.flatnonzero(hours >= 0.1 * hours[-1])[0]])
+  assert fc.fit_min_compute == cut and cut > flops[1]
+  target = 2 * hours[-1] * flops[-1] / hours[-1]
+  assert last.target_compute == pytest.approx(target, rel=1e-12)
+  assert cli.main(["fit", str(path), "--x", "flops", "--min-compute", repr(cut),
+                   "--target", repr(float(last.target_compute)), "--seed", "5",
+                   "--bootstrap", "50", "--json"]) == 0
+  d = json.loads(capsys.readouterr().out)
+  assert d["n_points"] == last.n_points == int(np.sum(flops >= cut))
+  np.testing.assert_allclose([last.a, last.b, last.c_mid], [d["A"], d["B"], d["C_mid"]],
+                             rtol=1e-9)
+  np.testing.assert_allclose(last.forecast_interval, d["forecast"]["interval"], rtol=1e-9)
+
