@@ -126,6 +126,9 @@ def judge(response: str, answer: str, *, limits: code_sandbox.Limits = DEFAULT_L
       offset += 1
       if failure and not all_cases:
         break
+    if run.malformed:  # marks of the program's own: its wrong output, never our error
+      fail(offset, "runtime_error", run)
+      break
     if offset >= total or run.status == "stopped" or (failure and not all_cases):
       break
     # The process ended inside case `offset` without its mark.

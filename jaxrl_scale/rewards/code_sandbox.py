@@ -135,6 +135,8 @@ class Run:
     wall_s: seconds from spawn to exit.
     namespaces: whether the process ran in namespaces of its own (code_isolate.py).
     uid: the uid it ran as when root leased it one, else None (ours).
+    malformed: its case marks were out of order (then `cases` is empty and the status
+      "runtime_error"): the program wrote marks of its own.
   """
   cases: list[Case]
   status: str
@@ -144,6 +146,7 @@ class Run:
   wall_s: float
   namespaces: bool = False
   uid: int | None = None
+  malformed: bool = False
 
 
 @functools.lru_cache(maxsize=None)
@@ -362,8 +365,9 @@ def _split_cases(stdout: bytes, mark: bytes, n: int) -> tuple[list[Case], bytes,
 
   The program runs in the process that writes the marks, so it can learn the nonce and
   write marks of its own. Only marks for cases 0, 1, ... in order, at most `n`, each
-  "ok" or "error", count: the third value is False from the first one that is not (the
-  program's malformed output; the cases before it stand).
+  "ok" or "error", are well formed: the third value is False at the first that is not
+  (the program's malformed output; which earlier mark was forged cannot be told, so the
+  caller voids them all).
   """
   cases, pos = [], 0
   while True:
@@ -411,8 +415,9 @@ def _spawn(server: code_forkserver.ForkServer, cfg: dict, home: str, stdin_path:
   cases, tail, well_formed = _split_cases(bytes(out), mark, n)
   stderr = err[:_STDERR_KEEP].decode("utf-8", "replace")
   if not well_formed:
-    status, stderr = "runtime_error", stderr + "\nsandbox: case marks out of order"
-  return Run(cases, status, code, tail, stderr, wall)
+    cases, status = [], "runtime_error"
+    stderr += "\nsandbox: case marks out of order (the program wrote marks of its own)"
+  return Run(cases, status, code, tail, stderr, wall, malformed=not well_formed)
 
 
 class _ForkedChild:
