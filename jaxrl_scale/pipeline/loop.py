@@ -256,18 +256,18 @@ class Loop:
     self.last_eval = out
     self.state.flops += self.flops_per_token * self._eval_tokens(out)
     if self.forecaster is not None and "val/pass_rate" in out:
+      # The forecaster's axis (model FLOPs by default: hours move with machine load); the
+      # row's "flops" is this value (eval included), so `fit --x flops` reads the same.
       hours = self.clock.hours
-      if self.cfg.forecast.target_compute_hours is None and step > 0:
-        # The run's projected total at the current rate of compute per step.
-        self.forecaster.target_compute = hours * self.cfg.run.steps / step
-      fit = self.forecaster.update(hours, out["val/pass_rate"], step=step,
+      x = self.state.flops if self.forecaster.axis == "flops" else hours
+      fit = self.forecaster.update(x, out["val/pass_rate"], step=step, hours=hours,
                                    eval_size=out.get("val/num_prompts", float("nan"))
                                    * out.get("val/samples_per_prompt", float("nan")))
       if fit is not None and fit.step == step:
         out.update(fit.as_metrics())
         self._forecast_line = "  " + fit.summary()  # printed under the step's line
       # A mixed-domain eval: each domain's own forecast, forecast/<domain>/A etc.
-      domain_metrics, lines = self.forecaster.update_domains(hours, out, step=step)
+      domain_metrics, lines = self.forecaster.update_domains(x, out, step=step, hours=hours)
       out.update(domain_metrics)
       if lines:
         self._forecast_line = "\n".join([self._forecast_line or "  forecast (per domain):"]

@@ -18,33 +18,45 @@ log = logging.getLogger(__name__)
 
 
 def _half_budget(forecaster: Any, final_compute: float) -> dict[str, Any] | None:
-  """The forecast the run had made by half its compute, evaluated at the final compute."""
+  """The forecast the run had made by half its compute (on the forecaster's axis),
+  evaluated at the final compute."""
   from jaxrl_scale.scaling import curves  # pylint: disable=g-import-not-at-top
 
   made = forecaster.forecast_made_by(final_compute / 2)
   if made is None:
     return None
   return {
-      "made_at_step": made.step, "made_at_compute_hours": made.compute,
+      "made_at_step": made.step, "made_at_compute_hours": made.hours, "axis": made.axis,
+      "made_at_compute": made.compute,
       "n_points": made.n_points, "A": made.a, "B": made.b, "C_mid": made.c_mid, "R0": made.r0,
       "A_interval": made.a_interval, "well_determined": made.well_determined,
       "predicted_final": float(curves.sigmoid(final_compute, made.a, made.b, made.c_mid,
                                               made.r0)),
-      "predicted_at_target": made.forecast, "target_compute_hours": made.target_compute,
-      "predicted_interval": made.forecast_interval,
+      "predicted_at_target": made.forecast, "target_compute": made.target_compute,
+      "target_compute_hours": made.target_hours, "predicted_interval": made.forecast_interval,
   }
 
 
-def _plot(cfg: Config, run_dir: pathlib.Path) -> str | None:
+def _plot(cfg: Config, run_dir: pathlib.Path, rows: list[dict[str, Any]]) -> str | None:
   from jaxrl_scale.scaling import domains  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.scaling import live  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.scaling import plot  # pylint: disable=g-import-not-at-top
 
+  # On the live forecast's axis; its hours settings turned into that axis as it does.
+  column = live.COLUMNS[cfg.forecast.axis]
+  evals = [r for r in rows if r.get("val/pass_rate") is not None and r.get(column) is not None]
+  x = [r[column] for r in evals]
+  hours = [r.get("compute_hours", float("nan")) for r in evals]
+  target = cfg.forecast.target_compute_hours
+  if target is not None and cfg.forecast.axis != "hours":
+    target = target * x[-1] / hours[-1] if evals and hours[-1] > 0 else None
   try:
     # A mixed-domain run's plot has each domain's curve beside the overall one.
     analysis = domains.analyse_file(
-        str(run_dir / "metrics.jsonl"), min_compute=cfg.forecast.min_compute_hours,
-        target_compute=cfg.forecast.target_compute_hours, n_boot=cfg.forecast.n_boot,
-        seed=cfg.run.seed)
+        str(run_dir / "metrics.jsonl"), x_key=column,
+        min_compute=min(live.cutoff(x, hours, cfg.forecast.min_compute_hours),
+                        max(x, default=0.0)),
+        target_compute=target, n_boot=cfg.forecast.n_boot, seed=cfg.run.seed)
     title = f"{analysis.overall.name}: per domain" if analysis.domains else None
     return plot.plot_reports(domains.plot_reports([analysis]), str(run_dir / "forecast.png"),
                              title=title)
@@ -62,7 +74,9 @@ def _domain_forecasts(forecaster: Any) -> dict[str, dict[str, Any]]:
       out[domain] = {"step": made.step, "n_points": made.n_points, "A": made.a,
                      "A_interval": made.a_interval, "B": made.b, "C_mid": made.c_mid,
                      "R0": made.r0, "well_determined": made.well_determined,
-                     "declining": made.declining, "target_compute_hours": made.target_compute,
+                     "declining": made.declining, "axis": made.axis,
+                     "target_compute": made.target_compute,
+                     "target_compute_hours": made.target_hours,
                      "forecast": made.forecast, "forecast_interval": made.forecast_interval}
   return out
 
@@ -106,8 +120,8 @@ def finish(cfg: Config, run_dir: pathlib.Path, outcome: Any, forecaster: Any, ho
     summary["final_pass_rate"] = evals[-1][2]
     summary["final_step"] = evals[-1][0]
   if forecaster is not None and forecaster.latest is not None and evals:
-    final_compute = evals[-1][1]
-    summary["half_budget_forecast"] = _half_budget(forecaster, final_compute)
+    final = [r for r in rows if r.get("val/pass_rate") is not None][-1]
+    summary["half_budget_forecast"] = _half_budget(forecaster, final[forecaster.column])
     latest = forecaster.latest
     summary["final_forecast"] = {"A": latest.a, "B": latest.b, "C_mid": latest.c_mid,
                                  "A_interval": latest.a_interval,
@@ -116,10 +130,19 @@ def finish(cfg: Config, run_dir: pathlib.Path, outcome: Any, forecaster: Any, ho
     if by_domain:
       summary["final_forecast_domains"] = by_domain
   if cfg.forecast.plot and outcome.reason == "done" and len(evals) >= 5:
-    summary["forecast_plot"] = _plot(cfg, run_dir)
+    summary["forecast_plot"] = _plot(cfg, run_dir, rows)
   (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
   progress.print(render(summary))
   return summary
+
+
+def _at(f: dict[str, Any]) -> str:
+  """A forecast's target: in hours, with its FLOPs first on the FLOPs axis."""
+  hours = f.get("target_compute_hours")
+  hours_text = "" if hours is None else f"{hours:.4g} h"
+  if f.get("axis", "hours") == "hours":
+    return hours_text or f"{f['target_compute']:.4g}"
+  return f"{f['target_compute']:.3g} FLOPs" + (f" (~{hours_text})" if hours_text else "")
 
 
 def render(summary: dict[str, Any]) -> str:
@@ -158,9 +181,8 @@ def render(summary: dict[str, Any]) -> str:
                  f" | actual: {summary['final_pass_rate']:.3f}")
     band = half.get("predicted_interval")
     if band and half.get("target_compute_hours"):
-      lines.append(f"  (its forecast for the budget it projected, "
-                   f"{half['target_compute_hours']:.4g} h: {half['predicted_at_target']:.3f} "
-                   f"[{band[0]:.3f}, {band[1]:.3f}])")
+      lines.append(f"  (its forecast for the budget it projected, {_at(half)}: "
+                   f"{half['predicted_at_target']:.3f} [{band[0]:.3f}, {band[1]:.3f}])")
   elif summary.get("final_forecast") is not None:
     lines.append("no forecast had been made by half the budget (fewer than 4 eval points)")
   by_domain = summary.get("final_forecast_domains")
@@ -172,7 +194,7 @@ def render(summary: dict[str, Any]) -> str:
         a += f" [{f['A_interval'][0]:.3f}, {f['A_interval'][1]:.3f}]"
       line = f"  {domain}: {a} B={f['B']:.2f} C_mid={f['C_mid']:.3g} R0={f['R0']:.3f}"
       if f.get("forecast") is not None:
-        line += f"; at {f['target_compute_hours']:.4g} h: {f['forecast']:.3f}"
+        line += f"; at {_at(f)}: {f['forecast']:.3f}"
         if f.get("forecast_interval"):
           line += f" [{f['forecast_interval'][0]:.3f}, {f['forecast_interval'][1]:.3f}]"
       if f.get("declining"):

@@ -212,12 +212,14 @@ def _replay_forecast(forecaster: Any, metrics_path: pathlib.Path, before_step: i
   """Feeds the eval points of the kept metrics rows back into a fresh forecaster."""
   if not metrics_path.exists():
     return
+  column = forecaster.column
   for row in metrics_lib.read_metrics(metrics_path):
     if row.get("step", before_step) < before_step and row.get("val/pass_rate") is not None:
-      forecaster.update(row["compute_hours"], row["val/pass_rate"], step=row["step"],
+      x, hours = row[column], row["compute_hours"]
+      forecaster.update(x, row["val/pass_rate"], step=row["step"], hours=hours,
                         eval_size=row.get("val/num_prompts", float("nan"))
                         * row.get("val/samples_per_prompt", float("nan")))
-      forecaster.update_domains(row["compute_hours"], row, step=row["step"])
+      forecaster.update_domains(x, row, step=row["step"], hours=hours)
 
 
 def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.ExitStack,
@@ -318,9 +320,8 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
     writer = metrics_lib.NullMetricsWriter(run_dir)
   forecaster = None
   if cfg.forecast.enabled and evaluator is not None and distributed.is_primary():
-    forecaster = live.LiveForecaster(target_compute=cfg.forecast.target_compute_hours,
-                                     min_compute=cfg.forecast.min_compute_hours,
-                                     n_boot=cfg.forecast.n_boot, seed=cfg.run.seed)
+    forecaster = live.LiveForecaster.from_config(cfg.forecast, total_steps=cfg.run.steps,
+                                                 seed=cfg.run.seed)
     if resume:
       _replay_forecast(forecaster, writer.path, host.metrics_rows)
   clock = clock_lib.RLClock(slices.num_devices, start_hours=host.compute_hours)
