@@ -190,3 +190,29 @@ def test_flops_line_is_fit_x_flops_with_the_hours_cutoff_and_target(tmp_path, ca
                              rtol=1e-9)
   np.testing.assert_allclose(last.forecast_interval, d["forecast"]["interval"], rtol=1e-9)
 
+
+
+def test_training_loop_feeds_the_flops_axis_and_reports_hours():
+  # The loop's eval hook (pipeline/loop.py) gives a FLOPs forecaster the run's FLOPs, with
+  # the clock's hours beside them; a target in hours is turned into FLOPs.
+  import types
+  from jaxrl_scale import config
+  from jaxrl_scale.pipeline import loop as loop_lib
+  flops, hours, noisy = _loaded_run(lambda i: 1.0 + (i > 4), n_evals=8)
+  fc = live.LiveForecaster.from_config(
+      config.ForecastConfig(n_boot=0, target_compute_hours=2 * hours[-1]), total_steps=800,
+      seed=0)
+  ns = types.SimpleNamespace
+  for i in range(flops.size):
+    fake = ns(evaluator=ns(run=lambda params, step, on_progress, i=i:
+                           {"val/pass_rate": float(noisy[i])}),
+              progress=None, trainer=ns(params=None), state=ns(flops=float(flops[i])),
+              flops_per_token=0.0, _eval_tokens=lambda out: 0.0, forecaster=fc,
+              clock=ns(hours=float(hours[i])), _forecast_line=None, last_eval=None,
+              cfg=ns(run=ns(steps=800), forecast=ns(target_compute_hours=None)))
+    out = loop_lib.Loop._evaluate(fake, 100 * i)
+  np.testing.assert_array_equal(fc.curve().compute, flops)
+  assert fc.latest.hours == hours[-1]
+  assert out["forecast/target_compute"] == pytest.approx(2 * flops[-1])
+  assert out["forecast/target_hours"] == pytest.approx(2 * hours[-1])
+  assert "FLOPs (~" in fake._forecast_line
