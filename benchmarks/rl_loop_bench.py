@@ -243,9 +243,9 @@ def step_record(row: dict[str, Any], seconds: dict[str, float], memory, devices:
   out["generated_tok_s_per_device"] = generated / wall / devices
   out["trained_tok_s_per_device"] = out["trained_tokens"] / wall / devices
   # The coin's pass rate (about half) and the generator's idle share of the step.
-  for key in ("rollout/pass_rate", "gen/idle_frac"):
+  for key, name in (("rollout/pass_rate", "pass_rate"), ("gen/idle_frac", "gen_idle_frac")):
     if row.get(key) is not None:
-      out[key.split("/")[1]] = float(row[key])
+      out[name] = float(row[key])
   if memory:
     out["memory"] = memory
   return out
@@ -434,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
 
   register_coin()
   prompt_len = args.prompt_len or cfg.data.max_prompt_tokens
-  report: dict[str, Any] = {**environment(), "config": args.config,
+  config_name = os.path.relpath(os.path.abspath(args.config), ROOT)
+  report: dict[str, Any] = {**environment(), "config": config_name,
                             "overrides": args.overrides, "steps": args.steps,
                             "warmup": args.warmup, "prompt_len": prompt_len,
                             "prompts": cfg.rl.prompts_per_step,
