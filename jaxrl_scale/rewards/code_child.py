@@ -32,7 +32,7 @@ import sys
 # key=value arguments: importing json here would cost more than the rest of the start.
 CFG = dict(arg.split("=", 1) for arg in sys.argv[1:])
 for _key in ("cpu_s", "memory_bytes", "file_bytes", "processes", "open_files", "num_cases",
-             "own_userns", "audit_hook"):
+             "own_userns", "audit_hook", "nproc_base"):
   CFG[_key] = int(CFG[_key])
 CFG["uid"] = int(CFG["uid"]) if CFG["uid"] else None
 os.write(2, b"")  # stderr must exist before anything can fail loudly
@@ -59,8 +59,9 @@ elif CFG["own_userns"]:
   _limit("RLIMIT_NPROC", CFG["processes"])
 elif os.geteuid() != 0:  # (root that cannot switch: only the audit hook limits forks)
   # RLIMIT_NPROC counts every process of the user: allow this many beyond those that
-  # exist now (the number of all processes bounds the user's own from above).
-  _limit("RLIMIT_NPROC", len(os.listdir("/proc")) + CFG["processes"])
+  # exist now (the parent counts all processes, a bound from above of the user's own;
+  # Landlock keeps this process from reading /proc).
+  _limit("RLIMIT_NPROC", CFG["nproc_base"] + CFG["processes"])
 
 with open(CFG["program"], encoding="utf-8", errors="replace") as f:
   SOURCE = f.read()

@@ -60,6 +60,7 @@ class ForkServer:
     namespaces: children run in namespaces of their own (code_isolate.py).
     why_not: why they do not (the probe's error), or None.
     seccomp: children run under code_isolate's seccomp filter.
+    landlock: children run under code_isolate's Landlock rules.
   """
 
   def __init__(self, python: str, bootstrap: str, env: dict[str, str], work_root: str):
@@ -71,6 +72,7 @@ class ForkServer:
     self.namespaces: bool | None = None
     self.why_not: str | None = None
     self.seccomp: bool | None = None
+    self.landlock: bool | None = None
 
   def _start(self) -> None:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -91,7 +93,7 @@ class ForkServer:
     for fd in got:
       os.close(fd)
     self.namespaces, self.why_not = bool(hello["namespaces"]), hello["why"]
-    self.seccomp = bool(hello["seccomp"])
+    self.seccomp, self.landlock = bool(hello["seccomp"]), bool(hello["landlock"])
 
   def _stop(self) -> None:
     if self._sock is not None:
@@ -130,9 +132,11 @@ class ForkServer:
           self._stop()
           raise ForkServerError(f"fork server ({self.python}): {e}") from None
 
-  def spawn(self, cwd: str, argv: list[str], fds: tuple[int, int, int]) -> Child:
-    """Forks a child that runs the bootstrap with `argv` in `cwd` on stdin/out/err `fds`."""
-    request = {"op": "spawn", "cwd": cwd, "argv": argv}
+  def spawn(self, cwd: str, argv: list[str], fds: tuple[int, int, int],
+            own_uid: bool = False) -> Child:
+    """Forks a child that runs the bootstrap with `argv` in `cwd` on stdin/out/err `fds`
+    (`own_uid`: it will switch to a uid of its own)."""
+    request = {"op": "spawn", "cwd": cwd, "argv": argv, "own_uid": own_uid}
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
       with self._lock:

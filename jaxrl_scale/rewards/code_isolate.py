@@ -171,10 +171,11 @@ def build_root(work_root, prefixes, userns):
   os.chdir("/")
 
 
-def enter(home, userns):
-  """In B: into its work dir, then no privileges (drop_privileges)."""
+def enter(home, prefixes, userns):
+  """In B: into its work dir, then no privileges (drop_privileges) and Landlock."""
   os.chdir(home)
   drop_privileges(userns)
+  landlock(home, prefixes)
 
 
 def drop_privileges(userns):
@@ -194,19 +195,24 @@ def drop_privileges(userns):
 
 # Refused with EPERM: what a test program never needs and a way out would (sockets, other
 # processes' memory, mounts, namespaces, kernel keys, modules, io_uring, bpf, SysV and
-# POSIX message queues). clone with a CLONE_NEW* flag is refused too; clone3, whose flags
+# POSIX message queues, device nodes and fifos). clone with a CLONE_NEW* flag is refused too; clone3, whose flags
 # a filter cannot read, answers ENOSYS (glibc then falls back to clone). Numbers from the
 # kernel's asm/unistd_64.h and asm-generic/unistd.h.
 _REFUSED_SYSCALLS = {
     "x86_64": (0xC000003E, 56, 435, (
         41, 53, 101, 310, 311, 165, 166, 155, 161, 272, 308, 250, 248, 249, 321, 298, 323,
         425, 426, 427, 246, 320, 175, 313, 176, 304, 303, 163, 167, 168, 169, 103, 68, 64,
-        29, 240, 430, 431, 432, 433, 428, 429, 442)),
+        29, 240, 430, 431, 432, 433, 428, 429, 442, 133, 259)),
     "aarch64": (0xC00000B7, 220, 435, (
         198, 199, 117, 270, 271, 40, 39, 41, 51, 97, 268, 219, 217, 218, 280, 241, 282,
         425, 426, 427, 104, 294, 105, 273, 106, 265, 264, 89, 224, 225, 142, 116, 186, 190,
-        194, 180, 430, 431, 432, 433, 428, 429, 442)),
+        194, 180, 430, 431, 432, 433, 428, 429, 442, 33)),
 }
+# Signals, refused too where nothing else keeps a program from the judge's processes (no
+# namespaces, our own uid): kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo,
+# pidfd_send_signal.
+_SIGNAL_SYSCALLS = {"x86_64": (62, 200, 234, 129, 297, 424),
+                    "aarch64": (129, 130, 131, 138, 240, 424)}
 _CLONE_NEW_FLAGS = 0x7E020000  # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | ...
 
 
@@ -219,11 +225,14 @@ class _SockFprog(ctypes.Structure):
   _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def _seccomp_program():
-  """The BPF program of the filter, or None on an architecture without a table."""
+def _seccomp_program(signals):
+  """The BPF program of the filter (`signals`: refuse those too), or None on an
+  architecture without a table."""
   if os.uname().machine not in _REFUSED_SYSCALLS:
     return None
   arch, clone, clone3, refused = _REFUSED_SYSCALLS[os.uname().machine]
+  if signals:
+    refused += _SIGNAL_SYSCALLS[os.uname().machine]
   ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
   kill, allow, eperm, enosys = 0x80000000, 0x7FFF0000, 0x00050001, 0x00050026
   code = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (ld, 0, 0, 0)]
@@ -242,21 +251,72 @@ def _seccomp_program():
   return (_SockFilter * len(code))(*[_SockFilter(*c) for c in code])
 
 
-_FILTER = _seccomp_program()
+_FILTERS = {False: _seccomp_program(False), True: _seccomp_program(True)}
 
 
-def install_seccomp():
+def install_seccomp(signals=False):
   """Installs the filter (needs no_new_privs first); False where the kernel has none."""
-  if _FILTER is None:
+  program = _FILTERS[signals]
+  if program is None:
     return False
-  prog = _SockFprog(len(_FILTER), ctypes.cast(_FILTER, ctypes.POINTER(_SockFilter)))
+  prog = _SockFprog(len(program), ctypes.cast(program, ctypes.POINTER(_SockFilter)))
   return _LIBC.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0  # PR_SET_SECCOMP, MODE_FILTER
 
 
-def confine():
-  """Without namespaces: no_new_privs and the seccomp filter only."""
+def confine(home, prefixes, signals):
+  """Without namespaces: no_new_privs, the seccomp filter (`signals`: refusing signals
+  too) and Landlock."""
   _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-  install_seccomp()
+  install_seccomp(signals)
+  landlock(home, prefixes)
+
+
+# Landlock (Linux 5.13+, unprivileged): writes only beneath the work dir, reads and execs
+# only beneath the system directories and the interpreter's prefix. Without namespaces it
+# is the filesystem boundary (no dataset, no other program's files, no escape through a
+# dir_fd); with them, a second one.
+_LANDLOCK_ABI = _LIBC.syscall(444, None, 0, 1)  # landlock_create_ruleset(VERSION)
+_LL_EXECUTE, _LL_WRITE, _LL_READ, _LL_READ_DIR = 1, 2, 4, 8
+_LL_REFER, _LL_TRUNCATE = 1 << 13, 1 << 14
+
+
+class _PathBeneath(ctypes.Structure):
+  _pack_ = 1
+  _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock(home, prefixes):
+  """Restricts this process (and what it starts) as above; False where the kernel cannot."""
+  if _LANDLOCK_ABI < 1:
+    return False
+  handled = ((1 << 13) - 1 | (_LL_REFER if _LANDLOCK_ABI >= 2 else 0)
+             | (_LL_TRUNCATE if _LANDLOCK_ABI >= 3 else 0))
+  attr = ctypes.c_uint64(handled)
+  ruleset = _LIBC.syscall(444, ctypes.byref(attr), ctypes.sizeof(attr), 0)
+  _check(0 if ruleset >= 0 else -1, "landlock_create_ruleset")
+  file_rights = _LL_EXECUTE | _LL_WRITE | _LL_READ | (handled & _LL_TRUNCATE)
+  rules = [(home, handled)] + [(path, _LL_EXECUTE | _LL_READ | _LL_READ_DIR)
+                               for path in _SYSTEM_DIRS + tuple(prefixes)]
+  rules += [("/dev/" + name, (_LL_READ | _LL_WRITE | (handled & _LL_TRUNCATE)))
+            for name in _DEVICES]
+  try:
+    for path, rights in rules:
+      try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+      except OSError:
+        continue  # (absent here)
+      try:
+        if not os.path.isdir(path):
+          rights &= file_rights
+        rule = _PathBeneath(rights, fd)
+        _check(0 if _LIBC.syscall(445, ruleset, 1, ctypes.byref(rule), 0) == 0 else -1,
+               f"landlock_add_rule {path}")
+      finally:
+        os.close(fd)
+    _check(0 if _LIBC.syscall(446, ruleset, 0) == 0 else -1, "landlock_restrict_self")
+  finally:
+    os.close(ruleset)
+  return True
 
 
 def probe_seccomp():
@@ -264,7 +324,8 @@ def probe_seccomp():
   pid = os.fork()
   if pid == 0:
     try:
-      confine()
+      _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+      install_seccomp()
       refused = _LIBC.socket(1, 1, 0) < 0 and ctypes.get_errno() == 1  # AF_UNIX, EPERM
       os._exit(0 if refused else 1)
     finally:
@@ -287,8 +348,8 @@ def probe(work_root, prefixes, userns):
       inner = os.fork()
       if inner == 0:
         try:
-          enter(home, userns)
-          if os.listdir("/proc"):
+          enter(home, prefixes, userns)
+          if os.path.exists("/proc/1") or os.path.exists(f"/proc/{os.getppid()}"):
             raise OSError("other processes are visible")
           os._exit(0)
         except BaseException as e:  # pylint: disable=broad-except

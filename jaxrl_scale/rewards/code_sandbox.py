@@ -267,6 +267,8 @@ def _describe_protections(server: code_forkserver.ForkServer, python: str) -> st
     layers.append("read-only system view without /proc, a work dir no other program"
                   " reaches, no capabilities")
   layers.append("seccomp filter" if server.seccomp else "NO seccomp filter")
+  layers.append("landlock (writes in the work dir only, reads of the system only)"
+                if server.landlock else "NO landlock")
   if _leases_uid(python):
     layers.append(f"a uid per program ({UID_POOL.start}-{UID_POOL.stop - 1})")
   layers.append("rlimits, scrubbed environment, audit hook")
@@ -343,6 +345,8 @@ def _run_in(home: str, server: code_forkserver.ForkServer, source: str, limits: 
     mode, n, cases = "single", 1, ""
   cfg = {"mode": mode, "program": prog, "uid": "" if uid is None else uid,
          "own_userns": int(bool(server.namespaces) and os.geteuid() != 0),
+         "nproc_base": len(os.listdir("/proc")) if not server.namespaces and uid is None
+                       else 0,
          "cases": cases, "num_cases": n,
          "cpu_s": int(limits.cpu_s) * max(n, 1), "memory_bytes": limits.memory_mb << 20,
          "file_bytes": limits.file_mb << 20, "processes": limits.processes,
@@ -391,7 +395,7 @@ def _spawn(server: code_forkserver.ForkServer, cfg: dict, home: str, stdin_path:
   start = time.monotonic()
   argv = [f"{k}={v}" for k, v in cfg.items()]
   with open(stdin_path, "rb") as stdin_file:
-    child = _ForkedChild(server, home, argv, stdin_file.fileno())
+    child = _ForkedChild(server, home, argv, stdin_file.fileno(), cfg["uid"] != "")
   ready_line = (cfg["nonce"] + " ").encode()
   try:
     status, out, err, ready = _supervise(child, ready_line, limits, mark, n, stop)
@@ -424,12 +428,12 @@ class _ForkedChild:
   """The program's process, forked by the interpreter's fork server (code_forkserver.py)."""
 
   def __init__(self, server: code_forkserver.ForkServer, home: str, argv: list[str],
-               stdin_fd: int):
+               stdin_fd: int, own_uid: bool):
     self.server = server
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-      self.child = self.server.spawn(home, argv, (stdin_fd, out_w, err_w))
+      self.child = self.server.spawn(home, argv, (stdin_fd, out_w, err_w), own_uid)
     except code_forkserver.ForkServerError as e:
       for fd in (out_r, err_r):
         os.close(fd)

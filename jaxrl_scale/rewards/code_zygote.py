@@ -17,7 +17,7 @@ program itself, with limits and (as root) its own uid only.
 
 Messages (one SOCK_SEQPACKET message each, JSON, answered in order):
   first, unasked: {"namespaces": bool, "why": reason or null, "root": bool,
-                   "seccomp": bool}
+                   "seccomp": bool, "landlock": bool}
   {"op": "spawn", "cwd": DIR, "argv": [key=value...]} with fds [stdin, stdout, stderr]
       -> {"pid": PID} with a pidfd of the child (taken before it could be reaped, so the
          caller's pidfd and process-group id can never name a reused pid).
@@ -130,7 +130,9 @@ def _child(request, fds, report=None, isolated=False):
     elif isolated:
       _enter(request["cwd"])
     else:
-      _ISO["confine"]()
+      # (Our own uid, no pid namespace: only the filter keeps it from signalling the
+      # judge; as root the leased uid does.)
+      _ISO["confine"](request["cwd"], _PREFIXES, not request.get("own_uid"))
     _ISO.clear()  # (the server's ctypes handles: nothing a program should reach)
     for name in _SERVER_ONLY:
       sys.modules.pop(name, None)
@@ -178,7 +180,7 @@ def _enter_namespaces(home, report):
 
 def _enter(home):
   try:
-    _ISO["enter"](home, not _ROOT)
+    _ISO["enter"](home, _PREFIXES, not _ROOT)
   except BaseException as e:  # pylint: disable=broad-except  (ours: no ready line follows)
     os.write(2, f"sandbox isolation failed: {e}\n".encode())
     os._exit(125)
@@ -195,6 +197,30 @@ def _fork_isolated():
     if os.getpid() != 1:  # (the server; the child is pid 1 of its namespace)
       for fd, kind in _OWN_NAMESPACES:
         _ISO["_check"](_ISO["_LIBC"].setns(fd, kind), "setns")
+
+
+_TRACKED = set()  # programs forked and not reaped yet (without namespaces)
+
+
+def _kill_orphans(reaping):
+  """Without namespaces: kills and reaps our children that are no program of ours (what
+  programs left behind, reparented to us), once `reaping`, a program, has ended."""
+  _TRACKED.discard(reaping)
+  for _ in range(8):  # (a killed orphan's own children come to us in turn)
+    try:
+      with open(f"/proc/self/task/{os.getpid()}/children", encoding="ascii") as f:
+        orphans = [int(pid) for pid in f.read().split()
+                   if int(pid) not in _TRACKED and int(pid) != reaping]
+    except OSError:
+      return
+    if not orphans:
+      return
+    for pid in orphans:
+      try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+      except OSError:
+        pass
 
 
 def _serve():
@@ -224,10 +250,13 @@ def _serve():
         _HELPERS.add(pid)
         _SOCK.send(json.dumps({"helper": pid}).encode())
         continue
+      _TRACKED.add(pid)
       pidfd = os.pidfd_open(pid)
       socket.send_fds(_SOCK, [json.dumps({"pid": pid}).encode()], [pidfd])
       os.close(pidfd)
     elif request["op"] == "reap":
+      if not NAMESPACES and SUBREAPER:
+        _kill_orphans(request["pid"])
       helper = request.get("helper")
       if helper in _HELPERS:  # (gone at once: B is ours once its A has exited)
         os.waitpid(helper, 0)
@@ -251,10 +280,11 @@ def _serve():
 
 
 WHY = _ISO["probe"](_WORK_ROOT, _PREFIXES, not _ROOT)
-NAMESPACES = WHY is None
-if NAMESPACES:  # B, orphaned by A, must be ours to reap (and so never a reused pid)
-  NAMESPACES = _ISO["_LIBC"].prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-  WHY = None if NAMESPACES else "no child subreaper"
+# A child subreaper: B, orphaned by A, is ours to reap (so never a reused pid); without
+# namespaces, what a program detached comes to us, to be killed at its reap.
+SUBREAPER = _ISO["_LIBC"].prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+NAMESPACES = WHY is None and SUBREAPER
+WHY = WHY or (None if SUBREAPER else "no child subreaper")
 if NAMESPACES:  # (the probe built it in a throwaway child: now for real)
   # As root, the server's own pid and ipc namespaces, to step back into after each fork
   # (_fork_isolated); opened first, as the new root has no /proc.
@@ -263,5 +293,6 @@ if NAMESPACES:  # (the probe built it in a throwaway child: now for real)
                      if _ROOT]
   _ISO["build_root"](_WORK_ROOT, _PREFIXES, not _ROOT)
 _SOCK.send(json.dumps({"namespaces": NAMESPACES, "why": WHY, "root": _ROOT,
-                       "seccomp": _ISO["probe_seccomp"]()}).encode())
+                       "seccomp": _ISO["probe_seccomp"](),
+                       "landlock": _ISO["_LANDLOCK_ABI"] >= 1}).encode())
 _serve()
