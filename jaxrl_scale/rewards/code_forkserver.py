@@ -132,11 +132,9 @@ class ForkServer:
           self._stop()
           raise ForkServerError(f"fork server ({self.python}): {e}") from None
 
-  def spawn(self, cwd: str, argv: list[str], fds: tuple[int, int, int],
-            own_uid: bool = False) -> Child:
-    """Forks a child that runs the bootstrap with `argv` in `cwd` on stdin/out/err `fds`
-    (`own_uid`: it will switch to a uid of its own)."""
-    request = {"op": "spawn", "cwd": cwd, "argv": argv, "own_uid": own_uid}
+  def spawn(self, cwd: str, argv: list[str], fds: tuple[int, int, int]) -> Child:
+    """Forks a child that runs the bootstrap with `argv` in `cwd` on stdin/out/err `fds`."""
+    request = {"op": "spawn", "cwd": cwd, "argv": argv}
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
       with self._lock:

@@ -195,9 +195,9 @@ def drop_privileges(userns):
 
 # Refused with EPERM: what a test program never needs and a way out would (sockets, other
 # processes' memory, mounts, namespaces, kernel keys, modules, io_uring, bpf, SysV and
-# POSIX message queues, device nodes and fifos). clone with a CLONE_NEW* flag is refused too; clone3, whose flags
-# a filter cannot read, answers ENOSYS (glibc then falls back to clone). Numbers from the
-# kernel's asm/unistd_64.h and asm-generic/unistd.h.
+# POSIX message queues, device nodes and fifos). clone with a CLONE_NEW* flag is refused
+# too; clone3, whose flags a filter cannot read, answers ENOSYS (glibc then falls back to
+# clone). Numbers from the kernel's asm/unistd_64.h and asm-generic/unistd.h.
 _REFUSED_SYSCALLS = {
     "x86_64": (0xC000003E, 56, 435, (
         41, 53, 101, 310, 311, 165, 166, 155, 161, 272, 308, 250, 248, 249, 321, 298, 323,

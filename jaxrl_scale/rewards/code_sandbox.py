@@ -395,7 +395,7 @@ def _spawn(server: code_forkserver.ForkServer, cfg: dict, home: str, stdin_path:
   start = time.monotonic()
   argv = [f"{k}={v}" for k, v in cfg.items()]
   with open(stdin_path, "rb") as stdin_file:
-    child = _ForkedChild(server, home, argv, stdin_file.fileno(), cfg["uid"] != "")
+    child = _ForkedChild(server, home, argv, stdin_file.fileno())
   ready_line = (cfg["nonce"] + " ").encode()
   try:
     status, out, err, ready = _supervise(child, ready_line, limits, mark, n, stop)
@@ -428,12 +428,12 @@ class _ForkedChild:
   """The program's process, forked by the interpreter's fork server (code_forkserver.py)."""
 
   def __init__(self, server: code_forkserver.ForkServer, home: str, argv: list[str],
-               stdin_fd: int, own_uid: bool):
+               stdin_fd: int):
     self.server = server
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-      self.child = self.server.spawn(home, argv, (stdin_fd, out_w, err_w), own_uid)
+      self.child = self.server.spawn(home, argv, (stdin_fd, out_w, err_w))
     except code_forkserver.ForkServerError as e:
       for fd in (out_r, err_r):
         os.close(fd)

@@ -130,9 +130,9 @@ def _child(request, fds, report=None, isolated=False):
     elif isolated:
       _enter(request["cwd"])
     else:
-      # (Our own uid, no pid namespace: only the filter keeps it from signalling the
-      # judge; as root the leased uid does.)
-      _ISO["confine"](request["cwd"], _PREFIXES, not request.get("own_uid"))
+      # No pid namespace: only the filter keeps it from signalling the judge (with our
+      # uid) or itself (a SIGKILL of its own would pass for a kill from outside).
+      _ISO["confine"](request["cwd"], _PREFIXES, True)
     _ISO.clear()  # (the server's ctypes handles: nothing a program should reach)
     for name in _SERVER_ONLY:
       sys.modules.pop(name, None)
