@@ -199,8 +199,12 @@ class Probe:
     def timed(*args, **kwargs):
       if self.in_eval:
         return inner(*args, **kwargs)
+      chunks = self.sampler.stats.chunks
       t = time.perf_counter()
       out = inner(*args, **kwargs)
+      if phase == "generate":  # decode steps dispatched, for the roofline
+        self.seconds["decode_steps"] = self.seconds.get("decode_steps", 0.0) + (
+            self.sampler.stats.chunks - chunks) * self.sampler.cfg.decode_chunk
       if block:
         self.jax.block_until_ready(out if phase == "train" else self.sampler.params)
       self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t
@@ -226,7 +230,7 @@ class Probe:
 def step_record(row: dict[str, Any], seconds: dict[str, float], memory, devices: int,
                 group_size: int) -> dict[str, Any]:
   """One step's phases (s), tokens per second per device and memory."""
-  out = {f"{k}_s": v for k, v in seconds.items()}
+  out = {k if k == "decode_steps" else f"{k}_s": v for k, v in seconds.items()}
   for kind in ("eval", "checkpoint", "compile", "wait"):
     out[f"{kind}_s"] = float(row.get(f"time/{kind}_s", 0.0))
   wall = float(row["time/step_s"])
@@ -335,10 +339,12 @@ def rates(probe: Probe, cfg, med: dict[str, float], log) -> dict[str, Any]:
   spec = train_step_bench.spec_peak(probe.device.device_kind)
   if spec is not None and med.get("train_s"):
     out["train_mfu"] = flops / med["train_s"] / devices / (spec * 1e12)
-  if med.get("generate_s") and probe.device.platform != "cpu":
+  if med.get("decode_steps") and probe.device.platform != "cpu":  # sync modes
     import sampler_bench  # pylint: disable=g-import-not-at-top
-    decode_steps = cfg.sampler.max_new_tokens
-    ns = types.SimpleNamespace(hbm_gbps=None, batch=rows)
+    # Every slot decodes each step, a wave of them per num_slots rows (prefill's time is in
+    # generate_s too, so the fraction is a little low).
+    decode_steps = med.get("decode_steps") or cfg.sampler.max_new_tokens
+    ns = types.SimpleNamespace(hbm_gbps=None, batch=probe.sampler.num_slots)
     line, fields = sampler_bench._roofline(  # pylint: disable=protected-access
         probe.sampler, mcfg, ns, med["generate_s"] / decode_steps,
         cfg.data.max_prompt_tokens + cfg.sampler.max_new_tokens / 2)

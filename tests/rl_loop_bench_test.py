@@ -6,6 +6,7 @@ import json
 import pathlib
 import sys
 
+import jax
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -22,7 +23,37 @@ def test_coin_is_earned_both_ways_and_ignores_the_answer():
   assert all(rl_loop_bench.coin(t, "0") == rl_loop_bench.coin(t, "1") for t in texts)
 
 
-def test_the_bench_runs_the_loop_in_both_modes(capsys):
+class _H100Stand_in:
+  """The trainer's device as the bench reads it on a GPU (its kind, memory counters), so the
+  MFU, roofline and memory paths run on CPU; the numbers mean nothing here."""
+
+  platform = "gpu"
+  device_kind = "NVIDIA H100 80GB HBM3"
+
+  def __init__(self):
+    self.peak = 0
+
+  def memory_stats(self):
+    self.peak += 1
+    return {"bytes_in_use": 1, "peak_bytes_in_use": self.peak}
+
+
+def test_the_bench_runs_the_loop_in_both_modes(capsys, monkeypatch):
+  init = rl_loop_bench.Probe.__init__
+
+  def on_a_gpu(self, loop, sync):
+    init(self, loop, sync)
+    self.device = _H100Stand_in()
+
+  monkeypatch.setattr(rl_loop_bench.Probe, "__init__", on_a_gpu)
+  rates = rl_loop_bench.rates
+
+  def rates_on_a_gpu(*args):  # sampler_bench's roofline asks JAX for the device itself
+    with monkeypatch.context() as m:
+      m.setattr(jax, "devices", lambda *_: [_H100Stand_in()])
+      return rates(*args)
+
+  monkeypatch.setattr(rl_loop_bench, "rates", rates_on_a_gpu)
   assert rl_loop_bench.main([*SHRUNK, "--steps", "3", "--warmup", "1", "--repeats", "1",
                              "--modes", "sync,pipeline", "--json"]) == 0
   report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -40,6 +71,13 @@ def test_the_bench_runs_the_loop_in_both_modes(capsys):
   assert sync["median"]["generate_s"] <= sync["median"]["wait_s"]
   assert set(sync["alone"]) == {"update_s", "generate_s", "train_s"}
   assert "alone" not in pipe
+  # On a GPU: the train phase's MFU in both modes, generate's roofline share in sync (where
+  # its decode steps are counted), the device's peak after each phase.
+  assert sync["median"]["decode_steps"] > 0 and "decode_steps" not in pipe["median"]
+  assert sync["train_mfu"] > 0 and pipe["train_mfu"] > 0
+  assert sync["generate_fraction_of_roofline"] > 0
+  assert "generate_fraction_of_roofline" not in pipe
+  assert {"generate", "score", "train", "update"} <= set(sync["peak_bytes_after"])
 
 
 @pytest.mark.parametrize("argv, words", [
