@@ -156,7 +156,6 @@ class Probe:
 
     self.jax = jax
     self.loop = loop
-    self.sync = sync
     self.seconds: dict[str, float] = {}
     self.memory: dict[str, dict[str, int]] = {}
     self.batch = None
@@ -190,8 +189,6 @@ class Probe:
         self.in_eval = False
 
     loop.evaluate = evaluated
-    # Checkpoints only when asked: the run's last one would write the whole trainer state.
-    self.keep_checkpoints = False
 
   def _wrap(self, obj, name: str, phase: str, *, block: bool, keep_batch: bool = False):
     inner = getattr(obj, name)
@@ -279,7 +276,7 @@ def run_mode(args, mode: str, data_path: pathlib.Path, log, alone: bool) -> dict
 
   def on_loop(loop) -> None:
     probe = Probe(loop, sync)
-    if not args.checkpoint_every:
+    if not args.checkpoint_every:  # the run's last checkpoint would write the trainer state
       loop.checkpointer = None
     probes.append(probe)
 
