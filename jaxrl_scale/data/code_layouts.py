@@ -16,11 +16,23 @@ Layouts read as-is:
   DeepCoder-primeintellect       [{"type": "stdin_stdout"|"function_call", "input",
                                    "output", "fn_name"?}]
   DeepCoder-codeforces           [{"input", "output"}]
+
+Assertion tests, {"test_code": SOURCE, "entry_point": NAME} (run by
+jaxrl_scale/rewards/code_asserts.py apart from the program), from a whole record
+(`normalize_asserts`):
+  HumanEval      {"prompt", "test" (defines check(candidate)), "entry_point"}: the prompt
+                 comes first, for the helpers the check calls (HumanEval/32's poly)
+  MBPP           {"test_list": [assert ...], "test_setup_code"?, "test_imports"?, "code"}:
+                 the entry point is the reference code's first function (else the first
+                 assert's call)
+  KodCode        {"test" (pytest functions, `from solution import f`), "test_info":
+                 [{"function_name"}]}
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -72,6 +84,9 @@ def normalize(tests: Any, fn_name: str | None = None) -> dict[str, Any]:
       metadata "func_name"); a name inside `tests` wins.
   """
   tests = _loads(tests)
+  if isinstance(tests, Mapping) and "test_code" in tests:
+    return {"test_code": str(tests["test_code"]),
+            "entry_point": str(tests.get("entry_point") or fn_name or "")}
   if isinstance(tests, Mapping) and "inputs" in tests and "outputs" in tests:
     name = tests.get("fn_name") or fn_name
     inputs, outputs = list(tests["inputs"]), list(tests["outputs"])
@@ -126,3 +141,34 @@ def _from_list(tests: Sequence, fn_name: str | None) -> dict[str, Any]:
       raise LayoutError(f"function-call tests need one function name, got {sorted(names)}")
     return _canonical(names.pop(), inputs, outputs, wrapped)
   return _canonical(None, inputs, outputs)
+
+
+_DEF_RE = re.compile(r"^def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
+_ASSERT_CALL_RE = re.compile(r"assert\b[^\n]*?\b([A-Za-z_]\w*)\s*\(")
+_NOT_ENTRY = frozenset(("set", "list", "tuple", "sorted", "abs", "len", "math", "isclose",
+                        "round", "str", "int", "float", "all", "any", "not"))
+
+
+def normalize_asserts(record: Mapping) -> dict[str, str]:
+  """A HumanEval, MBPP or KodCode record (module docstring) -> assertion tests."""
+  if "test_list" in record:  # MBPP
+    asserts = [str(a) for a in record["test_list"]]
+    names = _DEF_RE.findall(str(record.get("code", "")))
+    calls = [n for a in asserts[:1] for n in _ASSERT_CALL_RE.findall(a)
+             if n not in _NOT_ENTRY]
+    entry = record.get("entry_point") or (names or calls or [""])[0]
+    source = "\n".join([str(record.get("test_imports") and "\n".join(record["test_imports"])
+                             or ""), str(record.get("test_setup_code") or "")] + asserts)
+  elif "test" in record and "test_info" in record:  # KodCode
+    infos = [i for i in record["test_info"] if isinstance(i, Mapping)]
+    entry = record.get("entry_point") or (infos[0].get("function_name") if infos else "")
+    source = str(record["test"])
+  elif "test" in record and "entry_point" in record:  # HumanEval
+    entry = record["entry_point"]
+    source = f"{record.get('prompt', '')}\n\n{record['test']}"
+  else:
+    raise LayoutError("no assertion tests (HumanEval prompt/test/entry_point, MBPP "
+                      "test_list, KodCode test/test_info)")
+  if not isinstance(entry, str) or not entry.isidentifier():
+    raise LayoutError(f"no entry point for the assertion tests (got {entry!r})")
+  return {"test_code": source.strip() + "\n", "entry_point": entry}

@@ -28,6 +28,7 @@ import dataclasses
 import re
 import time
 
+from jaxrl_scale.rewards import code_asserts
 from jaxrl_scale.rewards import code_sandbox
 from jaxrl_scale.rewards import code_tests
 from jaxrl_scale.rewards import registry
@@ -85,10 +86,13 @@ def judge(response: str, answer: str, *, limits: code_sandbox.Limits = DEFAULT_L
     The CodeVerdict. Raises TestFormatError / SandboxError (not the program's fault).
   """
   spec = code_tests.parse_answer(answer)
-  total = len(spec.inputs)
+  total = len(spec.inputs) if spec.test_code is None else 1
   program = extract_program(response)
   if program is None:
     return CodeVerdict("no_code", 0, total, "no closed ```python block")
+  if spec.test_code is not None:  # assertion tests: one case, in two processes
+    status, detail = code_asserts.judge(program, spec.test_code, spec.fn_name, limits)
+    return CodeVerdict(status, int(status == "pass"), 1, detail, program)
   failure: list[str] = []  # [status, detail] of the first failing case
   passed, offset = 0, 0
   deadline = time.monotonic() + limits.total_wall_s

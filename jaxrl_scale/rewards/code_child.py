@@ -20,6 +20,7 @@ fd 1, from which the parent splits the outputs and restarts its per-case wall cl
   function  exec prog.py once, find `fn_name` (a method of class Solution, else a
             top-level function), call it on each (index, args) of cases.json; the mark's
             payload is the JSON result. The program's own prints go nowhere.
+  serve, check   assertion tests, in two processes (code_child_asserts.py).
 The parent compares the outputs; this process never judges, so whatever the program
 forges on fd 1 is at most an output of its own, and marks out of order are the program's
 malformed output (code_sandbox._split_cases), never an error of the judge.
@@ -108,7 +109,8 @@ def _hook(event, args, _refused=frozenset((
     parts = [p for p in path.split("/") if p not in ("", ".")]
     writes = (mode is not None and _any(c in mode for c in "wax+")) or (
         flags is not None and flags & _write_flags)
-    if writes and (".." in parts or (path[:1] == "/" and not path.startswith(_home))):
+    if writes and (".." in parts or (path[:1] == "/" and not path.startswith(_home)
+                                     and path != "/dev/null")):
       raise _err(f"sandbox: writing {path!r} is not allowed")
     if "proc" in parts and (".." in parts or parts[parts.index("proc") + 1:][:1] not in (
         ["self"], ["thread-self"])):
@@ -220,7 +222,8 @@ if _MODE == "single":
 elif _MODE == "stdin":
   for _index in range(CFG["num_cases"]):
     _run_stdin_case(_index, f"in{_index}.txt")
-else:
+elif _MODE == "function":
   import json  # pylint: disable=g-import-not-at-top
   with open(CFG["cases"], encoding="utf-8") as f:
     _run_function_cases(json.load(f))
+# (the assertion-test modes, "serve" and "check": code_child_asserts.py, appended)

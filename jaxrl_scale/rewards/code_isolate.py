@@ -107,11 +107,12 @@ def _bind(source, target, flags=0):
   _mount(source, target, None, MS_BIND | MS_REC | flags)
 
 
-def _read_only(path):
-  """Adds read-only, nosuid, nodev to the mounts at and below `path`."""
-  attr = _MountAttr(_ATTR_RDONLY | _ATTR_NOSUID | _ATTR_NODEV, 0, 0, 0)
-  result = _syscall("mount_setattr", _AT_FDCWD, path.encode(), _AT_RECURSIVE,
-                    ctypes.byref(attr), ctypes.sizeof(attr))
+def _read_only(path, devices=False):
+  """Adds read-only, nosuid and (unless `devices`, a bound device node) nodev to the
+  mount at `path` and, for a directory, those below it."""
+  attr = _MountAttr(_ATTR_RDONLY | _ATTR_NOSUID | (0 if devices else _ATTR_NODEV), 0, 0, 0)
+  result = _syscall("mount_setattr", _AT_FDCWD, path.encode(),
+                    0 if devices else _AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr))
   if result == 0:
     return
   if ctypes.get_errno() != 38:  # ENOSYS: a kernel before 5.12, remount mount by mount
@@ -136,7 +137,7 @@ def build_root(work_root, prefixes, userns):
   new = os.path.join(work_root, ".root")  # (shadows nothing the new root shows)
   os.makedirs(new, exist_ok=True)
   _mount("jaxrl_root", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-  read_only, binds = [new], []
+  read_only, binds, devices = [], [], []
   for path in _SYSTEM_DIRS + tuple(prefixes):
     if (path == "/" or not os.path.lexists(path)
         or any(path == b or path.startswith(b + "/") for b in binds)):
@@ -152,16 +153,17 @@ def build_root(work_root, prefixes, userns):
   for name in _DEVICES:
     if os.path.exists("/dev/" + name):
       _bind("/dev/" + name, f"{new}/dev/{name}")
-  for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                       ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-    os.symlink(target, f"{new}/dev/{name}")
-  read_only.append(new + "/dev")
+      devices.append(f"{new}/dev/{name}")
   # No /proc at all: none is the cheapest view of no other process (a procfs per program
   # cost a fifth of the throughput). The host's stays open for A's maps (PROC_FD).
   for path in ("/proc", "/tmp", work_root):
     os.makedirs(new + path, exist_ok=True)
-  for path in read_only:
+  for path in read_only:  # (before the root's own pass: it would make them nodev)
     _read_only(path)
+  for path in devices:
+    _read_only(path, devices=True)
+  _read_only(new + "/dev", devices=True)  # (the tmpfs of the device nodes' binds)
+  _read_only(new, devices=True)  # the root's tmpfs (mount points only)
   _mount(work_root, new + work_root, None, MS_BIND)  # (after the pass: stays writable)
   if userns:
     PROC_FD.append(os.open("/proc", os.O_RDONLY | os.O_DIRECTORY))

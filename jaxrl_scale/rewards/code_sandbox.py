@@ -30,6 +30,7 @@ the caller must not score it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import functools
 import json
@@ -50,13 +51,14 @@ from collections.abc import Callable
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.rewards import code_forkserver
 
-_BOOTSTRAP = (pathlib.Path(__file__).with_name("code_child.py")).read_text(encoding="utf-8")
+_BOOTSTRAP = "\n".join(pathlib.Path(__file__).with_name(name).read_text(encoding="utf-8")
+                       for name in ("code_child.py", "code_child_asserts.py"))
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 # Uids leased one per running program (as root): Debian's reserved 65000-65533 range,
 # below nobody, inside any container's usual 0-65535 map.
 UID_POOL = range(65100, 65500)
 _SYSTEM_PYTHONS = ("/usr/bin/python3",)
-_STARTUP_S = 10.0  # interpreter start and bootstrap, before the program's clocks start
+STARTUP_S = 10.0  # interpreter start and bootstrap, before the program's clocks start
 _STDERR_KEEP = 2048  # bytes of stderr kept for the verdict's detail
 STATUSES = ("ok", "runtime_error", "timeout", "output_limit", "stopped")
 
@@ -304,26 +306,55 @@ def run_python(source: str, limits: Limits, *, inputs: list[str] | None = None,
     killed from outside.
   """
   python = limits.python or default_python()
+  with slots(python, 1) as ((server, uid, home),):
+    return _run_in(home, server, source, limits, uid, inputs=inputs, fn_name=fn_name,
+                   args=args, single_stdin=single_stdin, stop=stop)
+
+
+@contextlib.contextmanager
+def slots(python: str, n: int):
+  """`n` places to run programs at the same time: [(server, uid or None, work dir)].
+
+  A leased uid each (root), a fresh work dir each (owned by that uid); without
+  namespaces and without uids, one holder of slots at a time (`_SERIAL`). On exit the
+  work dirs are removed and, without namespaces, what the uids left behind is killed.
+  """
   server = _server(python)
-  uid = _UIDS.lease() if _leases_uid(python) else None
-  serial = _SERIAL if not server.namespaces and uid is None else None
+  uids = [_UIDS.lease() if _leases_uid(python) else None for _ in range(n)]
+  serial = _SERIAL if not server.namespaces and uids[0] is None else None
+  homes = []
   try:
     if serial is not None:
       serial.acquire()  # pylint: disable=consider-using-with
-    home = _work_dir()
-    try:
-      run = _run_in(home, server, source, limits, uid, inputs=inputs, fn_name=fn_name,
-                    args=args, single_stdin=single_stdin, stop=stop)
-    finally:
-      shutil.rmtree(home, ignore_errors=True)
+    for uid in uids:
+      homes.append(_work_dir())
+      if uid is not None:
+        os.chown(homes[-1], uid, uid)  # its one writable place; 0700: no other program's
+    yield [(server, uid, home) for uid, home in zip(uids, homes)]
   finally:
-    if uid is not None:
-      if not server.namespaces:
-        _kill_uid(uid)  # what it left behind (with namespaces, its pid 1's end did)
-      _UIDS.release(uid)
+    for home in homes:
+      shutil.rmtree(home, ignore_errors=True)
+    for uid in uids:
+      if uid is not None:
+        if not server.namespaces:
+          _kill_uid(uid)  # what it left behind (with namespaces, its pid 1's end did)
+        _UIDS.release(uid)
     if serial is not None:
       serial.release()
-  return run
+
+
+def config(server: code_forkserver.ForkServer, limits: Limits, uid: int | None, *,
+           mode: str, program: str, num_cases: int, cpu_s: int, cases: str = "",
+           fn_name: str = "", nonce: str) -> dict:
+  """The bootstrap's key=value configuration (code_child.py)."""
+  return {"mode": mode, "program": program, "uid": "" if uid is None else uid,
+          "own_userns": int(bool(server.namespaces) and os.geteuid() != 0),
+          "nproc_base": len(os.listdir("/proc")) if not server.namespaces and uid is None
+                        else 0,
+          "cases": cases, "num_cases": num_cases, "cpu_s": int(cpu_s),
+          "memory_bytes": limits.memory_mb << 20, "file_bytes": limits.file_mb << 20,
+          "processes": limits.processes, "open_files": limits.open_files,
+          "audit_hook": int(limits.audit_hook), "fn_name": fn_name, "nonce": nonce}
 
 
 def _run_in(home: str, server: code_forkserver.ForkServer, source: str, limits: Limits,
@@ -343,17 +374,9 @@ def _run_in(home: str, server: code_forkserver.ForkServer, source: str, limits: 
       _write(os.path.join(home, f"in{i}.txt"), text)  # the child's case i reads in{i}.txt
   else:
     mode, n, cases = "single", 1, ""
-  cfg = {"mode": mode, "program": prog, "uid": "" if uid is None else uid,
-         "own_userns": int(bool(server.namespaces) and os.geteuid() != 0),
-         "nproc_base": len(os.listdir("/proc")) if not server.namespaces and uid is None
-                       else 0,
-         "cases": cases, "num_cases": n,
-         "cpu_s": int(limits.cpu_s) * max(n, 1), "memory_bytes": limits.memory_mb << 20,
-         "file_bytes": limits.file_mb << 20, "processes": limits.processes,
-         "open_files": limits.open_files, "audit_hook": int(limits.audit_hook),
-         "fn_name": fn_name or "", "nonce": nonce}
-  if uid is not None:
-    os.chown(home, uid, uid)  # its one writable place; 0700: no other program's
+  cfg = config(server, limits, uid, mode=mode, program=prog, num_cases=n,
+               cpu_s=int(limits.cpu_s) * max(n, 1), cases=cases, fn_name=fn_name or "",
+               nonce=nonce)
   run = _spawn(server, cfg, home, stdin_path, limits, ("\n" + nonce + " ").encode(),
                max(n, 1), stop)
   return dataclasses.replace(run, namespaces=bool(server.namespaces), uid=uid)
@@ -395,7 +418,7 @@ def _spawn(server: code_forkserver.ForkServer, cfg: dict, home: str, stdin_path:
   start = time.monotonic()
   argv = [f"{k}={v}" for k, v in cfg.items()]
   with open(stdin_path, "rb") as stdin_file:
-    child = _ForkedChild(server, home, argv, stdin_file.fileno())
+    child = ForkedChild(server, home, argv, stdin_file.fileno())
   ready_line = (cfg["nonce"] + " ").encode()
   try:
     status, out, err, ready = _supervise(child, ready_line, limits, mark, n, stop)
@@ -403,7 +426,7 @@ def _spawn(server: code_forkserver.ForkServer, cfg: dict, home: str, stdin_path:
     code, cpu_s = child.finish()
   wall = time.monotonic() - start
   if not ready:  # (also when it timed out: a start that slow is an overloaded host)
-    how = (f"no start within {_STARTUP_S:g}s" if status == "timeout"
+    how = (f"no start within {STARTUP_S:g}s" if status == "timeout"
            else f"exit {code} after {wall:.2f}s")
     raise SandboxError(f"the sandbox bootstrap failed ({how}): "
                        f"{err[:_STDERR_KEEP].decode('utf-8', 'replace').strip()[-300:]}")
@@ -424,7 +447,7 @@ def _spawn(server: code_forkserver.ForkServer, cfg: dict, home: str, stdin_path:
   return Run(cases, status, code, tail, stderr, wall, malformed=not well_formed)
 
 
-class _ForkedChild:
+class ForkedChild:
   """The program's process, forked by the interpreter's fork server (code_forkserver.py)."""
 
   def __init__(self, server: code_forkserver.ForkServer, home: str, argv: list[str],
@@ -490,9 +513,9 @@ def _supervise(child, ready_line: bytes, limits: Limits, mark: bytes, n: int,
   sel.register(child.stderr, selectors.EVENT_READ, err)
   sel.register(child.pidfd, selectors.EVENT_READ, "exit")
   # The clocks start when the bootstrap is ready: a slow start on a loaded host is not
-  # the program's time (past _STARTUP_S it is the sandbox's failure).
+  # the program's time (past STARTUP_S it is the sandbox's failure).
   exited, marks = False, 0
-  case_deadline = total_deadline = time.monotonic() + _STARTUP_S
+  case_deadline = total_deadline = time.monotonic() + STARTUP_S
   try:
     while True:
       remaining = min(case_deadline, total_deadline) - time.monotonic()
@@ -535,7 +558,7 @@ def _supervise(child, ready_line: bytes, limits: Limits, mark: bytes, n: int,
           if stop is not None and well_formed and cases and stop(cases):
             # The failing case wrote its traceback before its mark: take what stderr holds
             # now (its event may come after stdout's in this round), without waiting.
-            _drain(child.stderr, err, _STDERR_KEEP)
+            drain(child.stderr, err, _STDERR_KEEP)
             return "stopped", out, err, ready
       if exited and not sel.get_map():
         return None, out, err, ready
@@ -543,7 +566,7 @@ def _supervise(child, ready_line: bytes, limits: Limits, mark: bytes, n: int,
     sel.close()
 
 
-def _drain(fd: int, buf: bytearray, limit: int) -> None:
+def drain(fd: int, buf: bytearray, limit: int) -> None:
   """Appends what `fd` holds now (up to `limit` bytes in `buf`), never blocking."""
   with selectors.DefaultSelector() as sel:
     sel.register(fd, selectors.EVENT_READ)

@@ -1,9 +1,14 @@
 """Test cases of code problems: the canonical form and the comparison of outputs.
 
 A code record's answer is the canonical JSON (jaxrl_scale/data/code_layouts.py writes it
-from the datasets' layouts):
+from the datasets' layouts), or assertion tests:
 
   {"fn_name": null | "name", "inputs": [...], "outputs": [...], "wrapped": false}
+  {"test_code": SOURCE, "entry_point": NAME}
+
+SOURCE defines `check(candidate)` (HumanEval), or is plain asserts calling NAME (MBPP), or
+pytest-style `test_*` functions importing NAME `from solution` (KodCode); code_asserts.py
+runs it apart from the program.
 
 stdin/stdout cases (fn_name null): inputs and outputs are texts. Function-call cases:
 inputs are argument lists and outputs the expected return values; "wrapped" marks the
@@ -33,13 +38,17 @@ class TestSpec:
     inputs: per case, stdin text or an argument list.
     outputs: per case, expected stdout text or return value.
     wrapped: expected values may be wrapped in a one-element list (APPS / TACO).
+    test_code: assertion tests (then fn_name is the entry point, inputs and outputs empty).
   """
   fn_name: str | None
   inputs: list
   outputs: list
   wrapped: bool = False
+  test_code: str | None = None
 
   def to_json(self) -> str:
+    if self.test_code is not None:
+      return json.dumps({"test_code": self.test_code, "entry_point": self.fn_name})
     return json.dumps({"fn_name": self.fn_name, "inputs": self.inputs,
                        "outputs": self.outputs, "wrapped": self.wrapped})
 
@@ -56,9 +65,21 @@ def _loads(value: Any) -> Any:
 def parse_answer(answer: str) -> TestSpec:
   """A record's answer, the canonical JSON of the module docstring -> TestSpec."""
   value = _loads(answer)
+  if isinstance(value, Mapping) and "test_code" in value:
+    code, entry = value["test_code"], value.get("entry_point")
+    if not isinstance(code, str) or not code.strip():
+      raise TestFormatError("test_code must be non-empty Python source")
+    if not isinstance(entry, str) or not entry.isidentifier():
+      raise TestFormatError("assertion tests need an identifier entry_point")
+    try:
+      compile(code, "tests.py", "exec")  # (compiled only: it runs in the sandbox)
+    except (SyntaxError, ValueError) as e:
+      raise TestFormatError(f"test_code does not compile: {e}") from None
+    return TestSpec(entry, [], [], test_code=code)
   if not isinstance(value, Mapping) or not {"inputs", "outputs"} <= set(value):
     raise TestFormatError("tests must be the canonical {fn_name, inputs, outputs, wrapped} "
-                          "(jaxrl_scale.data.code_layouts.normalize reads dataset layouts)")
+                          "or {test_code, entry_point} (jaxrl_scale.data.code_layouts."
+                          "normalize reads dataset layouts)")
   inputs, outputs = value["inputs"], value["outputs"]
   fn_name = value.get("fn_name")
   if not isinstance(inputs, list) or not isinstance(outputs, list):
