@@ -41,6 +41,7 @@ def test_one_weight_buffer_holds_no_pending_copy(colocated):
   # The train step runs beside the sampler's one copy, KV cache and slot state.
   assert two["train_step"].also_resident - one["train_step"].also_resident == params
   # The cast of an update runs after the sampler has deleted its weights and layer copies.
-  optimizer = one["weight_cast"].resident["optimizer"]
+  optimizer = one["train_step"].resident["optimizer"]
+  assert "optimizer" not in one["weight_cast"].resident  # beside it, counted once
   assert one["weight_cast"].also_resident == optimizer + sampler_one - params - layers
   assert two["weight_cast"].also_resident == optimizer + sampler_one + params
