@@ -153,7 +153,11 @@ def judge(response: str, answer: str, *, limits: code_sandbox.Limits = DEFAULT_L
 
 def _describe(index: int, status: str, run: code_sandbox.Run) -> str:
   detail = f"case {index}: {status}"
-  lines = [line for line in run.stderr.strip().splitlines() if line.strip()]
+  # The error's line: not a traceback's frame lines, nor the head of the next case's
+  # traceback (the child may have started it before a stop reached it).
+  lines = [line for line in run.stderr.strip().splitlines()
+           if line.strip() and not line.startswith(" ")
+           and line != "Traceback (most recent call last):"]
   if status == "runtime_error" and lines:
     detail += f" ({lines[-1][:160]})"
   elif status == "runtime_error" and run.returncode < 0:
