@@ -3,8 +3,9 @@ r"""The code reward: the response's program, run in the sandbox against the prob
   verdict = code.judge(response, record["answer"])   # .status, .passed, .total
 
 The program is the last fenced code block (```python, ```py, ```python3 or a bare ```)
-after the reasoning (after the last </think> when there is one); none, or an unclosed
-fence, is "no_code". All stdin cases run in one sandboxed process, one after another, each
+after the reasoning (after the last </think> when there is one); none, an unclosed
+fence, or reasoning opened with <think> and never closed (a cut-off completion) is
+"no_code". All stdin cases run in one sandboxed process, one after another, each
 with its own stdin and its own wall clock (code_child.py); function-call cases the same.
 A case the process died in without its mark (os._exit, a crash) is rerun alone as a plain
 program, so a program that ends with os._exit(0) is judged as it would be run by itself.
@@ -41,8 +42,13 @@ _PYTHON_TAGS = ("", "python", "py", "python3", "py3")
 
 
 def extract_program(response: str) -> str | None:
-  """The last closed ```python (or bare) fenced block after the reasoning, else None."""
+  """The last closed ```python (or bare) fenced block after the reasoning, else None.
+
+  Reasoning opened (<think>) and never closed is a completion cut off while it thought:
+  a draft block in it is no answer (issue 63: it earned the reward)."""
   _, think, answer = response.rpartition("</think>")
+  if not think and "<think>" in response:
+    return None
   text = answer if think else response
   blocks = [m.group(2) for m in _FENCE_RE.finditer(text)
             if m.group(1).lower() in _PYTHON_TAGS]

@@ -37,6 +37,8 @@ def test_no_block_or_unclosed_fence_is_no_code():
   assert code.extract_program("```python\nprint(1)\n") is None
   assert code.extract_program("```cpp\nint main(){}\n```") is None
   assert code.extract_program("<think>```python\nprint(1)\n```</think> no code") is None
+  # Cut off inside its reasoning: the draft there is no answer.
+  assert code.extract_program("<think>First try:\n```python\nprint(1)\n```\nHmm") is None
   assert _judge("", STDIN).status == "no_code"
 
 
