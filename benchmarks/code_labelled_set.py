@@ -13,6 +13,13 @@ by calling the program's `solve` here, in this trusted process, on the cases in 
 first case that raises is runtime_error, the first that differs is wrong): a label that
 disagrees stops the build. The verifier under test (sandbox, harness, extraction,
 comparison) is not used to make or check the labels.
+
+Each program is also emitted a third time as an assertion problem ({"test_code",
+"entry_point": "solve"}, HumanEval's `check(candidate)` of one assert per case), labelled
+by running that check here, directly, as HumanEval's own harness does (program and check
+in one namespace: an assert that fails is wrong, an exception raised in `solve` a runtime
+error; timeouts keep their hand label). The verifier's agreement with that direct run is
+what the assertion rows measure.
 """
 
 from __future__ import annotations
@@ -331,6 +338,32 @@ def _check_label(name, solve_src, label, ref, cases):
                      f"{solve_src}")
 
 
+def _assert_test(ref, cases):
+  lines = [f"    assert candidate(*{list(a)!r}) == {ref(*a)!r}" for a in cases]
+  return "def check(candidate):\n" + "\n".join(lines) + "\n"
+
+
+def _direct_check(solve_src, test_code, label):
+  """The assertion problem's label: its check run directly on `solve` (trusted code)."""
+  if label == "timeout":
+    return label
+  namespace, raised = {}, []
+  exec(solve_src + "\n" + test_code, namespace)  # noqa: S102  (our own programs and checks)
+
+  def candidate(*args):
+    try:
+      return namespace["solve"](*args)
+    except Exception:
+      raised.append(True)
+      raise
+
+  try:
+    namespace["check"](candidate)
+  except Exception:  # noqa: BLE001  (a failed check is the label we look for)
+    return "runtime_error" if raised else "wrong"
+  return "pass"
+
+
 def _fence(program):
   return f"Let me reason about the problem first.\n\n```python\n{program}```\n"
 
@@ -345,8 +378,13 @@ def build() -> list[dict]:
     io_answer = json.dumps({"fn_name": None, "inputs": [fmt_in(a) for a in cases],
                             "outputs": [fmt_out(ref(*a)) + "\n" for a in cases],
                             "wrapped": False})
+    test_code = _assert_test(ref, cases)
+    as_answer = json.dumps({"test_code": test_code, "entry_point": "solve"})
     for k, (label, solve) in enumerate(programs):
       _check_label(name, solve, label, ref, cases)
+      rows.append({"id": f"{name}-as-{k}", "family": name, "format": "assert",
+                   "label": _direct_check(solve, test_code, label),
+                   "response": _fence(solve), "answer": as_answer})
       rows.append({"id": f"{name}-fn-{k}", "family": name, "format": "function",
                    "label": label, "response": _fence(solve), "answer": fn_answer})
       rows.append({"id": f"{name}-io-{k}", "family": name, "format": "stdin",

@@ -9,11 +9,15 @@ correct and subtly wrong programs, function-call and stdin/stdout tests, hand-de
 labels) with the "code" reward's judge under the default limits, through a Scorer with
 --threads workers, and reports:
 
-  labelled     every verdict's status against its label (target: all right)
+  labelled     every verdict's status against its label (target: all right); for the
+               assertion rows, the label is HumanEval's own harness run directly, so
+               "assert_agreement" is the agreement with it (target >= 98%, and no wrong
+               program passing)
   hostile      the hostile programs of tests/rewards/code_hostile_test.py, each must end
                without passing and without an error or a scorer timeout (target: all inert)
-  throughput   programs/s over the short programs (all but the labelled timeouts), scored
-               as one batch (target: >= 50 on 2 cores)
+  throughput   programs/s over the short programs (all but the labelled timeouts) of the
+               function and stdin formats, scored as one batch (target: >= 50 on 2
+               cores); the assertion rows (two processes each) apart
   wall         p99 seconds per program over the whole labelled set, and the slowest
                timed-out program, against the per-case wall limit + 0.5 s (target)
   protections  the sandbox's layers in force (code_sandbox.protections())
@@ -93,15 +97,21 @@ def labelled(rows, limits, threads) -> dict:
                          "detail": verdict.detail if verdict else None})
   timeouts = [s for r, s in zip(rows, seconds) if r["label"] == "timeout"]
   by_format = collections.Counter(r["format"] for r in rows)
+  asserts = [(r, v) for r, v in zip(rows, result.verdicts) if r["format"] == "assert"]
+  agree = sum(_status(v) == r["label"] for r, v in asserts)
+  false_pass = sum(v is not None and v.correct and r["label"] != "pass" for r, v in asserts)
   return {"programs": len(rows), "by_label": dict(by_label), "by_format": dict(by_format),
+          "assert_agreement": round(agree / len(asserts), 4) if asserts else None,
+          "assert_wrong_acceptances": false_pass,
           "right": len(rows) - len(mismatches), "all_right": not mismatches,
           "mismatches": mismatches, "batch_s": round(batch, 3),
           "p99_wall_s": round(_percentile(seconds, 0.99), 3),
           "max_timeout_wall_s": round(max(timeouts), 3) if timeouts else None}
 
 
-def throughput(rows, limits, threads) -> dict:
-  short = [(r["response"], r["answer"]) for r in rows if r["label"] != "timeout"]
+def throughput(rows, limits, threads, fmt=("function", "stdin")) -> dict:
+  short = [(r["response"], r["answer"]) for r in rows
+           if r["label"] != "timeout" and r.get("format") in fmt]
   _, seconds, batch = _score(short, limits, threads)
   return {"programs": len(short), "threads": threads, "cores": os.cpu_count(),
           "batch_s": round(batch, 3), "programs_per_s": round(len(short) / batch, 1),
@@ -183,6 +193,7 @@ def main() -> None:
                  "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb},
       "labelled": labelled(rows, limits, args.threads),
       "throughput": throughput(rows, limits, args.threads),
+      "assert_throughput": throughput(rows, limits, args.threads, ("assert",)),
       "hostile": hostile(limits, args.threads),
   }
   lab = report["labelled"]
@@ -199,12 +210,15 @@ def main() -> None:
     print(json.dumps(report))
     return
   print(f"python {report['python']}: {report['protections']}")
-  print(f"labelled: {lab['right']}/{lab['programs']} right {lab['by_label']}")
+  print(f"labelled: {lab['right']}/{lab['programs']} right {lab['by_label']}; assertion "
+        f"rows agree with the direct check {lab['assert_agreement']:.2%}, wrong "
+        f"acceptances {lab['assert_wrong_acceptances']}")
   for m in lab["mismatches"]:
     print(f"  MISMATCH {m}")
   tp = report["throughput"]
   print(f"throughput: {tp['programs_per_s']} programs/s ({tp['programs']} short programs, "
-        f"{tp['threads']} threads, {tp['cores']} cores; target {tp['target']})")
+        f"{tp['threads']} threads, {tp['cores']} cores; target {tp['target']}); assertion "
+        f"problems {report['assert_throughput']['programs_per_s']}/s")
   print(f"wall: p99 {report['wall']['p99_s']} s, slowest timeout "
         f"{report['wall']['max_timeout_s']} s (target {report['wall']['target_s']} s)")
   ho = report["hostile"]

@@ -1,8 +1,9 @@
 """Every verdict on the labelled code set (benchmarks/code_labelled_set.py) is right.
 
 The labels were declared by hand and checked, when the set was built, by calling each
-program's `solve` in-process (no sandbox, no harness, no comparison code of ours); here the
-whole verifier must reproduce them: extraction, sandbox, harness and comparison.
+program's `solve` in-process (no sandbox, no harness, no comparison code of ours; for the
+assertion rows, by running their HumanEval-style check directly); here the whole verifier
+must reproduce them: extraction, sandbox, harness and comparison.
 """
 
 import collections
@@ -20,7 +21,7 @@ LIMITS = code_sandbox.Limits(wall_s=1.0, total_wall_s=3.0)
 def test_every_verdict_matches_its_label():
   rows = [json.loads(line) for line in SET.read_text().splitlines() if line.strip()]
   assert len(rows) >= 200
-  assert {r["format"] for r in rows} == {"function", "stdin"}
+  assert {r["format"] for r in rows} == {"function", "stdin", "assert"}
   assert set(collections.Counter(r["label"] for r in rows)) == set(code.STATUSES)
 
   def reward(response, answer):
