@@ -6,7 +6,8 @@ jaxrl_scale, so /usr/bin/python3 can run it as uid nobody):
   python code_leaks_runner.py REPO_ROOT < {"jobs": [...], "limits": {...}}
 
 Each job is {"name", "program", "answer", "delay_s"}; "{JUDGE_PID}" in a program becomes
-this process's pid. Prints {name: {"status", "detail"} or {"error"}} as one JSON line.
+this process's pid. Prints {name: {"status", "detail"} or {"error"}} as one JSON line;
+with no jobs, the sandbox's protections line ({"protections": line}).
 """
 
 import concurrent.futures
@@ -43,4 +44,8 @@ def run_jobs(jobs: list[dict], limits: dict) -> dict:
 if __name__ == "__main__":
   sys.path.insert(0, sys.argv[1])
   request = json.load(sys.stdin)
-  print(json.dumps(run_jobs(request["jobs"], request["limits"])), flush=True)
+  if not request["jobs"]:
+    from jaxrl_scale.rewards import code_sandbox as sandbox  # pylint: disable=g-import-not-at-top
+    print(json.dumps({"protections": sandbox.protections()}), flush=True)
+  else:
+    print(json.dumps(run_jobs(request["jobs"], request["limits"])), flush=True)
