@@ -191,10 +191,12 @@ def _fork_isolated():
   itself steps back into its own afterwards (setns), ready for the next."""
   _ISO["_check"](_ISO["_LIBC"].unshare(_ISO["CLONE_NEWPID"] | _ISO["CLONE_NEWIPC"]),
                  "unshare")
+  pid = None
   try:
-    return os.fork()
+    pid = os.fork()
+    return pid
   finally:
-    if os.getpid() != 1:  # (the server; the child is pid 1 of its namespace)
+    if pid != 0:  # the server (the child, pid 0 here, is pid 1 of its namespaces)
       for fd, kind in _OWN_NAMESPACES:
         _ISO["_check"](_ISO["_LIBC"].setns(fd, kind), "setns")
 
