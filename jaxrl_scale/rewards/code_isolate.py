@@ -173,26 +173,32 @@ def build_root(work_root, prefixes, userns):
   os.chdir("/")
 
 
-def enter(home, prefixes, userns):
+def enter(home, prefixes, no_caps):
   """In B: into its work dir, then no privileges (drop_privileges) and Landlock."""
   os.chdir(home)
-  drop_privileges(userns)
+  drop_privileges(no_caps)
   landlock(home, prefixes)
 
 
-def drop_privileges(userns):
+def drop_privileges(no_caps):
   """no_new_privs (setuid files and file capabilities stop elevating), no bounding set,
-  the seccomp filter."""
+  the seccomp filter; `no_caps`: no capabilities either (a user namespace's root, or
+  root that gets no uid of its own; otherwise the bootstrap's switch to the program's
+  uid clears them)."""
   _check(_LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
   cap = 0
   while _LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
     cap += 1
   _LIBC.prctl(_PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL (absent before 4.3)
-  if userns:  # (as root the bootstrap's switch to the program's uid clears them)
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, self
-    data = (ctypes.c_uint32 * 6)()
-    _check(_syscall("capset", header, data), "capset")
+  if no_caps:
+    _drop_capabilities()
   install_seccomp()
+
+
+def _drop_capabilities():
+  header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, self
+  data = (ctypes.c_uint32 * 6)()
+  _check(_syscall("capset", header, data), "capset")
 
 
 # Refused with EPERM: what a test program never needs and a way out would (sockets, other
@@ -265,10 +271,12 @@ def install_seccomp(signals=False):
   return _LIBC.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0  # PR_SET_SECCOMP, MODE_FILTER
 
 
-def confine(home, prefixes, signals):
+def confine(home, prefixes, signals, no_caps):
   """Without namespaces: no_new_privs, the seccomp filter (`signals`: refusing signals
-  too) and Landlock."""
+  too), Landlock, and (`no_caps`: root that gets no uid of its own) no capabilities."""
   _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+  if no_caps:
+    _drop_capabilities()
   install_seccomp(signals)
   landlock(home, prefixes)
 

@@ -126,13 +126,13 @@ def _child(request, fds, report=None, isolated=False):
       os.closerange(low + 1, high)
     os.chdir(request["cwd"])
     if report is not None:
-      _enter_namespaces(request["cwd"], report)
+      _enter_namespaces(request, report)
     elif isolated:
-      _enter(request["cwd"])
+      _enter(request["cwd"], request)
     else:
       # No pid namespace: only the filter keeps it from signalling the judge (with our
       # uid) or itself (a SIGKILL of its own would pass for a kill from outside).
-      _ISO["confine"](request["cwd"], _PREFIXES, True)
+      _ISO["confine"](request["cwd"], _PREFIXES, True, _ROOT and not _leases_uid(request))
     _ISO.clear()  # (the server's ctypes handles: nothing a program should reach)
     for name in _SERVER_ONLY:
       sys.modules.pop(name, None)
@@ -157,7 +157,7 @@ def _child(request, fds, report=None, isolated=False):
     os._exit(code)  # never back into the server's loop, whatever happened
 
 
-def _enter_namespaces(home, report):
+def _enter_namespaces(request, report):
   """A: new namespaces, fork B (their pid 1), send B's pid and a pidfd of it to the caller
   over `report`, exit; B returns, isolated. (All of it off the server's serial path.)"""
   try:
@@ -175,12 +175,17 @@ def _enter_namespaces(home, report):
   os.close(report)
   for fd in _ISO["PROC_FD"]:
     os.close(fd)
-  _enter(home)
+  _enter(request["cwd"], request)
 
 
-def _enter(home):
+def _leases_uid(request):
+  """Whether the bootstrap will switch to a uid of the program's own (uid=N in argv)."""
+  return any(arg.startswith("uid=") and arg != "uid=" for arg in request["argv"])
+
+
+def _enter(home, request):
   try:
-    _ISO["enter"](home, _PREFIXES, not _ROOT)
+    _ISO["enter"](home, _PREFIXES, not _ROOT or not _leases_uid(request))
   except BaseException as e:  # pylint: disable=broad-except  (ours: no ready line follows)
     os.write(2, f"sandbox isolation failed: {e}\n".encode())
     os._exit(125)

@@ -361,3 +361,18 @@ def test_startup_says_which_protections_are_active():
   assert "seccomp" in line and "audit hook" in line, line
   run = code_sandbox.run_python("print(1)\n", code_sandbox.Limits(), single_stdin="")
   assert ("NO namespaces" not in line) == run.namespaces, line
+
+
+@pytest.mark.parametrize("python", sorted({sys.executable, code_sandbox.default_python()}))
+def test_programs_hold_no_capabilities(python):
+  # As root a program runs without capabilities, whether it gets a uid of its own or not
+  # (an interpreter others cannot read: it stays uid 0).
+  _needs("here", "namespaces", "seccomp")
+  program = ("import ctypes\nheader = (ctypes.c_uint32 * 2)(0x20080522, 0)\n"
+             "data = (ctypes.c_uint32 * 6)()\nctypes.CDLL(None).capget(header, data)\n"
+             "print(*data)\n")
+  run = code_sandbox.run_python(program, code_sandbox.Limits(python=python,
+                                                             audit_hook=False),
+                                single_stdin="")
+  assert run.status == "ok", run.stderr
+  assert run.stdout.split() == [b"0"] * 6, run.stdout
