@@ -295,9 +295,28 @@ class _PathBeneath(ctypes.Structure):
   _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
+LANDLOCK = [_LANDLOCK_ABI >= 1]  # (probe_landlock's verdict: off where it fails here)
+
+
+def probe_landlock(home, prefixes):
+  """Whether the rules can be applied here: once, in a throwaway child."""
+  if not LANDLOCK[0]:
+    return False
+  pid = os.fork()
+  if pid == 0:
+    try:
+      _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+      landlock(home, prefixes)
+      os._exit(0)
+    finally:
+      os._exit(1)
+  LANDLOCK[0] = os.waitpid(pid, 0)[1] == 0
+  return LANDLOCK[0]
+
+
 def landlock(home, prefixes):
   """Restricts this process (and what it starts) as above; False where the kernel cannot."""
-  if _LANDLOCK_ABI < 1:
+  if not LANDLOCK[0]:
     return False
   handled = ((1 << 13) - 1 | (_LL_REFER if _LANDLOCK_ABI >= 2 else 0)
              | (_LL_TRUNCATE if _LANDLOCK_ABI >= 3 else 0))

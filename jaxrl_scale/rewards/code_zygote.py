@@ -289,6 +289,7 @@ def _serve():
       _SOCK.send(json.dumps({"error": f"unknown op {request['op']!r}"}).encode())
 
 
+_ISO["probe_landlock"](_WORK_ROOT, _PREFIXES)  # (first: the probe below applies it too)
 WHY = _ISO["probe"](_WORK_ROOT, _PREFIXES, not _ROOT)
 # A child subreaper: B, orphaned by A, is ours to reap (so never a reused pid); without
 # namespaces, what a program detached comes to us, to be killed at its reap.
@@ -304,5 +305,5 @@ if NAMESPACES:  # (the probe built it in a throwaway child: now for real)
   _ISO["build_root"](_WORK_ROOT, _PREFIXES, not _ROOT)
 _SOCK.send(json.dumps({"namespaces": NAMESPACES, "why": WHY, "root": _ROOT,
                        "seccomp": _ISO["probe_seccomp"](),
-                       "landlock": _ISO["_LANDLOCK_ABI"] >= 1}).encode())
+                       "landlock": _ISO["LANDLOCK"][0]}).encode())
 _serve()
