@@ -94,14 +94,21 @@ class _Relay:
       sel.register(child.stdout, selectors.EVENT_READ, child)
       sel.register(child.stderr, selectors.EVENT_READ, child)
       sel.register(child.pidfd, selectors.EVENT_READ, child)
-    start = time.monotonic()
-    total = start + code_sandbox.STARTUP_S + self.limits.total_wall_s
-    call_deadline = None
+    # The clock starts once both bootstraps are ready (a slow start on a loaded host is
+    # not the program's time; past STARTUP_S it is the sandbox's failure), and then no
+    # later than any other response's would: a scorer timeout would make it invalid.
+    total = time.monotonic() + code_sandbox.STARTUP_S
+    started, call_deadline = False, None
     try:
       while True:
         now = time.monotonic()
+        if not started and all(self.ready.values()):
+          started, total = True, now + self.limits.total_wall_s
         deadline = min(total, call_deadline or total)
         if now >= deadline:
+          if not started:
+            raise code_sandbox.SandboxError(
+                f"the sandbox did not start within {code_sandbox.STARTUP_S:g}s")
           return "timeout", ("a call ran past its limit" if call_deadline and
                              now >= call_deadline else "past the response's total")
         for key, _ in sel.select(deadline - now):

@@ -2,6 +2,7 @@
 judged with the program and the tests in two processes (rewards/code_asserts.py)."""
 
 import json
+import time
 
 import pytest
 
@@ -148,3 +149,18 @@ def test_bad_assertion_answers_are_one_line_format_errors():
 def test_the_registered_reward_takes_the_assertion_form():
   verdict = registry.get_reward("code")(f"```python\n{GOOD}\n```", HUMANEVAL)
   assert verdict.correct
+
+
+def test_the_response_total_bounds_many_slow_calls():
+  # Each call within the case limit, all of them past the response's total: a timeout,
+  # on time (after it, the scorer would give up and the sample would be invalid, not -1).
+  answer = json.dumps({"test_code": "def check(candidate):\n"
+                                    "    for _ in range(20):\n        assert candidate() == 1\n",
+                       "entry_point": "f"})
+  limits = code_sandbox.Limits(wall_s=1.0, total_wall_s=2.0, cpu_s=1)
+  start = time.monotonic()
+  verdict = _judge("import time\ndef f():\n  time.sleep(0.4)\n  return 1\n", answer, limits)
+  elapsed = time.monotonic() - start
+  assert verdict.status == "timeout", verdict
+  assert "total" in verdict.detail
+  assert elapsed < limits.total_wall_s + 1.0, elapsed
