@@ -15,8 +15,15 @@ generator devices, with the seeds the prompts have in the full list, and the per
 counts are summed (`gather`); every process gets the same numbers, equal to what a single
 process would compute up to float rounding of the length mean.
 
+A sample whose verifier timed out or raised has no verdict (NaN reward): it is left out of
+the pass rates, as training leaves it out of its group, and counted in val/invalid. Scored
+as wrong, a verifier that fails under load would read as a policy that got worse, and the
+forecast fitted on val/pass_rate would bend with it; with no verdict at all the pass rate
+is NaN (null in metrics.jsonl) and the forecast skips the point.
+
 A stop request (SIGTERM) interrupts the sampler's `generate` with `preempt.Interrupted`,
-which `run` passes on: the eval is abandoned, not scored. Sharded, an interrupted process
+and the scoring of the samples once `stop` is given (`preempt.map_until_stopped`), which
+`run` passes on: the eval is abandoned. Sharded, an interrupted process
 still takes part in the exchange (so no process waits for it) and every process raises.
 """
 
@@ -34,6 +41,16 @@ from jaxrl_scale.data import sources
 from jaxrl_scale.generation import records
 
 _EVAL_SALT = 0x5EED_E7A1  # keeps eval seeds apart from training seeds
+_COUNT_KEYS = ("correct", "judged", "samples", "any_correct", "judged_prompts", "prompts")
+
+
+def _rates(c: dict[str, float]) -> dict[str, float]:
+  """pass_rate (mean@k over judged samples), pass_at_k (over prompts with a verdict),
+  num_prompts and invalid (samples without a verdict) from summed `Evaluator._counts`."""
+  nan = float("nan")
+  return {"pass_rate": c["correct"] / c["judged"] if c["judged"] else nan,
+          "pass_at_k": c["any_correct"] / c["judged_prompts"] if c["judged_prompts"] else nan,
+          "num_prompts": c["prompts"], "invalid": c["samples"] - c["judged"]}
 
 
 class Generator(Protocol):
@@ -68,13 +85,15 @@ class Evaluator:
     shard: (index, count): this process samples prompts index, index + count, ...
     gather: with count > 1, exchanges a dict of this process's counts with the other
       processes and returns all of them (e.g. `parallel.distributed.allgather`).
+    stop: the run's stop request: scoring stops within 0.1 s of it (Interrupted).
   """
 
   def __init__(self, sampler: Generator, prompts: Sequence[sources.Prompt],
                scorer: Any, *, samples_per_prompt: int, temperature: float,
                seed: int = 0, pool: concurrent.futures.Executor | None = None,
                shard: tuple[int, int] = (0, 1),
-               gather: Callable[[dict[str, float]], list[dict[str, float]]] | None = None):
+               gather: Callable[[dict[str, float]], list[dict[str, float]]] | None = None,
+               stop: preempt.StopRequest | None = None):
     if samples_per_prompt < 1:
       raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
     self.sampler = sampler
@@ -91,33 +110,55 @@ class Evaluator:
       raise ValueError("a sharded eval needs `gather` to combine the processes' counts")
     self.shard = (index, count)
     self.gather = gather
+    self.stop = stop
     # Mixed-domain prompts' domains, in order of appearance ("" = single-source: none).
     self.domains = [d for d in dict.fromkeys(p.domain for p in self.prompts) if d]
 
-  def _domain_counts(self, indices: Sequence[int], correct_NK: np.ndarray | None
-                     ) -> dict[str, float]:
-    """Per-domain sums over prompts `indices` (rows of `correct_NK`); zeros without it."""
+  def _score(self, prompts: Sequence[int], completions: Sequence[records.Completion]
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """(correct [N, k], judged [N, k]) of prompts `prompts` (indices) whose k completions
+    each follow in `completions`; judged: the verifier gave a verdict (finite reward)."""
+
+    def one(n: int) -> tuple[np.ndarray, np.ndarray]:
+      rewards, correct, _ = self.scorer.score(self.prompts[prompts[n]],
+                                              completions[n * self.k:(n + 1) * self.k])
+      correct = np.asarray(correct, bool)
+      # A scorer without rewards (None) judges every sample.
+      judged = (np.ones_like(correct) if rewards is None
+                else np.isfinite(np.asarray(rewards, np.float64)))
+      return correct & judged, judged
+
+    pairs = preempt.map_until_stopped(one, range(len(prompts)), self.pool, self.stop)
+    return np.stack([c for c, _ in pairs]), np.stack([j for _, j in pairs])
+
+  @staticmethod
+  def _counts(correct_NK: np.ndarray, judged_NK: np.ndarray) -> dict[str, float]:
+    """Sums the pass rates are made of: a prompt counts for pass@k once it has a verdict."""
+    any_judged = judged_NK.any(axis=1)
+    return {"correct": float(correct_NK.sum()), "judged": float(judged_NK.sum()),
+            "samples": float(judged_NK.size), "any_correct": float(correct_NK.any(axis=1).sum()),
+            "judged_prompts": float(any_judged.sum()), "prompts": float(len(judged_NK))}
+
+  def _domain_counts(self, indices: Sequence[int], correct_NK: np.ndarray | None,
+                     judged_NK: np.ndarray | None) -> dict[str, float]:
+    """Per-domain `_counts` over prompts `indices` (rows of the arrays); zeros without them."""
     counts = {}
     for d in self.domains:
       rows = np.array([self.prompts[i].domain == d for i in indices], bool)
-      mine = correct_NK[rows] if correct_NK is not None and rows.any() else np.zeros((0, 1))
-      counts.update({f"{d}/correct": float(mine.sum()), f"{d}/samples": float(mine.size),
-                     f"{d}/any_correct": float(mine.any(axis=1).sum()),
-                     f"{d}/prompts": float(rows.sum())})
+      if correct_NK is None or not rows.any():
+        mine = self._counts(np.zeros((0, self.k), bool), np.zeros((0, self.k), bool))
+      else:
+        mine = self._counts(correct_NK[rows], judged_NK[rows])
+      counts.update({f"{d}/{k}": v for k, v in mine.items()})
     return counts
 
   def _domain_metrics(self, counts: dict[str, float]) -> dict[str, float]:
     """val/<domain>/... from `_domain_counts` (summed over processes)."""
     out = {}
     for d in self.domains:
-      samples, prompts = counts[f"{d}/samples"], counts[f"{d}/prompts"]
-      out.update({
-          f"val/{d}/pass_rate": counts[f"{d}/correct"] / samples if samples else float("nan"),
-          f"val/{d}/pass_at_k": (counts[f"{d}/any_correct"] / prompts if prompts
-                                 else float("nan")),
-          f"val/{d}/num_prompts": prompts,
-          f"val/{d}/samples_per_prompt": float(self.k),
-      })
+      rates = _rates({k: counts[f"{d}/{k}"] for k in _COUNT_KEYS})
+      out.update({f"val/{d}/{k}": v for k, v in rates.items()})
+      out[f"val/{d}/samples_per_prompt"] = float(self.k)
     return out
 
   def run(self, params: Any = None, version: int | None = None,
@@ -128,10 +169,11 @@ class Evaluator:
     sharded), passed to the sampler's `generate`.
 
     Returns:
-      val/pass_rate (mean@k), val/pass_at_k (prompts with any correct sample),
-      val/length_mean, val/truncated_frac, val/num_prompts, val/samples_per_prompt,
-      val/seconds; with mixed-domain prompts also val/<domain>/pass_rate, pass_at_k,
-      num_prompts and samples_per_prompt.
+      val/pass_rate (mean@k over the samples with a verdict), val/pass_at_k (prompts with
+      any correct sample), val/invalid (samples without a verdict), val/length_mean,
+      val/truncated_frac, val/num_prompts, val/samples_per_prompt, val/seconds; with
+      mixed-domain prompts also val/<domain>/pass_rate, pass_at_k, invalid, num_prompts
+      and samples_per_prompt.
     """
     if not self.prompts:
       return {}
@@ -146,23 +188,15 @@ class Evaluator:
                         temperature=self.temperature)
         for i, p in enumerate(self.prompts) for j in range(self.k)]
     completions = self._generate(requests, on_progress)
-    per_prompt = [completions[i * self.k:(i + 1) * self.k] for i in range(len(self.prompts))]
-
-    def score(i: int) -> np.ndarray:
-      return self.scorer.score(self.prompts[i], per_prompt[i])[1]
-
     indices = range(len(self.prompts))
-    correct = list(self.pool.map(score, indices) if self.pool else map(score, indices))
-    correct_NK = np.stack(correct)
+    correct_NK, judged_NK = self._score(indices, completions)
     lengths = np.array([c.num_tokens for c in completions], np.float32)
-    by_domain = self._domain_metrics(self._domain_counts(indices, correct_NK))
+    by_domain = self._domain_metrics(self._domain_counts(indices, correct_NK, judged_NK))
     return {
         **by_domain,
-        "val/pass_rate": float(correct_NK.mean()),
-        "val/pass_at_k": float(correct_NK.any(axis=1).mean()),
+        **{f"val/{k}": v for k, v in _rates(self._counts(correct_NK, judged_NK)).items()},
         "val/length_mean": float(lengths.mean()),
         "val/truncated_frac": float(np.mean([c.truncated for c in completions])),
-        "val/num_prompts": float(len(self.prompts)),
         "val/samples_per_prompt": float(self.k),  # with num_prompts: the fit's binomial se
         "val/seconds": time.perf_counter() - t0,
     }
@@ -181,9 +215,9 @@ class Evaluator:
       self.sampler.update_params(params, self.sampler.version if version is None else version)
     index, count = self.shard
     mine = list(range(index, len(self.prompts), count))
-    counts = {"correct": 0.0, "samples": 0.0, "any_correct": 0.0, "prompts": 0.0,
-              "tokens": 0.0, "truncated": 0.0, "interrupted": 0.0}
-    counts.update(self._domain_counts(mine, None))  # every process sends every key
+    counts = {**dict.fromkeys(_COUNT_KEYS, 0.0), "tokens": 0.0, "truncated": 0.0,
+              "interrupted": 0.0}
+    counts.update(self._domain_counts(mine, None, None))  # every process sends every key
     completions = None
     if mine:
       requests = [
@@ -196,19 +230,15 @@ class Evaluator:
       except preempt.Interrupted:
         counts["interrupted"] = 1.0
     if completions is not None:
-
-      def score(n: int) -> np.ndarray:
-        return self.scorer.score(self.prompts[mine[n]],
-                                 completions[n * self.k:(n + 1) * self.k])[1]
-
-      indices = range(len(mine))
-      correct_NK = np.stack(list(self.pool.map(score, indices) if self.pool
-                                 else map(score, indices)))
-      counts.update(correct=float(correct_NK.sum()), samples=float(correct_NK.size),
-                    any_correct=float(correct_NK.any(axis=1).sum()), prompts=float(len(mine)),
-                    tokens=float(sum(c.num_tokens for c in completions)),
-                    truncated=float(sum(bool(c.truncated) for c in completions)))
-      counts.update(self._domain_counts(mine, correct_NK))
+      try:
+        correct_NK, judged_NK = self._score(mine, completions)
+      except preempt.Interrupted:
+        counts["interrupted"] = 1.0
+      else:
+        counts.update(self._counts(correct_NK, judged_NK),
+                      tokens=float(sum(c.num_tokens for c in completions)),
+                      truncated=float(sum(bool(c.truncated) for c in completions)))
+        counts.update(self._domain_counts(mine, correct_NK, judged_NK))
     counts["seconds"] = time.perf_counter() - t0
     parts = self.gather(counts)
     if any(p["interrupted"] for p in parts):
@@ -217,11 +247,9 @@ class Evaluator:
     samples = max(total["samples"], 1.0)
     return {
         **self._domain_metrics(total),
-        "val/pass_rate": total["correct"] / samples,
-        "val/pass_at_k": total["any_correct"] / max(total["prompts"], 1.0),
+        **{f"val/{k}": v for k, v in _rates({k: total[k] for k in _COUNT_KEYS}).items()},
         "val/length_mean": total["tokens"] / samples,
         "val/truncated_frac": total["truncated"] / samples,
-        "val/num_prompts": total["prompts"],
         "val/samples_per_prompt": float(self.k),
         "val/seconds": max(p["seconds"] for p in parts),
     }

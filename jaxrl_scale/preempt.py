@@ -7,11 +7,12 @@ resumed run continue as if nothing had happened:
   phase when signalled    what happens                                    a resume then
   SFT warm start          the SFT step in flight ends; the warm start's   continues the SFT
                           state (params, optimizer, step) is saved        at the next step
-  an eval (step 0 too)    abandoned at the next decode chunk; the         redoes that eval (same
-                          checkpoint of its step keeps the step's row     params and seeds: the
-                          pending                                         same numbers)
+  an eval (step 0 too)    abandoned at the next decode chunk, or at once  redoes that eval (same
+                          while its samples are scored; the checkpoint    params and seeds: the
+                          of its step keeps the step's row pending        same numbers)
   waiting for rollouts,   the wait or generation ends at the next decode  regenerates the groups
-  a generation            chunk; checkpoint at the last trained step      not trained on, once
+  a generation, the       chunk, a sync round's scoring at once;          not trained on, once
+  scoring of a round      checkpoint at the last trained step
   a train step            it finishes (a dispatched program cannot be     as above
                           stopped), then as above
 
@@ -30,6 +31,7 @@ whatever the main thread is doing.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import faulthandler
 import os
@@ -166,6 +168,41 @@ class StopRequest:
         reader.shutdown(socket.SHUT_RDWR)
       watcher.join(timeout=5)
       reader.close()
+
+
+def map_until_stopped(fn: Callable[[Any], Any], items: Any,
+                      pool: concurrent.futures.Executor | None,
+                      stop: StopRequest | None, poll_s: float = 0.1) -> list[Any]:
+  """`[fn(x) for x in items]`, on `pool` when given, that raises Interrupted within `poll_s`
+  of a stop request instead of waiting for the rest.
+
+  Scoring a batch of code answers (each a sandboxed program with a time limit) can outlast
+  a preemption's grace period; the calls already running finish in their threads and their
+  results are dropped, the ones not started are cancelled. Without `stop` it is a plain map.
+  """
+  items = list(items)
+  if stop is None:
+    return list(pool.map(fn, items)) if pool is not None else [fn(x) for x in items]
+  if pool is None:
+    out = []
+    for x in items:
+      stop.check()
+      out.append(fn(x))
+    return out
+  futures = [pool.submit(fn, x) for x in items]
+  try:
+    pending = set(futures)
+    while pending:
+      stop.check()
+      done, pending = concurrent.futures.wait(
+          pending, timeout=poll_s, return_when=concurrent.futures.FIRST_EXCEPTION)
+      for f in done:
+        f.result()  # a call that raised: raise it now, not after the rest
+  except BaseException:
+    for f in futures:
+      f.cancel()
+    raise
+  return [f.result() for f in futures]
 
 
 class Interruptible:

@@ -46,3 +46,34 @@ def test_a_callback_may_ask_again_and_a_late_subscriber_is_called_at_once():
   late = []
   stop.subscribe(late.append)
   assert late == [signal.SIGTERM]
+
+
+def test_map_until_stopped_keeps_order_raises_errors_and_stops():
+  import concurrent.futures  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+
+  stop = preempt.StopRequest(grace_s=0)
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    for p in (pool, None):
+      assert preempt.map_until_stopped(lambda x: x * x, range(7), p, stop) == [
+          x * x for x in range(7)]
+
+      def bad(x):
+        if x == 3:
+          raise ValueError("verifier crashed")
+        return x
+
+      with pytest.raises(ValueError, match="verifier crashed"):
+        preempt.map_until_stopped(bad, range(7), p, stop)
+  # Without a pool the calls after the request never run.
+  ran = []
+
+  def one(x):
+    ran.append(x)
+    if x == 1:
+      stop.request()
+    return x
+
+  with pytest.raises(preempt.Interrupted):
+    preempt.map_until_stopped(one, range(5), None, stop)
+  assert ran == [0, 1]

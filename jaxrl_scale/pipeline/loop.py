@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import signal
 import threading
 import time
@@ -255,7 +256,9 @@ class Loop:
         self.progress, step, processes=jax.process_count()))
     self.last_eval = out
     self.state.flops += self.flops_per_token * self._eval_tokens(out)
-    if self.forecaster is not None and "val/pass_rate" in out:
+    # An eval without a single verdict (every verifier call failed) has no pass rate (NaN):
+    # no point for the forecast.
+    if self.forecaster is not None and math.isfinite(out.get("val/pass_rate", math.nan)):
       # The forecaster's axis (model FLOPs by default: hours move with machine load); the
       # row's "flops" is this value (eval included), so `fit --x flops` reads the same.
       hours = self.clock.hours

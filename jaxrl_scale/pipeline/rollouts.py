@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_scale import preempt
 from jaxrl_scale import rewards
 from jaxrl_scale.config import RLConfig
 from jaxrl_scale.data import sources
@@ -162,11 +163,11 @@ class GroupScorer:
     return group
 
   def groups(self, items: Sequence[tuple[int, sources.Prompt, Sequence[records.Completion], int]],
-             pool: concurrent.futures.Executor | None = None) -> list[Group]:
-    """Scores many groups, in parallel on `pool` when given; keeps the input order."""
-    if pool is None:
-      return [self.group(*item) for item in items]
-    return list(pool.map(lambda item: self.group(*item), items))
+             pool: concurrent.futures.Executor | None = None,
+             stop: preempt.StopRequest | None = None) -> list[Group]:
+    """Scores many groups, in parallel on `pool` when given; keeps the input order. With
+    `stop`, raises Interrupted within 0.1 s of a stop request (`preempt.map_until_stopped`)."""
+    return preempt.map_until_stopped(lambda item: self.group(*item), items, pool, stop)
 
   def close(self) -> None:
     with self._lock:

@@ -36,6 +36,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from jaxrl_scale import preempt
 from jaxrl_scale.data import sources as data_sources
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import engine
@@ -188,17 +189,21 @@ class RoundSource:
     num_prompts: P, groups per trainer step.
     rounds: mini-batches per generation round (k).
     pool: thread pool that scores groups in parallel.
+    stop: the run's stop request: scoring a round stops within 0.1 s of it (Interrupted,
+      as an interrupted generation), not after every verifier call of the round.
   """
 
   def __init__(self, sampler: engine.Sampler, admitter: Admitter,
                scorer: rollouts.GroupScorer, num_prompts: int, rounds: int = 1,
-               pool: concurrent.futures.Executor | None = None):
+               pool: concurrent.futures.Executor | None = None,
+               stop: preempt.StopRequest | None = None):
     self.sampler = sampler
     self.admitter = admitter
     self.scorer = scorer
     self.num_prompts = num_prompts
     self.rounds = rounds
     self.pool = pool
+    self.stop = stop
     self._buffer: list[list[rollouts.Group]] = []
     self._start = time.perf_counter()
     self.generate_s = 0.0  # generator busy (sampling)
@@ -216,7 +221,7 @@ class RoundSource:
     g = self.admitter.group_size
     items = [(seq, prompt, completions[i * g:(i + 1) * g], version)
              for i, (seq, prompt, _) in enumerate(admitted)]
-    groups = self.scorer.groups(items, self.pool)
+    groups = self.scorer.groups(items, self.pool, stop=self.stop)
     self.score_s += time.perf_counter() - t1
     self.generate_s += t1 - t0
     self._tokens += sum(c.num_tokens for c in completions)

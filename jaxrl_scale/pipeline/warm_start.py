@@ -124,7 +124,7 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
                                  samples_per_prompt=cfg.eval.samples_per_prompt,
                                  temperature=cfg.eval.temperature,
                                  seed=cfg.run.seed ^ _DEV_SALT, pool=pool, shard=shard,
-                                 gather=gather)
+                                 gather=gather, stop=stop)
 
   trainer = sft_lib.make_trainer(model, mesh, cfg.sft, cfg.optim)
   steps, size = cfg.sft.steps, cfg.sft.batch_size

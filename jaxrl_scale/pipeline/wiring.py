@@ -192,7 +192,8 @@ def process_source_state(source: dict[str, Any], shard: sources.ProcessShard,
 
 
 def _make_source(cfg: Config, sampler: engine.Sampler, admitter: sources.Admitter,
-                 scorer: rollouts.GroupScorer, pool, p: int) -> Any:
+                 scorer: rollouts.GroupScorer, pool, p: int,
+                 stop: preempt.StopRequest | None = None) -> Any:
   """The mode's rollout source, producing `p` groups per step (this process's share)."""
   mode = cfg.pipeline.mode
   if mode == "pipeline":
@@ -200,7 +201,7 @@ def _make_source(cfg: Config, sampler: engine.Sampler, admitter: sources.Admitte
         sampler, admitter, scorer, num_prompts=p, max_staleness=cfg.pipeline.max_staleness,
         queue_size=cfg.pipeline.queue_size, reward_workers=cfg.pipeline.reward_workers)
   rounds = max(1, cfg.pipeline.max_staleness) if mode == "ppo_offpolicy" else 1
-  return sources.RoundSource(sampler, admitter, scorer, p, rounds=rounds, pool=pool)
+  return sources.RoundSource(sampler, admitter, scorer, p, rounds=rounds, pool=pool, stop=stop)
 
 
 def signal_name(stop: preempt.StopRequest) -> str:
@@ -294,7 +295,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
   if resume:
     admitter.load_state(host.source)
   source = _make_source(cfg, sampler if cfg.pipeline.mode == "pipeline" else interruptible,
-                        admitter, scorer, pool, local_p)
+                        admitter, scorer, pool, local_p, stop)
   cleanup.callback(source.close)
   evaluator = None
   if cfg.eval.every and validation:
@@ -305,7 +306,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
                                    temperature=cfg.eval.temperature, seed=cfg.run.seed,
                                    pool=pool, shard=(shard.index, shard.count), gather=(
                                        (lambda c: distributed.allgather(c, name="eval"))
-                                       if multi else None))
+                                       if multi else None), stop=stop)
   if evaluator is not None and cfg.eval.downstream_every:  # benchmark pass@k on eval steps
     from jaxrl_scale.downstream import training as downstream  # pylint: disable=g-import-not-at-top
     evaluator = downstream.from_config(

@@ -118,7 +118,7 @@ class FakeScorer:
                           correct_G=correct, counts={"total": len(completions)},
                           admitted_version=version)
 
-  def groups(self, items, pool=None):
+  def groups(self, items, pool=None, stop=None):
     return [self.group(*item) for item in items]
 
 

@@ -129,7 +129,7 @@ def test_evaluator_accepts_the_pipeline_source(prompt_source, fakes):
   class Scorer:
     def score(self, prompt, completions):
       correct = np.array([c.sample_index == 0 for c in completions])
-      return None, correct, {}
+      return np.where(correct, 1.0, -1.0), correct, {}
 
   sampler = fakes.Sampler(num_slots=4, length=lambda req: 3)
   src = _source(sampler, prompt_source, fakes.Scorer()).start()
