@@ -11,6 +11,7 @@ from jaxrl_scale.rewards import code
 from jaxrl_scale.rewards import code_sandbox
 from jaxrl_scale.rewards import code_tests
 from jaxrl_scale.rewards import registry
+from tests.rewards import code_leaks_test as leaks
 
 LIMITS = code_sandbox.Limits(wall_s=1.0, total_wall_s=3.0)
 HUMANEVAL_TEST = '''
@@ -164,3 +165,15 @@ def test_the_response_total_bounds_many_slow_calls():
   assert verdict.status == "timeout", verdict
   assert "total" in verdict.detail
   assert elapsed < limits.total_wall_s + 1.0, elapsed
+
+
+@pytest.mark.parametrize("who", leaks.JUDGES)
+def test_assertion_tests_under_a_non_root_judge(who):
+  # (As root, "nobody" runs the judge as uid nobody: user namespaces instead of uids.)
+  bad = ("class E:\n  def __eq__(self, other):\n    return True\n"
+         "def has_close_elements(n, t):\n  return E()\n")
+  jobs = [{"name": "good", "program": GOOD, "answer": HUMANEVAL},
+          {"name": "gamed", "program": bad, "answer": HUMANEVAL}]
+  results = leaks._judge(who, jobs, {})  # pylint: disable=protected-access
+  assert results["good"].get("status") == "pass", results
+  assert results["gamed"].get("status") == "runtime_error", results
