@@ -132,7 +132,8 @@ def _child(request, fds, report=None, isolated=False):
     else:
       # No pid namespace: only the filter keeps it from signalling the judge (with our
       # uid) or itself (a SIGKILL of its own would pass for a kill from outside).
-      _ISO["confine"](request["cwd"], _PREFIXES, True, _ROOT and not _leases_uid(request))
+      _ISO["confine"](request["cwd"], _PREFIXES, True,
+                      os.geteuid() == 0 and not _leases_uid(request))
     _ISO.clear()  # (the server's ctypes handles: nothing a program should reach)
     for name in _SERVER_ONLY:
       sys.modules.pop(name, None)
@@ -302,7 +303,10 @@ if NAMESPACES:  # (the probe built it in a throwaway child: now for real)
   _OWN_NAMESPACES = [(os.open(f"/proc/self/ns/{name}", os.O_RDONLY), _ISO[kind])
                      for name, kind in (("pid", "CLONE_NEWPID"), ("ipc", "CLONE_NEWIPC"))
                      if _ROOT]
-  _ISO["build_root"](_WORK_ROOT, _PREFIXES, not _ROOT)
+  try:
+    _ISO["build_root"](_WORK_ROOT, _PREFIXES, not _ROOT)
+  except OSError as e:  # (the probe's throwaway child managed it: not expected)
+    NAMESPACES, WHY = False, f"building the root: {e}"
 _SOCK.send(json.dumps({"namespaces": NAMESPACES, "why": WHY, "root": _ROOT,
                        "seccomp": _ISO["probe_seccomp"](),
                        "landlock": _ISO["LANDLOCK"][0]}).encode())
