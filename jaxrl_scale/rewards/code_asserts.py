@@ -21,7 +21,6 @@ is the program's fault.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import secrets

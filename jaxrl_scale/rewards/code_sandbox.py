@@ -32,7 +32,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
-import fcntl
 import functools
 import json
 import os
@@ -51,6 +50,7 @@ from collections.abc import Callable
 
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.rewards import code_forkserver
+from jaxrl_scale.rewards import code_uids
 
 _BOOTSTRAP = "\n".join(pathlib.Path(__file__).with_name(name).read_text(encoding="utf-8")
                        for name in ("code_child.py", "code_child_asserts.py"))
@@ -192,50 +192,7 @@ def default_python() -> str:
   return sys.executable
 
 
-class _UidPool:
-  """Uids leased to running programs, one each (root only), across every process of the
-  host: a lease also holds an flock on <tmp>/jaxrl_code_uids/<uid> (root's, 0700), so two
-  judges (pytest -n 2, two runs on one host) never give one uid to two programs, and the
-  leftovers killed by uid at a program's end (without namespaces) are its own."""
-
-  def __init__(self, uids: range):
-    self._free, self._cond = list(reversed(uids)), threading.Condition()
-    self._locks: dict[int, int] = {}
-    self._dir: str | None = None
-
-  def _lock_dir(self) -> str:
-    if self._dir is None:
-      path = os.path.join(tempfile.gettempdir(), "jaxrl_code_uids")
-      os.makedirs(path, mode=0o700, exist_ok=True)
-      if os.stat(path).st_uid != 0:  # (anyone else's could hold every lock)
-        raise SandboxError(f"{path} is not root's: cannot lease uids")
-      self._dir = path
-    return self._dir
-
-  def lease(self) -> int:
-    with self._cond:
-      while True:
-        for uid in reversed(self._free):
-          fd = os.open(os.path.join(self._lock_dir(), str(uid)),
-                       os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-          try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-          except BlockingIOError:  # (another process's program has it)
-            os.close(fd)
-            continue
-          self._free.remove(uid)
-          self._locks[uid] = fd
-          return uid
-        self._cond.wait(0.05)  # (every uid in use, here or elsewhere: wait for one)
-
-  def release(self, uid: int) -> None:
-    with self._cond:
-      os.close(self._locks.pop(uid))  # (closing releases the flock)
-      self._free.append(uid)
-      self._cond.notify()
-
-
-_UIDS = _UidPool(UID_POOL)
+_UIDS = code_uids.UidPool(UID_POOL)
 _SERIAL = threading.Lock()  # one program at a time where nothing else separates them
 _WORK_ROOT: list[str] = []
 _TOLD: set[str] = set()
@@ -346,7 +303,10 @@ def slots(python: str, n: int):
   work dirs are removed and, without namespaces, what the uids left behind is killed.
   """
   server = _server(python)
-  uids = [_UIDS.lease() if _leases_uid(python) else None for _ in range(n)]
+  try:
+    uids = [_UIDS.lease() if _leases_uid(python) else None for _ in range(n)]
+  except code_uids.UidError as e:
+    raise SandboxError(str(e)) from None
   serial = _SERIAL if not server.namespaces and uids[0] is None else None
   homes = []
   try:
@@ -363,7 +323,7 @@ def slots(python: str, n: int):
     for uid in uids:
       if uid is not None:
         if not server.namespaces:
-          _kill_uid(uid)  # what it left behind (with namespaces, its pid 1's end did)
+          code_uids.kill_uid(uid)  # its leftovers (with namespaces, its pid 1's end did)
         _UIDS.release(uid)
     if serial is not None:
       serial.release()
@@ -511,17 +471,6 @@ class ForkedChild:
     finally:
       os.close(self.stdout)
       os.close(self.stderr)
-
-
-def _kill_uid(uid: int) -> None:
-  """SIGKILL to every process of `uid` (root, without namespaces: a program's leftovers)."""
-  for entry in os.listdir("/proc"):
-    if entry.isdigit():
-      try:
-        if os.stat(f"/proc/{entry}").st_uid == uid:
-          os.kill(int(entry), signal.SIGKILL)
-      except (FileNotFoundError, ProcessLookupError):
-        pass
 
 
 def _supervise(child, ready_line: bytes, limits: Limits, mark: bytes, n: int,
