@@ -207,16 +207,22 @@ def _work_root() -> str:
       root = tempfile.mkdtemp(prefix="jaxrl_code_")
       os.chmod(root, 0o311)
       _WORK_ROOT.append(root)
-      atexit.register(_remove_work_root, root)
+      atexit.register(_remove_work_root, root, os.getpid())
     return _WORK_ROOT[0]
 
 
-def _remove_work_root(root: str) -> None:
+def _remove_work_root(root: str, owner: int) -> None:
+  if os.getpid() != owner:  # (a forked copy's exit: the root is still its parent's)
+    return
   try:
     os.chmod(root, 0o700)
   except OSError:
     return
   shutil.rmtree(root, ignore_errors=True)
+
+
+# A forked copy of this process makes its own (its own fork server builds its root there).
+os.register_at_fork(after_in_child=_WORK_ROOT.clear)
 
 
 def _work_dir() -> str:

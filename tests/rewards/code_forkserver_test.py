@@ -171,3 +171,24 @@ def test_a_forked_copy_of_the_parent_starts_its_own_server():
   assert _run("print(3)\n", FORKED).stdout == b"3\n"
   assert server._proc.pid == before  # pylint: disable=protected-access
   assert server._proc.poll() is None  # pylint: disable=protected-access
+
+
+def test_a_forked_copy_leaves_the_parents_work_dirs_alone():
+  # Its exit runs the atexit function that removes the parent's work root (registered
+  # before the fork): the function must see it is not the owner; the copy makes its own.
+  assert _run("print(1)\n", FORKED).status == "ok"
+  root, parent = code_sandbox._work_root(), os.getpid()  # pylint: disable=protected-access
+  pid = os.fork()
+  if pid == 0:
+    ok = False
+    try:
+      ok = _run("print(2)\n", FORKED).stdout == b"2\n"
+      ok = ok and code_sandbox._work_root() != root  # pylint: disable=protected-access
+      code_sandbox._remove_work_root(root, parent)  # pylint: disable=protected-access
+      code_forkserver.close_all()
+    finally:
+      os._exit(0 if ok else 1)
+  _, status = os.waitpid(pid, 0)
+  assert os.waitstatus_to_exitcode(status) == 0
+  assert os.path.isdir(root)
+  assert _run("print(3)\n", FORKED).stdout == b"3\n"
