@@ -37,7 +37,8 @@ def judge(program: str, test_code: str, entry_point: str,
           limits: code_sandbox.Limits) -> tuple[str, str]:
   """Runs `test_code` against `program`'s `entry_point`: (status, detail)."""
   python = limits.python or code_sandbox.default_python()
-  with code_sandbox.slots(python, 2) as ((server, uid_p, home_p), (_, uid_c, home_c)):
+  with code_sandbox.slots(python, 2, limits.namespaces) as (
+      (server, uid_p, home_p), (_, uid_c, home_c)):
     children, writers, relay = [], [], None
     try:
       for uid, home, source, mode in ((uid_p, home_p, program, "serve"),

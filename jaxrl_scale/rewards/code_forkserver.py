@@ -55,6 +55,7 @@ class ForkServer:
     bootstrap: code_child.py's text, run by every child.
     env: the server's (and so every child's) whole environment.
     work_root: the directory that holds the programs' work dirs (the isolation probe's).
+    namespaces: try namespaces (False: the fallback, as where the kernel refuses them).
 
   Attributes (set once the server has started):
     namespaces: children run in namespaces of their own (code_isolate.py).
@@ -63,9 +64,10 @@ class ForkServer:
     landlock: children run under code_isolate's Landlock rules.
   """
 
-  def __init__(self, python: str, bootstrap: str, env: dict[str, str], work_root: str):
+  def __init__(self, python: str, bootstrap: str, env: dict[str, str], work_root: str,
+               namespaces: bool = True):
     self.python, self._bootstrap, self._env = python, bootstrap, dict(env)
-    self._work_root = work_root
+    self._work_root, self._try_namespaces = work_root, namespaces
     self._lock = threading.Lock()
     self._sock: socket.socket | None = None
     self._proc: subprocess.Popen | None = None
@@ -79,7 +81,7 @@ class ForkServer:
     try:
       self._proc = subprocess.Popen(  # pylint: disable=consider-using-with
           [self.python, "-I", "-S", "-c", _ZYGOTE, self._bootstrap, str(theirs.fileno()),
-           _ISOLATE, self._work_root],
+           _ISOLATE, self._work_root, str(int(self._try_namespaces))],
           pass_fds=[theirs.fileno()], cwd="/", env=self._env, stdin=subprocess.DEVNULL,
           stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     except OSError as e:
@@ -205,12 +207,13 @@ _SERVERS: dict[tuple[str, str], ForkServer] = {}
 _SERVERS_LOCK = threading.Lock()
 
 
-def get(python: str, bootstrap: str, env: dict[str, str], work_root: str) -> ForkServer:
+def get(python: str, bootstrap: str, env: dict[str, str], work_root: str,
+        namespaces: bool = True) -> ForkServer:
   """The process's server for `python` (started on its first spawn)."""
-  key = (python, json.dumps(env, sort_keys=True), work_root)
+  key = (python, json.dumps(env, sort_keys=True), work_root, namespaces)
   with _SERVERS_LOCK:
     if key not in _SERVERS:
-      _SERVERS[key] = ForkServer(python, bootstrap, env, work_root)
+      _SERVERS[key] = ForkServer(python, bootstrap, env, work_root, namespaces)
     return _SERVERS[key]
 
 

@@ -92,6 +92,8 @@ class Limits:
       if they can (`default_python`).
     audit_hook: install the audit hook (the second layer). Only tests turn it off, to
       check that the kernel's layers hold by themselves.
+    namespaces: use namespaces where the kernel allows them. Only tests turn them off,
+      to check the fallback of kernels that refuse them.
   """
   wall_s: float = 2.0
   total_wall_s: float = 4.0
@@ -103,6 +105,7 @@ class Limits:
   open_files: int = 64
   python: str | None = None
   audit_hook: bool = True
+  namespaces: bool = True
 
   def __post_init__(self):
     for key in ("wall_s", "total_wall_s", "cpu_s", "memory_mb", "output_bytes", "file_mb",
@@ -231,15 +234,15 @@ def _work_dir() -> str:
   return home
 
 
-def _server(python: str) -> code_forkserver.ForkServer:
-  server = code_forkserver.get(python, _BOOTSTRAP, _ENV, _work_root())
+def _server(python: str, namespaces: bool = True) -> code_forkserver.ForkServer:
+  server = code_forkserver.get(python, _BOOTSTRAP, _ENV, _work_root(), namespaces)
   try:
     server.ensure_started()
   except code_forkserver.ForkServerError as e:
     raise SandboxError(f"cannot start the sandbox: {e}") from None
   with _STATE_LOCK:
-    if python not in _TOLD:
-      _TOLD.add(python)
+    if (python, namespaces) not in _TOLD:
+      _TOLD.add((python, namespaces))
       print(f"code sandbox ({python}): {_describe_protections(server, python)}",
             file=sys.stderr, flush=True)
   return server
@@ -271,10 +274,10 @@ def _describe_protections(server: code_forkserver.ForkServer, python: str) -> st
   return line
 
 
-def protections(python: str | None = None) -> str:
+def protections(python: str | None = None, namespaces: bool = True) -> str:
   """One line naming the layers in force for `python` (starts its fork server)."""
   python = python or default_python()
-  return _describe_protections(_server(python), python)
+  return _describe_protections(_server(python, namespaces), python)
 
 
 def run_python(source: str, limits: Limits, *, inputs: list[str] | None = None,
@@ -295,20 +298,20 @@ def run_python(source: str, limits: Limits, *, inputs: list[str] | None = None,
     killed from outside.
   """
   python = limits.python or default_python()
-  with slots(python, 1) as ((server, uid, home),):
+  with slots(python, 1, limits.namespaces) as ((server, uid, home),):
     return _run_in(home, server, source, limits, uid, inputs=inputs, fn_name=fn_name,
                    args=args, single_stdin=single_stdin, stop=stop)
 
 
 @contextlib.contextmanager
-def slots(python: str, n: int):
+def slots(python: str, n: int, namespaces: bool = True):
   """`n` places to run programs at the same time: [(server, uid or None, work dir)].
 
   A leased uid each (root), a fresh work dir each (owned by that uid); without
   namespaces and without uids, one holder of slots at a time (`_SERIAL`). On exit the
   work dirs are removed and, without namespaces, what the uids left behind is killed.
   """
-  server = _server(python)
+  server = _server(python, namespaces)
   try:
     uids = [_UIDS.lease() if _leases_uid(python) else None for _ in range(n)]
   except code_uids.UidError as e:

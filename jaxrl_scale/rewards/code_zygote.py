@@ -1,8 +1,8 @@
 """The sandbox's fork server: one idle interpreter that forks a fresh child per program.
 
-code_forkserver.py runs this file's text as
-`python -I -S -c <text> <bootstrap> <fd> <isolation> <work root>` (scrubbed
-environment, new session, cwd /); it is never imported by the package. It never runs
+code_forkserver.py runs this file's text as `python -I -S -c <text> <bootstrap> <fd>
+<isolation> <work root> <namespaces: 0|1>` (scrubbed environment, new session, cwd /);
+it is never imported by the package. It never runs
 untrusted code itself: it reads requests from the control socket <fd> and forks. A forked
 child becomes exactly what `python -I -S -c <bootstrap> key=value...` would be
 (code_child.py: limits, uid switch, ready line, audit hook, program), without paying for
@@ -57,7 +57,7 @@ exec(compile(sys.argv[3], "<isolation>", "exec"), _ISO)  # noqa: S102  (ours; im
 _SERVER_ONLY = frozenset(sys.modules) - _WARM
 _BOOTSTRAP = compile(sys.argv[1], "<bootstrap>", "exec")
 _SOCK = socket.socket(fileno=int(sys.argv[2]))
-_WORK_ROOT = sys.argv[4]
+_WORK_ROOT, _TRY_NAMESPACES = sys.argv[4], sys.argv[5] == "1"
 _MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024
 _ROOT = os.geteuid() == 0
 # The interpreter's own files (a pyenv under /root, a conda under /home) besides /usr.
@@ -291,7 +291,8 @@ def _serve():
 
 
 _ISO["probe_landlock"](_WORK_ROOT, _PREFIXES)  # (first: the probe below applies it too)
-WHY = _ISO["probe"](_WORK_ROOT, _PREFIXES, not _ROOT)
+WHY = (_ISO["probe"](_WORK_ROOT, _PREFIXES, not _ROOT) if _TRY_NAMESPACES
+       else "turned off by Limits.namespaces")
 # A child subreaper: B, orphaned by A, is ours to reap (so never a reused pid); without
 # namespaces, what a program detached comes to us, to be killed at its reap.
 SUBREAPER = _ISO["_LIBC"].prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0

@@ -46,6 +46,7 @@ if __name__ == "__main__":
   request = json.load(sys.stdin)
   if not request["jobs"]:
     from jaxrl_scale.rewards import code_sandbox as sandbox  # pylint: disable=g-import-not-at-top
-    print(json.dumps({"protections": sandbox.protections()}), flush=True)
+    print(json.dumps({"protections": sandbox.protections(
+        namespaces=request["limits"].get("namespaces", True))}), flush=True)
   else:
     print(json.dumps(run_jobs(request["jobs"], request["limits"])), flush=True)

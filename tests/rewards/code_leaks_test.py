@@ -45,7 +45,9 @@ for _d in gc.get_objects():
     _d.update(_REFUSED=frozenset(), _REFUSED_MODULES=frozenset(), _PATH_EVENTS=frozenset(),
               _inside=lambda p: True, _startswith=lambda a, b: False)
 """
-HOOKS = {"hook_switched_off": {}, "no_hook": {"audit_hook": False}}
+HOOKS = {"hook_switched_off": {}, "no_hook": {"audit_hook": False},
+         # The fallback of kernels that refuse namespaces, on this one too.
+         "no_hook_no_namespaces": {"audit_hook": False, "namespaces": False}}
 
 
 def _nobody_python():
@@ -64,18 +66,20 @@ JUDGES = ["here"] + (["nobody"] if _nobody_python() else [])
 _PROTECTIONS = {}
 
 
-def _protections(who):
-  """The sandbox's startup line under judge `who`."""
-  if who not in _PROTECTIONS:
-    _PROTECTIONS[who] = (code_sandbox.protections() if who == "here" else
-                         _judge(who, [], {}).get("protections", ""))
-  return _PROTECTIONS[who]
+def _protections(who, limits):
+  """The sandbox's startup line under judge `who` with `limits` (HOOKS' values)."""
+  namespaces = limits.get("namespaces", True)
+  if (who, namespaces) not in _PROTECTIONS:
+    _PROTECTIONS[who, namespaces] = (
+        code_sandbox.protections(namespaces=namespaces) if who == "here" else
+        _judge(who, [], {"namespaces": namespaces}).get("protections", ""))
+  return _PROTECTIONS[who, namespaces]
 
 
-def _needs(who, *any_of):
+def _needs(who, limits, *any_of):
   """Skips unless one of the layers `any_of` ("namespaces", "landlock", "seccomp",
-  "root") is in force under judge `who`."""
-  line = _protections(who)
+  "root") is in force under judge `who` with `limits`."""
+  line = _protections(who, limits)
   have = {"namespaces": "NO namespaces" not in line, "landlock": "NO landlock" not in line,
           "seccomp": "NO seccomp" not in line,
           "root": who == "here" and os.geteuid() == 0 and "a uid per program" in line}
@@ -127,7 +131,7 @@ def outside():
 @pytest.mark.parametrize("who", JUDGES)
 @pytest.mark.parametrize("hook", list(HOOKS))
 def test_no_network_not_even_loopback(who, hook):
-  _needs(who, "namespaces", "seccomp")
+  _needs(who, HOOKS[hook], "namespaces", "seccomp")
   server = socket.create_server(("127.0.0.1", 0))
   server.settimeout(0.1)
   port = server.getsockname()[1]
@@ -221,7 +225,7 @@ def _write_attacks(outside: str) -> dict[str, str]:
 @pytest.mark.parametrize("who", JUDGES)
 @pytest.mark.parametrize("hook", list(HOOKS))
 def test_no_write_escapes_the_work_dir(who, hook, outside):
-  _needs(who, "namespaces", "landlock")
+  _needs(who, HOOKS[hook], "namespaces", "landlock")
   attacks = _write_attacks(outside)
   results = _judge(who, [{"name": n, "program": p} for n, p in attacks.items()], HOOKS[hook])
   written = os.listdir(outside)
@@ -232,7 +236,7 @@ def test_no_write_escapes_the_work_dir(who, hook, outside):
 @pytest.mark.parametrize("who", JUDGES)
 @pytest.mark.parametrize("hook", list(HOOKS))
 def test_the_judges_process_is_out_of_reach(who, hook):
-  _needs(who, "namespaces", "landlock", "root")
+  _needs(who, HOOKS[hook], "namespaces", "landlock", "root")
   # Other spellings of /proc/<pid>: the judge's environment holds SECRET.
   read = DISABLE_HOOK + """
 hit = False
@@ -280,7 +284,7 @@ print('found' if hit else 'clean')
 @pytest.mark.parametrize("who", JUDGES)
 @pytest.mark.parametrize("hook", list(HOOKS))
 def test_programs_judged_together_cannot_kill_one_another(who, hook):
-  _needs(who, "namespaces", "seccomp", "root")
+  _needs(who, HOOKS[hook], "namespaces", "seccomp", "root")
   victim = "import time\ntime.sleep(1.0)\nprint('found')\n"
   attacker = DISABLE_HOOK + """
 import os
@@ -367,7 +371,7 @@ def test_startup_says_which_protections_are_active():
 def test_programs_hold_no_capabilities(python):
   # As root a program runs without capabilities, whether it gets a uid of its own or not
   # (an interpreter others cannot read: it stays uid 0).
-  _needs("here", "namespaces", "seccomp")
+  _needs("here", {}, "namespaces", "seccomp")
   program = ("import ctypes\nheader = (ctypes.c_uint32 * 2)(0x20080522, 0)\n"
              "data = (ctypes.c_uint32 * 6)()\nctypes.CDLL(None).capget(header, data)\n"
              "print(*data)\n")
