@@ -55,6 +55,7 @@ RECORD_KEYS = ("id", "task", "prompt", "answer", "solution")
 REWARD_FOR_TASK = {
     "arithmetic": "arithmetic",
     "countdown": "countdown",
+    "multiply": "arithmetic",  # worked long multiplication (data/multiply_task.py)
     "math": "math",  # gsm8k, MATH, math_dataset and local files default to the math verifier
     "code": "code",  # built-in code task and code files (data/code_task.py, code_problems.py)
     "code_fraction": "code_fraction",  # code files scored by the fraction of tests passed
@@ -248,13 +249,17 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "n3": {"count": 3, "max_number": 10, "max_target": 100},
         "n4": {"count": 4, "max_number": 20, "max_target": 200},
     },
+    "multiply": {  # data/multiply_task.py
+        "d3x2": {"digits": 3, "multiplier_digits": 2},  # configs/gpu_small.yaml's task
+        "d3x3": {"digits": 3, "multiplier_digits": 3},
+    },
     "code": {  # data/code_task.py
         "fn": {},  # every template, compact, function-call tests of f
         "easy": {"templates": "linear,abs,max"},  # no Python notation traps
         "io": {"style": "instruct"},  # stdin/stdout programs, chat-style prompts
     },
 }
-DEFAULT_PRESET = {"arithmetic": "d2", "countdown": "n3", "code": "fn"}
+DEFAULT_PRESET = {"arithmetic": "d2", "countdown": "n3", "multiply": "d3x2", "code": "fn"}
 
 
 def parse_task(spec: str) -> tuple[str, str, dict[str, Any]]:
@@ -274,9 +279,16 @@ def code(n: int, seed: int = 0, **params) -> list[dict[str, str]]:
   return code_task.code(n, seed, **params)
 
 
+def multiply(n: int, seed: int = 0, **params) -> list[dict[str, str]]:
+  """Long multiplication with worked steps (jaxrl_scale/data/multiply_task.py)."""
+  from jaxrl_scale.data import multiply_task  # pylint: disable=g-import-not-at-top  (cycle)
+  return multiply_task.multiply(n, seed, **params)
+
+
 TASKS: dict[str, Callable[..., list[dict[str, str]]]] = {
     "arithmetic": arithmetic,
     "countdown": countdown,
+    "multiply": multiply,
     "code": code,
 }
 

@@ -305,6 +305,15 @@ def small() -> ModelConfig:
                      rope_theta=10_000.0, rms_norm_eps=1e-5, max_position_embeddings=4096)
 
 
+def small_qwen3() -> ModelConfig:
+  """About 55M parameters in Qwen3's proportions (q/k norm, head_dim 128 with heads x
+  head_dim = 2 x hidden, MLP 3 x hidden, tied embeddings) for the byte tokenizer:
+  configs/gpu_small.yaml's policy."""
+  return ModelConfig(family="qwen3", **_TINY, hidden_size=512, num_layers=14,
+                     num_heads=8, num_kv_heads=4, head_dim=128, intermediate_size=1536,
+                     qk_norm=True, tie_embeddings=True, max_position_embeddings=2048)
+
+
 PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "qwen3_0p6b": qwen3_0p6b,
     "qwen3_1p7b": qwen3_1p7b,
@@ -319,6 +328,7 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "tiny_qwen3": tiny_qwen3,
     "tiny_qwen3_moe": tiny_qwen3_moe,
     "small": small,
+    "small_qwen3": small_qwen3,
 }
 
 

@@ -1,0 +1,100 @@
+r"""Built-in task "multiply": long multiplication with worked steps, scored by the arithmetic
+verifier (the last integer of the response equals the product).
+
+Harder than the CPU demo's 2-digit addition in the way RL needs: a policy samples several
+steps and one wrong digit anywhere fails the answer, so a warm start that learnt the
+procedure passes only part of the time and reward separates its samples; and the problem
+space is large (900 x 90 = 81,000 problems for 3 x 2 digits), so a held-out split measures
+the procedure, not memorised answers (countdown/n3 has about 2,900 problems in all: a warm
+start from scratch learns its training problems and stalls near 0.1 on held-out ones).
+
+The solution is the schoolbook method, one partial product per digit of the multiplier
+(least significant first, shifted by its place), each added to the running sum at once:
+
+  compact   prompt "347*56="
+            solution "347*6=2082;347*50=17350;2082+17350=19432"
+  instruct  prompt "Compute 347 * 56 step by step. Put the final answer in \boxed{}."
+            solution "347 * 6 = 2082. 347 * 50 = 17350. 2082 + 17350 = 19432.
+                      The answer is \boxed{19432}."
+
+A multiplier of one digit has a single step; the answer (the record's `answer`) is the
+product in plain decimal. Records follow the contract of jaxrl_scale/data/tasks.py.
+"""
+
+from __future__ import annotations
+
+from jaxrl_scale.data import tasks
+
+_Stream = tasks._Stream  # pylint: disable=protected-access
+_check = tasks._check  # pylint: disable=protected-access
+
+
+def _operand_range(digits: int) -> tuple[int, int]:
+  return (0, 9) if digits == 1 else (10 ** (digits - 1), 10 ** digits - 1)
+
+
+def steps(a: int, b: int) -> list[tuple[str, int, int, int]]:
+  """The worked steps of a * b: (op, left, right, value) for each partial product ("*")
+  and each addition to the running sum ("+"), in order; the last value is a * b."""
+  out, total, place = [], None, 1
+  for digit in reversed(str(b)):
+    shifted = int(digit) * place
+    partial = a * shifted
+    out.append(("*", a, shifted, partial))
+    if total is not None:
+      out.append(("+", total, partial, total + partial))
+      total += partial
+    else:
+      total = partial
+    place *= 10
+  return out
+
+
+def _render(work: list[tuple[str, int, int, int]], style: str) -> str:
+  if style == "compact":
+    return ";".join(f"{x}{op}{y}={v}" for op, x, y, v in work)
+  body = " ".join(f"{x} {op} {y} = {v}." for op, x, y, v in work)
+  return f"{body} The answer is \\boxed{{{work[-1][3]}}}."
+
+
+def multiply(n: int, seed: int = 0, *, digits: int = 3, multiplier_digits: int = 2,
+             style: str = "compact") -> list[dict[str, str]]:
+  """`n` distinct problems a * b, a of `digits` digits and b of `multiplier_digits`.
+
+  Args:
+    n: number of records.
+    seed: selects the set; the first k records of a set do not depend on n.
+    digits: length of the multiplicand a (1..9; 1 means 0..9).
+    multiplier_digits: length of the multiplier b (1..6), one worked step per digit.
+    style: "compact" or "instruct" (module docstring).
+
+  Returns:
+    Records of task "multiply" whose solution is the worked multiplication.
+  """
+  tasks._check_common("multiply", n, seed, style)  # pylint: disable=protected-access
+  _check(1 <= digits <= 9, "multiply", "digits", f"must be in [1, 9], got {digits}")
+  _check(1 <= multiplier_digits <= 6, "multiply", "multiplier_digits",
+         f"must be in [1, 6], got {multiplier_digits}")
+  (a_lo, a_hi), (b_lo, b_hi) = _operand_range(digits), _operand_range(multiplier_digits)
+  space = (a_hi - a_lo + 1) * (b_hi - b_lo + 1)
+  _check(n <= space, "multiply", "n",
+         f"{n} distinct problems requested but only {space} exist with digits={digits}, "
+         f"multiplier_digits={multiplier_digits}")
+  params = {"digits": digits, "multiplier_digits": multiplier_digits, "style": style}
+  fingerprint = tasks._fingerprint("multiply", params, seed)  # pylint: disable=protected-access
+  stream = _Stream(f"multiply:{fingerprint}")
+  seen: set[tuple[int, int]] = set()
+  records = []
+  while len(records) < n:
+    a, b = stream.integer(a_lo, a_hi), stream.integer(b_lo, b_hi)
+    if (a, b) in seen:
+      continue
+    seen.add((a, b))
+    if style == "compact":
+      prompt = f"{a}*{b}="
+    else:
+      prompt = f"Compute {a} * {b} step by step. Put the final answer in \\boxed{{}}."
+    records.append({"id": f"multiply-{fingerprint}-{len(records):06d}", "task": "multiply",
+                    "prompt": prompt, "answer": str(a * b),
+                    "solution": _render(steps(a, b), style)})
+  return records
