@@ -182,6 +182,25 @@ def _fake_generate(texts_by_key, tokenizer):
   return generate, seen
 
 
+def test_samples_without_a_verdict_are_left_out_of_every_score():
+  """Problem 0: 1 right of the 3 judged (sample 3 timed out); problem 1: 4 of 4; problem 2:
+  only 1 judged (wrong). Scored as wrong, the timeouts would lower every number."""
+  bench = benchmarks.Benchmark("b", "b.jsonl", "math", [])
+  correct_PN = np.array([[0, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]], bool)
+  judged_PN = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], bool)
+  counts = {"total": 12, "correct": 5, "wrong": 3, "no_answer": 0, "unparseable": 0,
+            "errors": 1, "timeouts": 3}
+  out = benchmarks.summarize(bench, correct_PN, [1, 2, 4], counts=counts, truncated=0,
+                             tokens=120, judged_PN=judged_PN)
+  assert out["mean@4"] == pytest.approx(5 / 8)  # of the 8 judged samples
+  assert out["pass@1"] == pytest.approx((1 / 3 + 1 + 0) / 3)
+  assert out["pass@2"] == pytest.approx((2 / 3 + 1) / 2)  # problem 2: 1 judged < k
+  assert out["pass@4"] == pytest.approx(1.0)  # problem 1 only
+  assert (out["pass@2_problems"], out["pass@4_problems"]) == (2, 1)
+  assert "pass@1_problems" not in out and out["invalid"] == 4
+  assert "pass@2 0.8333 (of 2 problems)" in benchmarks.format_result(out)
+
+
 def test_evaluate_scores_every_sample_with_the_real_verifiers(tmp_path):
   tok = tokenizer_lib.load_tokenizer("byte")
   math_b = benchmarks.read_benchmark(_jsonl(tmp_path / "aime.jsonl", MATH_ROWS))
@@ -215,7 +234,9 @@ def test_evaluate_scores_every_sample_with_the_real_verifiers(tmp_path):
   assert c["pass@1"] == pytest.approx((1 / 3 + 2 / 3) / 2)
   assert c["pass@2"] == pytest.approx((2 / 3 + 1) / 2)
   assert c["pass@3"] == 1.0
-  assert (b["correct"], b["invalid"], b["verdicts"]["errors"], b["pass@3"]) == (0, 3, 3, 0.0)
+  # No verdict at all: no score (not 0), and the problem counted out.
+  assert (b["correct"], b["invalid"], b["verdicts"]["errors"]) == (0, 3, 3)
+  assert np.isnan(b["pass@3"]) and np.isnan(b["mean@3"]) and b["pass@3_problems"] == 0
   assert any(line.startswith("lcb: scored 6/6") for line in lines)
 
 

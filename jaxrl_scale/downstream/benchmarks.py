@@ -19,10 +19,12 @@ problem's pass@k is Chen et al. (2021)'s unbiased estimator 1 - C(n-c, k) / C(n,
 of all samples that are correct (the paper's mean@16); it is also the unbiased mean@k
 for every k <= n, so it is reported once.
 
-Invalid samples (the verifier timed out or raised: no verdict, NaN reward) count as not
-correct, exactly as the validation eval of training (jaxrl_scale/eval.py) counts them;
-they stay in n and are reported separately ("invalid"), so a number with invalid samples
-is a lower bound.
+Invalid samples (the verifier timed out or raised: no verdict, NaN reward) are left out,
+as the validation eval of training (jaxrl_scale/eval.py) and training itself leave them
+out, and reported separately ("invalid"): a problem's n is its samples with a verdict, and
+a problem with fewer than k of them has no pass@k and is left out of that mean
+("pass@k_problems" says over how many problems each is). Scored as wrong, a verifier that
+fails under load would read as a weaker policy.
 """
 
 from __future__ import annotations
@@ -157,16 +159,24 @@ def parse_ks(text: str | None, samples: int) -> list[int]:
 
 
 def summarize(bench: Benchmark, correct_PN: np.ndarray, ks: Sequence[int], *,
-              counts: Mapping[str, int], truncated: int, tokens: int) -> dict[str, Any]:
-  """One benchmark's result from its per-sample correctness [problems, n]."""
+              counts: Mapping[str, int], truncated: int, tokens: int,
+              judged_PN: np.ndarray | None = None) -> dict[str, Any]:
+  """One benchmark's result from its per-sample correctness [problems, n] and which
+  samples have a verdict (`judged_PN`; None: all)."""
   problems, n = correct_PN.shape
-  c_P = correct_PN.sum(axis=1)
+  judged_PN = np.ones_like(correct_PN, bool) if judged_PN is None else judged_PN
+  correct_PN = correct_PN & judged_PN
+  c_P, n_P = correct_PN.sum(axis=1), judged_PN.sum(axis=1)
+  judged = int(n_P.sum())
   out: dict[str, Any] = {"name": bench.name, "path": bench.path, "task": bench.task,
                          "problems": problems, "samples_per_problem": n,
                          "samples": problems * n, "correct": int(c_P.sum()),
-                         f"mean@{n}": float(correct_PN.mean())}
+                         f"mean@{n}": float(c_P.sum() / judged) if judged else float("nan")}
   for k in ks:
-    out[f"pass@{k}"] = float(np.mean([pass_at_k(n, int(c), k) for c in c_P]))
+    scored = [pass_at_k(int(m), int(c), k) for m, c in zip(n_P, c_P) if m >= k]
+    out[f"pass@{k}"] = float(np.mean(scored)) if scored else float("nan")
+    if len(scored) < problems:
+      out[f"pass@{k}_problems"] = len(scored)
   out["invalid"] = counts["timeouts"] + counts["errors"]
   out["verdicts"] = {key: counts[key] for key in scorer_lib.COUNT_KEYS if key != "total"}
   out["truncated"] = truncated
@@ -227,25 +237,29 @@ def evaluate(generate: Callable[[list[records.Request]], list[records.Completion
     pairs = [(tokenizer.decode(c.tokens.tolist(), skip_special_tokens=True),
               bench.records[i // samples]["answer"]) for i, c in enumerate(mine)]
     cut = [bool(c.truncated) for c in mine]
-    correct, counts = [], dict.fromkeys(scorer_lib.COUNT_KEYS, 0)
+    correct, judged, counts = [], [], dict.fromkeys(scorer_lib.COUNT_KEYS, 0)
     with scorer_lib.Scorer(bench.task, timeout_s=timeout_s, num_threads=num_threads) as scorer:
       for start in range(0, size, _SCORE_CHUNK):
         result = scorer.score(pairs[start:start + _SCORE_CHUNK], cut[start:start + _SCORE_CHUNK])
         correct.extend(v is not None and v.correct for v in result.verdicts)
+        judged.extend(v is not None for v in result.verdicts)
         for key, value in result.counts.items():
           counts[key] += value
         say(f"{bench.name}: scored {len(correct)}/{size} samples")
     results.append(summarize(bench, np.array(correct, bool).reshape(-1, samples), ks,
                              counts=counts, truncated=sum(cut),
-                             tokens=sum(c.num_tokens for c in mine)))
+                             tokens=sum(c.num_tokens for c in mine),
+                             judged_PN=np.array(judged, bool).reshape(-1, samples)))
   return results
 
 
 def format_result(result: Mapping[str, Any]) -> str:
   """Two lines for a person: the scores, then what the verifier said."""
   n = result["samples_per_problem"]
-  scores = "  ".join(f"{key} {result[key]:.4f}" for key in result
-                     if key.startswith(("mean@", "pass@")))
+  scores = "  ".join(
+      f"{key} {result[key]:.4f}" + (f" (of {result[key + '_problems']} problems)"
+                                    if key + "_problems" in result else "")
+      for key in result if key.startswith(("mean@", "pass@")) and not key.endswith("_problems"))
   verdicts = ", ".join(f"{k} {v}" for k, v in result["verdicts"].items())
   return (f"{result['name']} ({result['task']}, {result['problems']} problems x {n} "
           f"samples): {scores}\n  verdicts: {verdicts}; invalid {result['invalid']}; "

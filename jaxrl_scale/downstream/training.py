@@ -95,7 +95,7 @@ class WithDownstream:
     for result in results:
       prefix = f"downstream/{result['name']}"
       for key, value in result.items():
-        if key.startswith(("mean@", "pass@")):
+        if key.startswith(("mean@", "pass@")) and not key.endswith("_problems"):
           out[f"{prefix}/{key}"] = float(value)
       out[f"{prefix}/invalid"] = float(result["invalid"])
     out["downstream/seconds"] = time.perf_counter() - t0
