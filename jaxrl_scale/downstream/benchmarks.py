@@ -44,7 +44,9 @@ from jaxrl_scale.generation import records
 from jaxrl_scale.rewards import scorer as scorer_lib
 
 TASKS = ("math", "code")
-_CODE_FIELDS = ("tests", "input_output", "public_test_cases")  # what code_problems reads
+# What code_problems reads: test cases, or assertion tests (HumanEval, MBPP, KodCode).
+_CODE_FIELDS = ("tests", "input_output", "public_test_cases", "test_list", "entry_point",
+                "test_info")
 _MATH_PROMPT_FIELDS = ("problem", "question", "prompt")
 _SEED_SALT = 0xD0_5EED  # keeps downstream seeds apart from training and validation seeds
 _SCORE_CHUNK = 256  # samples per Scorer call (progress is printed between calls)
