@@ -57,8 +57,9 @@ def test_the_config_is_the_recipe_colocated_on_one_gpu():
   assert cfg.data.source.startswith("multiply/")  # harder than the demo's add2
 
 
-# 60-80 s on the 2-core CPU machine under other work (most of it compiling the SFT step,
-# prefill, decode and the train step), so slow-only; the two tests above hold the config.
+# 38-57 s on the 2-core CPU machine as other work comes and goes (most of it compiling the
+# SFT step, prefill, decode and the train step), so slow-only; the tests above hold the
+# config itself.
 @pytest.mark.slow
 def test_the_config_runs_end_to_end_shrunk_on_cpu(tmp_path):
   run_dir = tmp_path / "run"

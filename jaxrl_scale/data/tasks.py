@@ -250,6 +250,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "n4": {"count": 4, "max_number": 20, "max_target": 200},
     },
     "multiply": {  # data/multiply_task.py
+        "d3x1": {"digits": 3, "multiplier_digits": 1},  # one step: the CPU check's size
         "d3x2": {"digits": 3, "multiplier_digits": 2},  # configs/gpu_small.yaml's task
         "d3x3": {"digits": 3, "multiplier_digits": 3},
     },

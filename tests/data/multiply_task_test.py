@@ -57,6 +57,7 @@ def test_presets():
   assert tasks.parse_task("multiply") == ("multiply", "d3x2",
                                           {"digits": 3, "multiplier_digits": 2})
   assert tasks.parse_task("multiply/d3x3")[2]["multiplier_digits"] == 3
+  assert tasks.parse_task("multiply/d3x1")[2]["multiplier_digits"] == 1
 
 
 @pytest.mark.parametrize("call,match", [
