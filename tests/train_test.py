@@ -521,6 +521,50 @@ def test_sigterm_mid_eval_stops_it_and_resume_redoes_it(task_file, tmp_path, sig
   assert sorted(trained) == list(range(4 * 4))  # every group once
 
 
+def test_sigterm_while_an_eval_is_scored_abandons_it_at_once(task_file, tmp_path,
+                                                             sigterm_guard):
+  """Verifying an eval's code answers can outlast the grace period: a SIGTERM while its
+  samples are scored stops the scoring, not after every verifier call (issue 63)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale import eval as eval_lib  # pylint: disable=g-import-not-at-top
+  # No watchdog: a scoring that waited for every call would be killed by it (os._exit, the
+  # step lost) instead of failing the assertions below.
+  cfg = _cfg(task_file, tmp_path / "run", "checkpoint.every=0",
+             "checkpoint.preempt_grace_seconds=0", steps=4)
+  real_run, real_score = eval_lib.Evaluator.run, rollouts.GroupScorer.score
+  state = {"in_eval": False, "calls": 0}
+  release = threading.Event()
+
+  def run(self, params=None, version=None, on_progress=None):
+    state["in_eval"] = version == 2
+    try:
+      return real_run(self, params, version, on_progress)
+    finally:
+      state["in_eval"] = False
+
+  def score(self, prompt, completions):
+    if state["in_eval"]:
+      state["calls"] += 1
+      if state["calls"] == 1:
+        signal.raise_signal(signal.SIGTERM)  # arrives while the eval's answers are judged
+      release.wait(20)  # a verifier that runs until the test lets it go (20 s at most)
+    return real_score(self, prompt, completions)
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(eval_lib.Evaluator, "run", run)
+    mp.setattr(rollouts.GroupScorer, "score", score)
+    try:
+      outcome = wiring.train(cfg, cfg.run.output_dir)
+    finally:
+      release.set()
+  assert outcome.reason == "signal" and outcome.step == 2
+  # Abandoned while its first calls still ran: no row for step 2 (a scoring that waited for
+  # every call would finish the eval and write it), the step saved for a redo.
+  assert [r["step"] for r in _rows(cfg.run.output_dir)] == [0, 1]
+  with checkpoint.Checkpointer(tmp_path / "run" / "checkpoints") as ckpt:
+    assert ckpt.latest_step() == 2
+
+
 @pytest.mark.slow
 def test_sigterm_mid_eval_exits_within_30s_then_resume_trains_every_group_once(
     task_file, tmp_path, compile_cache):
