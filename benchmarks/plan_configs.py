@@ -103,14 +103,14 @@ def main() -> int:
            else sorted((ROOT / "configs").glob("*.yaml")))
   if args.json_dir:
     pathlib.Path(args.json_dir).mkdir(parents=True, exist_ok=True)
-  print(f"{'config':<22}{'topology':<12}{'fits':>5}{'headroom':>10}{'FLOPs x':>9}"
+  print(f"{'config':<28}{'topology':<12}{'fits':>5}{'headroom':>10}{'FLOPs x':>9}"
         f"{'MFU<=':>7}{'max compile':>13}{'wall':>8}", flush=True)
   missed: list[str] = []
   todo = []
   for path in paths:
     topology = header_topology(path)
     if topology is None:
-      print(f"{path.stem:<22}(no --topology in its header: not planned)", flush=True)
+      print(f"{path.stem:<28}(no --topology in its header: not planned)", flush=True)
       continue
     todo.append((path, topology))
     # One size up too (issue 68: a bigger slice once stopped the paper recipe fitting).
@@ -121,7 +121,7 @@ def main() -> int:
     result, stderr, wall = plan(path, topology)
     if result is None:
       last = stderr.strip().splitlines()[-1] if stderr.strip() else "no output"
-      print(f"{path.stem:<22}{topology:<12} failed: {last}", flush=True)
+      print(f"{path.stem:<28}{topology:<12} failed: {last}", flush=True)
       missed.append(f"{path.stem} on {topology}: plan failed: {last}")
       continue
     if args.json_dir:
@@ -132,7 +132,7 @@ def main() -> int:
     headroom = min(r.get("headroom", 0.0) if r.get("fits") else 0.0 for r in rows)
     compile_s = max(r.get("compile_seconds", 0.0) for r in rows)
     fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-    print(f"{path.stem:<22}{topology:<12}{'yes' if result['fits'] else 'NO':>5}"
+    print(f"{path.stem:<28}{topology:<12}{'yes' if result['fits'] else 'NO':>5}"
           f"{headroom:>10.0%}{fmt(train.get('flops_ratio'), '.2f'):>9}"
           f"{fmt(train.get('mfu_bound'), '.2f'):>7}{compile_s:>12.0f}s{wall:>7.0f}s", flush=True)
     if path.stem != "cpu_tiny":
