@@ -27,7 +27,6 @@ import argparse
 import concurrent.futures
 import gzip
 import json
-import pathlib
 import subprocess
 import sys
 import tempfile

@@ -55,6 +55,7 @@ from jaxrl_scale.pipeline import sources
 from jaxrl_scale.pipeline import summary as summary_lib
 from jaxrl_scale.pipeline import warm_start
 from jaxrl_scale.rl import curriculum as curriculum_lib
+from jaxrl_scale.rl import placement
 from jaxrl_scale.rl import train_step
 
 log = logging.getLogger(__name__)
@@ -273,7 +274,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
       return loop_lib.Outcome("signal", 0, signal_name(stop)), None, host
   asked = train_step.micro_batches_for(cfg.optim, p)
   micro = train_step.micro_batches_for(cfg.optim, p, g, slices.trainer)
-  note = train_step.micro_batch_note("optim.micro_batch_prompts", p, g, asked, micro,
+  note = placement.micro_batch_note("optim.micro_batch_prompts", p, g, asked, micro,
                                      slices.trainer)
   if note:
     progress.print(f"  note: {note}")

@@ -199,7 +199,7 @@ def build(cfg: Config, mcfg: ModelConfig, devices: list) -> tuple[mesh_lib.Slice
   micro = train_step.micro_batches_for(cfg.optim, p, g, slices.trainer)
   programs.append(_trainer_program(
       "train_step", cfg, mcfg, slices.trainer, objective, cfg.optim, micro, batch, p * g, seq))
-  note = train_step.micro_batch_note("optim.micro_batch_prompts", p, g, asked, micro,
+  note = placement.micro_batch_note("optim.micro_batch_prompts", p, g, asked, micro,
                                      slices.trainer)
   programs[-1].notes.extend([note] if note else [])
   if cfg.sft.steps > 0:

@@ -59,6 +59,18 @@ def shardable_micro_batches(examples: int, rows_per_example: int, micro_batches:
   return micro_batches
 
 
+def micro_batch_note(key: str, examples: int, rows_per_example: int, asked: int, used: int,
+                     mesh: Mesh) -> str | None:
+  """One line saying that `used` micro-batches replace the `asked` ones, or None."""
+  if asked == used:
+    return None
+  rows = examples // used * rows_per_example
+  n = data_shards(mesh)
+  return (f"{key} {examples // asked} -> {examples // used} per micro-batch: "
+          f"{examples // asked * rows_per_example} rows do not split over the trainer's {n} "
+          f"data-parallel chips, {rows} do ({rows // n} a chip)")
+
+
 def _data_axes(mesh: Mesh) -> tuple[str, ...]:
   """'fsdp', and the expert axis with it where the mesh has one (mesh.trainer_ep): outside
   the MoE layers it is data parallelism too, or every expert group would repeat its rows."""

@@ -80,7 +80,7 @@ def micro_batches(sft: SFTConfig, mesh: Mesh) -> int:
   (`placement.shardable_micro_batches`)."""
   asked = sft.batch_size // sft.micro_batch_size if sft.micro_batch_size else 1
   used = placement.shardable_micro_batches(sft.batch_size, 1, asked, mesh)
-  note = train_step.micro_batch_note("sft.micro_batch_size", sft.batch_size, 1, asked, used,
+  note = placement.micro_batch_note("sft.micro_batch_size", sft.batch_size, 1, asked, used,
                                      mesh)
   if note:
     log.warning(note)

@@ -202,18 +202,6 @@ def micro_batches_for(optim: OptimConfig, num_prompts: int, rows_per_prompt: int
   return placement.shardable_micro_batches(num_prompts, rows_per_prompt, m, mesh)
 
 
-def micro_batch_note(key: str, examples: int, rows_per_example: int, asked: int, used: int,
-                     mesh: Mesh) -> str | None:
-  """One line saying that `used` micro-batches replace the `asked` ones, or None."""
-  if asked == used:
-    return None
-  rows = examples // used * rows_per_example
-  n = placement.data_shards(mesh)
-  return (f"{key} {examples // asked} -> {examples // used} per micro-batch: "
-          f"{examples // asked * rows_per_example} rows do not split over the trainer's {n} "
-          f"data-parallel chips, {rows} do ({rows // n} a chip)")
-
-
 # --------------------------------------------------------------------------------------
 # The trainer.
 

@@ -16,6 +16,7 @@ from jaxrl_scale.models import sharding
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.rl import batch as batch_lib
 from jaxrl_scale.rl import logprobs
+from jaxrl_scale.rl import placement
 from jaxrl_scale.rl import train_step
 
 P, G, S = 4, 4, 20
@@ -226,10 +227,10 @@ def test_micro_batches_split_over_the_trainer_chips():
   assert train_step.micro_batches_for(one, 6, 4, mesh8) == 3
   # Without the mesh, the config's M as before.
   assert train_step.micro_batches_for(one, 48, 2) == 48
-  note = train_step.micro_batch_note("optim.micro_batch_prompts", 48, 2, 48, 12, mesh8)
+  note = placement.micro_batch_note("optim.micro_batch_prompts", 48, 2, 48, 12, mesh8)
   assert note == ("optim.micro_batch_prompts 1 -> 4 per micro-batch: 2 rows do not split "
                   "over the trainer's 8 data-parallel chips, 8 do (1 a chip)")
-  assert train_step.micro_batch_note("optim.micro_batch_prompts", 48, 16, 48, 48, mesh8) is None
+  assert placement.micro_batch_note("optim.micro_batch_prompts", 48, 16, 48, 48, mesh8) is None
 
 
 def test_objective_takes_loss_params_from_config():
