@@ -94,3 +94,25 @@ def test_a_bad_override_is_one_line(override, match):
     model_config.preset(cfg.model.preset)
     from jaxrl_scale.data import tasks  # pylint: disable=g-import-not-at-top
     tasks.parse_task(cfg.data.source)
+
+
+# 60-120 s on the 2-core CPU (the four programs compiled for an H100, no GPU needed).
+@pytest.mark.slow
+def test_the_config_fits_one_h100_colocated(capsys, monkeypatch):
+  """`jaxrl-scale plan configs/gpu_small.yaml --topology h100`: every program, the SFT step
+  among them, fits in JAX's 75% of the GPU beside the other role's state, with room."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  import importlib.util  # pylint: disable=g-import-not-at-top
+
+  if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    pytest.skip("JAX's CUDA plugin is not installed (pip install -e '.[plan-gpu]')")
+  from jaxrl_scale.plan import command  # pylint: disable=g-import-not-at-top
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  parser = argparse.ArgumentParser()
+  command.add_arguments(parser)
+  assert command.run(parser.parse_args([str(CONFIG), "--topology", "h100", "--json"])) == 0
+  plan = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert plan["fits"] and plan["devices"] == 1
+  assert set(plan["programs"]) == {"train_step", "sft_step", "weight_cast", "prefill", "decode"}
+  for row in plan["programs"].values():
+    assert row["fits"] and row["hbm_bytes_per_chip"] < 0.8 * row["hbm_capacity_bytes"]
