@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_scale import preempt
 from jaxrl_scale.data import code_problems
 from jaxrl_scale.data import records as records_lib
 from jaxrl_scale.data import templates
@@ -202,7 +203,8 @@ def evaluate(generate: Callable[[list[records.Request]], list[records.Completion
              ks: Sequence[int], temperature: float, seed: int = 0,
              template: templates.PromptTemplate = templates.PromptTemplate(),
              timeout_s: float = 5.0, num_threads: int = 4,
-             progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+             progress: Callable[[str], None] | None = None,
+             stop: preempt.StopRequest | None = None) -> list[dict[str, Any]]:
   """Samples `samples` completions per problem of every benchmark and scores them.
 
   Args:
@@ -217,6 +219,7 @@ def evaluate(generate: Callable[[list[records.Request]], list[records.Completion
     timeout_s: verifier deadline per sample (past it the sample is invalid).
     num_threads: verifier threads.
     progress: called with a progress line now and then.
+    stop: a run's stop request: the scoring raises Interrupted within 0.1 s of it.
 
   Returns:
     One `summarize` dict per benchmark, in order.
@@ -242,7 +245,8 @@ def evaluate(generate: Callable[[list[records.Request]], list[records.Completion
     correct, judged, counts = [], [], dict.fromkeys(scorer_lib.COUNT_KEYS, 0)
     with scorer_lib.Scorer(bench.task, timeout_s=timeout_s, num_threads=num_threads) as scorer:
       for start in range(0, size, _SCORE_CHUNK):
-        result = scorer.score(pairs[start:start + _SCORE_CHUNK], cut[start:start + _SCORE_CHUNK])
+        result = scorer.score(pairs[start:start + _SCORE_CHUNK], cut[start:start + _SCORE_CHUNK],
+                              stop=stop)
         correct.extend(v is not None and v.correct for v in result.verdicts)
         judged.extend(v is not None for v in result.verdicts)
         for key, value in result.counts.items():

@@ -90,7 +90,8 @@ class WithDownstream:
     results = benchmarks.evaluate(
         generate, self.tokenizer, self.benches, samples=self.samples, ks=self.ks,
         temperature=self.temperature, seed=self.seed ^ _DOWNSTREAM_SALT, template=self.template,
-        timeout_s=self.timeout_s, num_threads=self.num_threads)
+        timeout_s=self.timeout_s, num_threads=self.num_threads,
+        stop=getattr(self.evaluator, "stop", None))  # SIGTERM: abandoned like the eval
     out = {}
     for result in results:
       prefix = f"downstream/{result['name']}"

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from jaxrl_scale import preempt
 from jaxrl_scale.rewards import registry
 
 logger = logging.getLogger(__name__)
@@ -126,28 +127,38 @@ class Scorer:
         call.verdict, call.error, call.state = verdict, error, _DONE
         self._cond.notify_all()
 
-  def _wait(self, call: _Call) -> None:
-    """Blocks until `call` is done or past its deadline (then marks it abandoned)."""
+  def _wait(self, call: _Call, stop: preempt.StopRequest | None = None) -> None:
+    """Blocks until `call` is done or past its deadline (then marks it abandoned); with
+    `stop`, raises Interrupted within 0.1 s of a stop request."""
+    poll = math.inf if stop is None else 0.1
     with self._cond:
       while call.state == _QUEUED:
-        self._cond.wait()
+        if stop is not None:
+          stop.check()
+        self._cond.wait(None if stop is None else poll)
       while call.state == _RUNNING:
+        if stop is not None:
+          stop.check()
         remaining = call.started + self.timeout_s - time.monotonic()
         if remaining <= 0:
           call.state = _ABANDONED
           self._workers -= 1
           self._spawn_worker()
           return
-        self._cond.wait(remaining)
+        self._cond.wait(min(remaining, poll))
 
   def score(self, pairs: Sequence[tuple[str, str]],
-            truncated: Sequence[bool] | None = None) -> ScoreResult:
+            truncated: Sequence[bool] | None = None,
+            stop: preempt.StopRequest | None = None) -> ScoreResult:
     """Rewards for (response, answer) pairs; blocks until each is done or timed out.
 
     Args:
       pairs: (model response, ground-truth answer) per item.
       truncated: per item, whether the response hit its token budget without ending
         (passed to reward functions that take it: registry.takes_truncated); None = none.
+      stop: a run's stop request: Interrupted within 0.1 s of it instead of waiting for
+        every call (code answers can outlast a preemption's grace period); the calls
+        already queued still run on the worker threads, their results dropped.
 
     Returns:
       ScoreResult with rewards in input order and this batch's counts (also added to
@@ -169,7 +180,7 @@ class Scorer:
     counts = dict.fromkeys(COUNT_KEYS, 0)
     rewards, verdicts, errors, valid = [], [], [], []
     for call in calls:
-      self._wait(call)
+      self._wait(call, stop)
       counts["total"] += 1
       verdict = call.verdict if call.state == _DONE else None
       if call.state == _ABANDONED:

@@ -121,3 +121,28 @@ def test_invalid_arguments():
     scorer_lib.Scorer("math", timeout_s=0)
   with pytest.raises(ValueError):
     scorer_lib.Scorer("math", num_threads=0)
+
+
+def test_a_stop_request_interrupts_the_wait_for_slow_verifiers():
+  """Sandboxed code answers can outlast a preemption's grace period: with the run's stop
+  request, `score` raises Interrupted while the calls still run, not after all of them."""
+  from jaxrl_scale import preempt  # pylint: disable=g-import-not-at-top
+  release = threading.Event()
+  stop = preempt.StopRequest(grace_s=0)
+  finished = []
+
+  def slow(response: str, answer: str) -> bool:
+    if response == "first":
+      stop.request()  # the signal comes while the batch is being judged
+    release.wait(60)  # a verifier the test holds (the scorer's deadline is 120 s)
+    finished.append(response)
+    return response == answer
+
+  scorer = scorer_lib.Scorer(slow, timeout_s=120.0, num_threads=2)
+  try:
+    with pytest.raises(preempt.Interrupted):
+      scorer.score([("first", "x"), ("second", "x"), ("third", "x")], stop=stop)
+    assert finished == []  # it did not wait for a single call
+  finally:
+    release.set()
+    scorer.close()
