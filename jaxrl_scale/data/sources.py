@@ -287,7 +287,10 @@ def load_records(cfg: Any) -> tuple[Sequence[Mapping[str, str]], str]:
   from jaxrl_scale.data import tfds_builders  # pylint: disable=g-import-not-at-top
   config_cls = {"arithmetic": tfds_builders.ArithmeticConfig,
                 "countdown": tfds_builders.CountdownConfig,
-                "code": tfds_builders.CodeConfig}[task]
+                "code": tfds_builders.CodeConfig}.get(task)
+  if config_cls is None:
+    raise UserError(f"data.data_dir: the built-in task {task!r} has no TFDS builder; leave "
+                    "data.data_dir unset (its problems are generated in memory)")
   config = config_cls(name=f"{preset}_n{n}_s{cfg.seed}", num_train=n, num_test=0,
                       seed=cfg.seed, **params)
   return tfds_builders.builtin(task, config, data_dir=cfg.data_dir), source

@@ -141,3 +141,8 @@ def test_tfds_builders_match_the_direct_reads(tmp_path):
   direct, _ = sources.load_records(_Cfg("code/easy"))
   prepared, _ = sources.load_records(_Cfg("code/easy", data_dir=data_dir))
   assert sorted(direct, key=str) == sorted(prepared[:], key=str)
+
+
+def test_a_builtin_task_without_a_tfds_builder_is_a_one_line_error(tmp_path):
+  with pytest.raises(UserError, match="data.data_dir: the built-in task 'multiply' has no TFDS"):
+    sources.load_records(_Cfg("multiply/d3x1", task="multiply", data_dir=str(tmp_path)))
