@@ -246,6 +246,45 @@ class Sampler(weights.WeightSwap):
   def reset_stats(self) -> None:
     self.stats = Stats()
 
+  @property
+  def asleep(self) -> bool:
+    """Whether `sleep` has freed the sampler's device memory (the next run rebuilds it)."""
+    return self._state is None
+
+  def sleep(self) -> None:
+    """Frees the sampler's device memory between runs: the page pool and slot state, the
+    per-layer weight copies and the live weights (vLLM's sleep mode, which verl uses for
+    colocated training). Colocated roles call it after generating, so that the train step
+    has the chip; the trainer's next `update_params` brings new weights, and the next
+    `generate` / `stream` rebuilds an empty pool (no recompile: same shapes). A run that
+    starts with no weights posted since is an error. Only between runs, never during one.
+    """
+    if self._running:
+      raise RuntimeError("Sampler.sleep during generate/stream: the slots are in use")
+    with self._cond:
+      pending_single = self._pending_version is not None
+    if pending_single:
+      raise RuntimeError("Sampler.sleep while a single-buffered update is being placed")
+    self._free_weights()  # waits for every program that reads them (they return the state)
+    for x in jax.tree.leaves(self._state):
+      x.delete()
+    self._state = None
+    self._table = None
+    with self._lock:
+      # A later post of the very arrays posted before must place them again (they were
+      # deleted here), not be skipped as already posted.
+      self._posted = None
+
+  def _wake(self) -> None:
+    """Rebuilds what `sleep` freed before a run: the newest posted weights must exist."""
+    if self._state is not None:
+      return
+    self._apply_pending(wait=True)  # the double buffer's posted weights, if any
+    if any(x.is_deleted() for x in self._param_leaves if isinstance(x, jax.Array)):
+      raise RuntimeError("the sampler was put to sleep (sampler.sleep_while_training) and no "
+                         "weights were posted since: call update_params before generating")
+    self._state = self._init_fn()
+
   def _new_buffer(self, req: records.Request) -> records.TokenBuffer:
     cfg = self.cfg
     n = len(req.prompt_tokens)
@@ -368,6 +407,7 @@ class Sampler(weights.WeightSwap):
            ) -> Iterator[tuple[records.Request, records.Completion]]:
     if self._running:
       raise RuntimeError("Sampler.generate/stream is already running: the slots are in use")
+    self._wake()
     self._running = True
     self._loop_running(True)
     pool = self._pool
