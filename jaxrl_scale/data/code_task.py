@@ -26,11 +26,7 @@ from __future__ import annotations
 
 import json
 
-from jaxrl_scale.data import tasks
-
-# The task helpers of tasks.py (seeded stream, checks, fingerprint), shared on purpose.
-_Stream = tasks._Stream  # pylint: disable=protected-access
-_check = tasks._check  # pylint: disable=protected-access
+from jaxrl_scale.data import task_common
 
 TEMPLATES = ("linear", "square", "mod", "floor", "abs", "max")
 
@@ -39,13 +35,13 @@ def _signed(b: int) -> str:
   return f"+{b}" if b >= 0 else f"-{-b}"
 
 
-def _offset(stream: _Stream) -> int:
+def _offset(stream: task_common.Stream) -> int:
   """A non-zero integer in [-30, 30]."""
   b = stream.integer(1, 30)
   return b if stream.below(2) else -b
 
 
-def _draw(stream: _Stream, template: str) -> tuple[str, str, object]:
+def _draw(stream: task_common.Stream, template: str) -> tuple[str, str, object]:
   """(math notation, Python expression of x, evaluator) for one drawn problem."""
   if template == "linear":
     a, b = stream.integer(2, 20), _offset(stream)
@@ -80,21 +76,22 @@ def code(n: int, seed: int = 0, *, templates: str = ",".join(TEMPLATES),
   Returns:
     Records in the contract of jaxrl_scale.data.tasks.
   """
-  tasks._check_common("code", n, seed, style)  # pylint: disable=protected-access
+  task_common.check_common("code", n, seed, style)
+  check = task_common.check
   chosen = tuple(t.strip() for t in templates.split(",") if t.strip())
-  _check(bool(chosen) and set(chosen) <= set(TEMPLATES), "code", "templates",
-         f"must be a comma-separated subset of {TEMPLATES}, got {templates!r}")
-  _check(2 <= num_tests <= 16, "code", "num_tests", f"must be in [2, 16], got {num_tests}")
+  check(bool(chosen) and set(chosen) <= set(TEMPLATES), "code", "templates",
+        f"must be a comma-separated subset of {TEMPLATES}, got {templates!r}")
+  check(2 <= num_tests <= 16, "code", "num_tests", f"must be in [2, 16], got {num_tests}")
   params = {"templates": ",".join(chosen), "style": style, "num_tests": num_tests}
-  fingerprint = tasks._fingerprint("code", params, seed)  # pylint: disable=protected-access
-  stream = _Stream(f"code:{fingerprint}")
+  fingerprint = task_common.fingerprint("code", params, seed)
+  stream = task_common.Stream(f"code:{fingerprint}")
   seen: set[str] = set()
   records, attempts = [], 0
   while len(records) < n:
     attempts += 1
     if attempts > 50 * n + 5_000:
-      _check(False, "code", "n", f"found only {len(records)} of {n} distinct "
-             f"problems with templates={params['templates']!r}")
+      check(False, "code", "n", f"found only {len(records)} of {n} distinct "
+            f"problems with templates={params['templates']!r}")
     notation, expression, fn = _draw(stream, chosen[stream.below(len(chosen))])
     if notation in seen:
       continue

@@ -23,10 +23,7 @@ product in plain decimal. Records follow the contract of jaxrl_scale/data/tasks.
 
 from __future__ import annotations
 
-from jaxrl_scale.data import tasks
-
-_Stream = tasks._Stream  # pylint: disable=protected-access
-_check = tasks._check  # pylint: disable=protected-access
+from jaxrl_scale.data import task_common
 
 
 def _operand_range(digits: int) -> tuple[int, int]:
@@ -71,18 +68,19 @@ def multiply(n: int, seed: int = 0, *, digits: int = 3, multiplier_digits: int =
   Returns:
     Records of task "multiply" whose solution is the worked multiplication.
   """
-  tasks._check_common("multiply", n, seed, style)  # pylint: disable=protected-access
-  _check(1 <= digits <= 9, "multiply", "digits", f"must be in [1, 9], got {digits}")
-  _check(1 <= multiplier_digits <= 6, "multiply", "multiplier_digits",
-         f"must be in [1, 6], got {multiplier_digits}")
+  task_common.check_common("multiply", n, seed, style)
+  check = task_common.check
+  check(1 <= digits <= 9, "multiply", "digits", f"must be in [1, 9], got {digits}")
+  check(1 <= multiplier_digits <= 6, "multiply", "multiplier_digits",
+        f"must be in [1, 6], got {multiplier_digits}")
   (a_lo, a_hi), (b_lo, b_hi) = _operand_range(digits), _operand_range(multiplier_digits)
   space = (a_hi - a_lo + 1) * (b_hi - b_lo + 1)
-  _check(n <= space, "multiply", "n",
-         f"{n} distinct problems requested but only {space} exist with digits={digits}, "
-         f"multiplier_digits={multiplier_digits}")
+  check(n <= space, "multiply", "n",
+        f"{n} distinct problems requested but only {space} exist with digits={digits}, "
+        f"multiplier_digits={multiplier_digits}")
   params = {"digits": digits, "multiplier_digits": multiplier_digits, "style": style}
-  fingerprint = tasks._fingerprint("multiply", params, seed)  # pylint: disable=protected-access
-  stream = _Stream(f"multiply:{fingerprint}")
+  fingerprint = task_common.fingerprint("multiply", params, seed)
+  stream = task_common.Stream(f"multiply:{fingerprint}")
   seen: set[tuple[int, int]] = set()
   records = []
   while len(records) < n:

@@ -42,11 +42,11 @@ every platform and Python/NumPy version.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from typing import Any
 
+from jaxrl_scale.data import code_task, multiply_task, task_common
 from jaxrl_scale.errors import UserError
 
 RECORD_KEYS = ("id", "task", "prompt", "answer", "solution")
@@ -61,56 +61,11 @@ REWARD_FOR_TASK = {
     "code_fraction": "code_fraction",  # code files scored by the fraction of tests passed
 }
 
-STYLES = ("compact", "instruct")
-
-
 def reward_name(task: str) -> str:
   """The reward function for records of `task` (UserError naming the task when unknown)."""
   if task not in REWARD_FOR_TASK:
     raise UserError(f"task {task!r} has no reward function; known: {sorted(REWARD_FOR_TASK)}")
   return REWARD_FOR_TASK[task]
-
-
-class _Stream:
-  """Deterministic random integers from BLAKE2b(key, counter); platform independent."""
-
-  def __init__(self, key: str):
-    self._key = key.encode("utf-8")
-    self._counter = 0
-
-  def _u64(self) -> int:
-    digest = hashlib.blake2b(self._key + self._counter.to_bytes(8, "little"),
-                             digest_size=8).digest()
-    self._counter += 1
-    return int.from_bytes(digest, "little")
-
-  def below(self, n: int) -> int:
-    """Uniform in [0, n): rejection sampling removes the modulo bias."""
-    limit = (1 << 64) - (1 << 64) % n
-    while True:
-      x = self._u64()
-      if x < limit:
-        return x % n
-
-  def integer(self, lo: int, hi: int) -> int:
-    """Uniform in [lo, hi]."""
-    return lo + self.below(hi - lo + 1)
-
-
-def _fingerprint(task: str, params: dict, seed: int) -> str:
-  text = json.dumps({"task": task, "params": params, "seed": seed}, sort_keys=True)
-  return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
-
-
-def _check(ok: bool, task: str, key: str, message: str) -> None:
-  if not ok:
-    raise UserError(f"{task}.{key}: {message}")
-
-
-def _check_common(task: str, n: int, seed: int, style: str) -> None:
-  _check(n >= 0, task, "n", f"must be >= 0, got {n}")
-  _check(seed >= 0, task, "seed", f"must be >= 0, got {seed}")
-  _check(style in STYLES, task, "style", f"must be one of {STYLES}, got {style!r}")
 
 
 def arithmetic(n: int, seed: int = 0, *, digits: int = 2, ops: str = "+-*",
@@ -127,18 +82,19 @@ def arithmetic(n: int, seed: int = 0, *, digits: int = 2, ops: str = "+-*",
   Returns:
     Records in the module's contract; subtraction answers may be negative.
   """
-  _check_common("arithmetic", n, seed, style)
-  _check(1 <= digits <= 18, "arithmetic", "digits", f"must be in [1, 18], got {digits}")
-  _check(bool(ops) and set(ops) <= set("+-*") and len(set(ops)) == len(ops), "arithmetic",
-         "ops", f"must be distinct characters from '+-*', got {ops!r}")
+  task_common.check_common("arithmetic", n, seed, style)
+  check = task_common.check
+  check(1 <= digits <= 18, "arithmetic", "digits", f"must be in [1, 18], got {digits}")
+  check(bool(ops) and set(ops) <= set("+-*") and len(set(ops)) == len(ops), "arithmetic",
+        "ops", f"must be distinct characters from '+-*', got {ops!r}")
   lo, hi = (0, 9) if digits == 1 else (10 ** (digits - 1), 10 ** digits - 1)
   space = len(ops) * (hi - lo + 1) ** 2
-  _check(n <= space, "arithmetic", "n",
-         f"{n} distinct problems requested but only {space} exist with digits={digits}, "
-         f"ops={ops!r}")
+  check(n <= space, "arithmetic", "n",
+        f"{n} distinct problems requested but only {space} exist with digits={digits}, "
+        f"ops={ops!r}")
   params = {"digits": digits, "ops": ops, "style": style}
-  fingerprint = _fingerprint("arithmetic", params, seed)
-  stream = _Stream(f"arithmetic:{fingerprint}")
+  fingerprint = task_common.fingerprint("arithmetic", params, seed)
+  stream = task_common.Stream(f"arithmetic:{fingerprint}")
   seen: set[tuple[int, str, int]] = set()
   records = []
   while len(records) < n:
@@ -161,7 +117,8 @@ _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
 _ATOM = 3
 
 
-def _combine(stream: _Stream, left: tuple[int, str, int], right: tuple[int, str, int]
+def _combine(stream: task_common.Stream, left: tuple[int, str, int],
+             right: tuple[int, str, int]
              ) -> tuple[int, str, int] | None:
   """Joins two (value, expression, precedence) terms with a random valid operator."""
   (a, a_text, a_prec), (b, b_text, b_prec) = left, right
@@ -196,13 +153,14 @@ def countdown(n: int, seed: int = 0, *, count: int = 3, max_number: int = 10,
   Returns:
     Records in the module's contract, each with a solution expression of value target.
   """
-  _check_common("countdown", n, seed, style)
-  _check(2 <= count <= 6, "countdown", "count", f"must be in [2, 6], got {count}")
-  _check(max_number >= 2, "countdown", "max_number", f"must be >= 2, got {max_number}")
-  _check(max_target >= 1, "countdown", "max_target", f"must be >= 1, got {max_target}")
+  task_common.check_common("countdown", n, seed, style)
+  check = task_common.check
+  check(2 <= count <= 6, "countdown", "count", f"must be in [2, 6], got {count}")
+  check(max_number >= 2, "countdown", "max_number", f"must be >= 2, got {max_number}")
+  check(max_target >= 1, "countdown", "max_target", f"must be >= 1, got {max_target}")
   params = {"count": count, "max_number": max_number, "max_target": max_target, "style": style}
-  fingerprint = _fingerprint("countdown", params, seed)
-  stream = _Stream(f"countdown:{fingerprint}")
+  fingerprint = task_common.fingerprint("countdown", params, seed)
+  stream = task_common.Stream(f"countdown:{fingerprint}")
   seen: set[tuple[tuple[int, ...], int]] = set()
   records = []
   attempts, max_attempts = 0, 50 * n + 5_000
@@ -274,17 +232,9 @@ def parse_task(spec: str) -> tuple[str, str, dict[str, Any]]:
   return task, preset, dict(PRESETS[task][preset])
 
 
-def code(n: int, seed: int = 0, **params) -> list[dict[str, str]]:
-  """The built-in code task (jaxrl_scale/data/code_task.py, which uses this module's helpers)."""
-  from jaxrl_scale.data import code_task  # pylint: disable=g-import-not-at-top  (cycle)
-  return code_task.code(n, seed, **params)
-
-
-def multiply(n: int, seed: int = 0, **params) -> list[dict[str, str]]:
-  """Long multiplication with worked steps (jaxrl_scale/data/multiply_task.py)."""
-  from jaxrl_scale.data import multiply_task  # pylint: disable=g-import-not-at-top  (cycle)
-  return multiply_task.multiply(n, seed, **params)
-
+# The generators of the other built-in tasks, by name here like arithmetic and countdown.
+multiply = multiply_task.multiply  # worked long multiplication
+code = code_task.code  # small Python functions with tests
 
 TASKS: dict[str, Callable[..., list[dict[str, str]]]] = {
     "arithmetic": arithmetic,

@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl_scale.models import attention, kv_cache, layers, moe, paged_attention
+from jaxrl_scale.models import attention, decoder, kv_cache, layers, moe, paged_attention
 from jaxrl_scale.models.config import ModelConfig
 
 
@@ -541,14 +541,14 @@ def _remat_policy(name: str) -> Callable | None:
   return REMAT_POLICIES[name]
 
 
-def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> layers.DecoderLayer:
+def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> decoder.DecoderLayer:
   """One DecoderLayer whose params carry a leading [L] axis named 'layers'."""
 
   @nnx.split_rngs(splits=cfg.num_layers)
   @nnx.vmap(in_axes=(0,), out_axes=0, axis_size=cfg.num_layers,
             transform_metadata={nnx.PARTITION_NAME: "layers"})
-  def make(rngs: nnx.Rngs) -> layers.DecoderLayer:
-    return layers.DecoderLayer(cfg, rngs=rngs)
+  def make(rngs: nnx.Rngs) -> decoder.DecoderLayer:
+    return decoder.DecoderLayer(cfg, rngs=rngs)
 
   return make(rngs)
 

@@ -11,7 +11,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_scale.models import attention, config, layers, transformer
+from jaxrl_scale.models import attention, config, decoder, layers, transformer
 
 
 def _seqs(cfg, n, length, seed=0):
@@ -43,7 +43,7 @@ def _saved(remat: str) -> list[str]:
   """What one remat'd decoder layer (tiny_qwen3, einsum attention) keeps for its backward
   pass: one line per residual, as `jax.ad_checkpoint.print_saved_residuals` writes them."""
   cfg = config.tiny_qwen3()
-  layer = layers.DecoderLayer(cfg, rngs=nnx.Rngs(0))
+  layer = decoder.DecoderLayer(cfg, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(layer)
   x_BTD = jnp.asarray(np.random.default_rng(1).normal(size=(2, 8, cfg.hidden_size)),
                       jnp.float32)

@@ -87,7 +87,7 @@ def test_every_preset_builds_abstractly(name):
   cfg = config.preset(name)
   _, state = sharding.abstract_model(cfg)
   sparse = cfg.moe_layers()
-  unused = 0  # an interleaved model's layers hold both MLPs (`layers.DecoderLayer`)
+  unused = 0  # an interleaved model's layers hold both MLPs (`decoder.DecoderLayer`)
   if any(sparse) and not all(sparse):
     d = cfg.hidden_size
     moe = d * cfg.num_experts * (1 + 3 * cfg.moe_intermediate_size) + 3 * d * cfg.shared_expert_size
