@@ -110,14 +110,13 @@ def read_seconds(fn, carry, consts: tuple, reps: int, repeats: int) -> tuple[flo
 
 
 def peak_gbps(kind: str, platform: str) -> float | None:
-  """The device's HBM bandwidth in GB/s (sampler_bench's table), None on CPU or unknown."""
+  """The device's HBM bandwidth in GB/s (by exact device kind), None on CPU or unknown."""
   sys.path.insert(0, HERE)
   import sampler_bench  # pylint: disable=g-import-not-at-top
 
   if platform == "cpu":
     return None
-  return next((v for k, v in sampler_bench.PEAK_GBPS.items() if k.lower() in kind.lower()),
-              None)
+  return sampler_bench.peak_gbps(kind)
 
 
 def bandwidth(nbytes: float, seconds: float, peak: float | None) -> dict:

@@ -32,7 +32,7 @@ The first `--warmup` steps (compiles) are not timed; the report is the median ov
 rest. Tokens per second per device, over the step's wall time and all devices of both roles:
 generated (the completions' sampled tokens) and trained (train/tokens: every valid position
 of the batch, prompt and completion). The train phase's MFU against the chip's
-bf16 spec (`train_step_bench.SPEC_BF16`) and the generate phase's fraction of the HBM
+bf16 spec (`train_step_bench.spec_peak`, by exact device kind; none if unknown) and the generate phase's fraction of the HBM
 roofline (`sampler_bench._roofline`, prefill included in its time) on a GPU/TPU.
 
 Then, in the same process, after the first mode's run, its own programs alone on the same

@@ -76,9 +76,15 @@ import random_checkpoint
 from phases import Phases
 from train_step_bench import matmul_peak
 
-# Peak HBM bandwidth (GB/s) of common accelerators, for the roofline line; --hbm-gbps wins.
-PEAK_GBPS = {"H100": 3350.0, "H200": 4800.0, "A100": 2039.0, "TPU v4": 1200.0,
-              "TPU v5e": 819.0, "TPU v5p": 2765.0, "TPU v6e": 1640.0}
+
+def peak_gbps(device_kind: str) -> float | None:
+  """The HBM bandwidth (GB/s) of the part whose device kind is exactly `device_kind`
+  (`jaxrl_scale.plan.chips.DEVICE_PEAKS`), for the roofline line; None if unknown (then
+  no roofline fraction unless --hbm-gbps gives the peak)."""
+  from jaxrl_scale.plan import chips  # pylint: disable=g-import-not-at-top
+
+  peaks = chips.device_peaks(device_kind)
+  return None if peaks is None else peaks.hbm_bandwidth / 1e9
 
 
 # JAX's share of a GPU that transformers shares (--hf-device cuda): the rest holds torch's
@@ -286,8 +292,7 @@ def _roofline(sampler, model_cfg, args, step_seconds: float, live_len: float,
     return "roofline: skipped (CPU run; HBM roofline applies to GPU/TPU)", {}
   peak = args.hbm_gbps
   if peak is None:
-    kind = device.device_kind
-    peak = next((v for k, v in PEAK_GBPS.items() if k.lower() in kind.lower()), None)
+    peak = peak_gbps(device.device_kind)
   if peak is None:
     return f"roofline: unknown peak bandwidth for {device.device_kind}; pass --hbm-gbps", {}
   # Every weight is read once per step, except an untied input embedding: a gather of the

@@ -25,8 +25,8 @@ precision like the model's matmuls) measured in the same process between the tim
 each step is compared with the higher of the peaks just before and after it, so a ratio
 compares numbers taken under the same machine load, and the reported fraction is the
 median of the per-step ratios.
-On a GPU (or TPU) whose name is in `SPEC_BF16` it also prints MFU against the chip's bf16
-dense spec peak, with the FLOPs above (full S x S attention) and with causal attention
+On a GPU (or TPU) whose exact device kind is in `jaxrl_scale.plan.chips.DEVICE_PEAKS` (an
+unknown one gets no MFU line) it also prints MFU against the part's bf16 dense spec peak, with the FLOPs above (full S x S attention) and with causal attention
 (half of the attention FLOPs, as MaxText counts); `--matmul-dtype bfloat16` measures the
 peak with bf16 matmuls (the GPU's tensor-core rate). `--profile` runs one more step under
 JAX's profiler and, on a GPU, prints its busy share and the kernels that took the time
@@ -43,11 +43,6 @@ import dataclasses
 import json
 import statistics
 import time
-
-# bf16 dense tensor-core peak (TFLOP/s) by device name, from the vendors' datasheets (NVIDIA
-# SXM parts; TPU per chip).
-SPEC_BF16 = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "TPU v5p": 459.0,
-             "TPU v5 lite": 197.0, "TPU v6": 918.0, "TPU v4": 275.0}
 
 
 def parse_args() -> argparse.Namespace:
@@ -251,8 +246,12 @@ def main() -> None:
 
 
 def spec_peak(device_kind: str) -> float | None:
-  """The bf16 dense spec peak (TFLOP/s) of a device named `device_kind`, if known."""
-  return next((v for k, v in SPEC_BF16.items() if k.lower() in device_kind.lower()), None)
+  """The bf16 dense spec peak (TFLOP/s) of the part whose device kind is exactly
+  `device_kind` (`chips.DEVICE_PEAKS`: an H100 PCIe is not scored as an SXM); None if unknown."""
+  from jaxrl_scale.plan import chips  # pylint: disable=g-import-not-at-top
+
+  peaks = chips.device_peaks(device_kind)
+  return None if peaks is None else peaks.bf16_flops / 1e12
 
 
 def attention_flops(cfg, rows: int, seq_len: int) -> float:

@@ -26,7 +26,9 @@ above 8, hosts of 8). XLA compiles for them without a GPU attached (JAX's CUDA p
 deviceless topology and a target description: `gpu_target`), with no autotuning: matmul
 tile choices are XLA's defaults, while fusion, memory and the kernels picked (cuDNN
 attention, the Triton paged decode kernel) are the device's. Figures (dense bf16 tensor-core
-peak, float32 CUDA-core peak, HBM bandwidth) from NVIDIA's datasheets for the SXM parts:
+peak, float32 CUDA-core peak, HBM bandwidth) from NVIDIA's datasheets for the SXM parts
+(a plan names the SXM part; a measured run is scored by its exact device kind,
+`DEVICE_PEAKS`, which also holds the PCIe and NVL parts):
   H100 SXM5 80 GB   989 TFLOP/s bf16, 67 TFLOP/s fp32, 3.35 TB/s
   H200 SXM 141 GB   989 TFLOP/s bf16, 67 TFLOP/s fp32, 4.8 TB/s
   A100 SXM4 80 GB   312 TFLOP/s bf16, 19.5 TFLOP/s fp32, 2.04 TB/s
@@ -97,6 +99,45 @@ GPUS: dict[str, Chip] = {
                   ("memory_bandwidth", 2.039e12))),
 }
 GPUS_PER_HOST = 8  # an HGX / DGX node; larger counts are hosts of 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Peaks:
+  """A part's datasheet peaks, per JAX device, for scoring a measured run."""
+
+  part: str  # the part, e.g. "H100 PCIe 80 GB"
+  bf16_flops: float  # dense bf16 (tensor core / MXU) FLOP/s, no sparsity
+  hbm_bandwidth: float  # bytes/s
+
+
+# jax Device.device_kind -> its part's peaks, matched EXACTLY: parts that share a name
+# prefix differ (an H100 PCIe has 76% of the SXM's bf16 peak and 60% of its bandwidth), so a
+# substring match would score one against another. A kind not here has no peak-based
+# fraction (`device_peaks` returns None) rather than a wrong one. NVIDIA's datasheets (dense
+# figures: the sparse ones halved); the TPU rows are Google's per-chip figures above (a
+# real v4 runs megacore: one device per chip, unlike libtpu's simulated v4 topology).
+DEVICE_PEAKS: dict[str, Peaks] = {
+    "NVIDIA H100 80GB HBM3": Peaks("H100 SXM5 80 GB", 989e12, 3.35e12),
+    "NVIDIA H100 PCIe": Peaks("H100 PCIe 80 GB", 756e12, 2.0e12),
+    "NVIDIA H100 NVL": Peaks("H100 NVL 94 GB", 835e12, 3.9e12),
+    "NVIDIA H200": Peaks("H200 SXM 141 GB", 989e12, 4.8e12),
+    "NVIDIA H200 NVL": Peaks("H200 NVL 141 GB", 835e12, 4.8e12),
+    "NVIDIA A100-SXM4-80GB": Peaks("A100 SXM4 80 GB", 312e12, 2.039e12),
+    "NVIDIA A100-SXM4-40GB": Peaks("A100 SXM4 40 GB", 312e12, 1.555e12),
+    "NVIDIA A100 80GB PCIe": Peaks("A100 PCIe 80 GB", 312e12, 1.935e12),
+    "NVIDIA A100-PCIE-40GB": Peaks("A100 PCIe 40 GB", 312e12, 1.555e12),
+    "NVIDIA L40S": Peaks("L40S 48 GB", 362e12, 0.864e12),
+    "TPU v4": Peaks("TPU v4", 275e12, 1200e9),
+    "TPU v5 lite": Peaks("TPU v5e", 197e12, 819e9),
+    "TPU v5": Peaks("TPU v5p", 459e12, 2765e9),
+    "TPU v6 lite": Peaks("TPU v6e", 918e12, 1640e9),
+}
+
+
+def device_peaks(device_kind: str) -> Peaks | None:
+  """The datasheet peaks of a device by its exact `device_kind`; None when unknown (CPU,
+  or a part not in DEVICE_PEAKS): report no peak-based fraction then, not a guess."""
+  return DEVICE_PEAKS.get(device_kind.strip())
 
 # What one NVIDIA H100 measured against these bounds (jax 0.11.2, 2026-11-28; the GPU
 # suite's summaries and decode reports in benchmarks/results/gpu_h100_2026-11-28*/, docs/gpu.md):

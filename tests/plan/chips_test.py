@@ -62,3 +62,36 @@ def test_slices_have_the_hosts_cloud_tpu_gives(name, hosts):
   assert len(devices) == sl.devices
   assert len({d.process_index for d in devices}) == hosts
   assert sl.chips_per_host * hosts == sl.chips
+
+
+@pytest.mark.parametrize("kind, part, tflops, gbps", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM5 80 GB", 989, 3350),
+    ("NVIDIA H100 PCIe", "H100 PCIe 80 GB", 756, 2000),  # not the SXM's peaks
+    ("NVIDIA H100 NVL", "H100 NVL 94 GB", 835, 3900),
+    ("NVIDIA H200", "H200 SXM 141 GB", 989, 4800),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM4 80 GB", 312, 2039),
+    ("NVIDIA A100-SXM4-40GB", "A100 SXM4 40 GB", 312, 1555),
+    ("TPU v5 lite", "TPU v5e", 197, 819),
+    ("TPU v5", "TPU v5p", 459, 2765),
+    ("TPU v6 lite", "TPU v6e", 918, 1640),
+])
+def test_device_peaks_by_exact_kind(kind, part, tflops, gbps):
+  peaks = chips.device_peaks(kind)
+  assert (peaks.part, peaks.bf16_flops / 1e12, peaks.hbm_bandwidth / 1e9) == pytest.approx(
+      (part, tflops, gbps))
+
+
+@pytest.mark.parametrize("kind", ["cpu", "NVIDIA H100", "NVIDIA H100 80GB HBM3e", "H100",
+                                  "NVIDIA GeForce RTX 4090", "TPU v7", ""])
+def test_an_unknown_device_has_no_peaks(kind):
+  """A name that only contains a known part's name gets None, not that part's peaks."""
+  assert chips.device_peaks(kind) is None
+
+
+def test_plan_chips_and_device_peaks_agree():
+  """The plan's chip tables and the measurement table hold one figure per part."""
+  for chip in (*chips.CHIPS.values(), *chips.GPUS.values()):
+    peaks = chips.device_peaks(chip.device_kind)
+    assert peaks is not None, chip.device_kind
+    assert peaks.bf16_flops == pytest.approx(chip.peak_flops * chip.devices_per_chip)
+    assert peaks.hbm_bandwidth == pytest.approx(chip.hbm_bandwidth * chip.devices_per_chip)
