@@ -17,6 +17,7 @@ from jaxrl_scale.errors import UserError
 from jaxrl_scale.scaling import bootstrap as boot_lib
 from jaxrl_scale.scaling import curves
 from jaxrl_scale.scaling import decline as decline_lib
+from jaxrl_scale.scaling import extrapolation as extrap_lib
 from jaxrl_scale.scaling import fit as fit_lib
 from jaxrl_scale.scaling import io
 from jaxrl_scale.scaling import noise
@@ -114,6 +115,22 @@ class RunReport:
   # (compute, pass rate): the lower end of the curve's interval at the last fitted point when
   # the data show no saturation (see `saturation_floor`); None when they do.
   floor: tuple[float, float] | None = None
+  # The run's own leave-future-out backtests (extrapolation.py; None without a bootstrap)
+  # and the forecast interval before their error was added (eval noise only).
+  extrapolation: extrap_lib.ExtrapolationError | None = None
+  forecast_interval_noise: tuple[float, float] | None = None
+
+  @property
+  def extrapolation_half_width(self) -> float:
+    """What the extrapolation error adds to each side of the forecast's interval."""
+    if self.extrapolation is None:
+      return 0.0
+    return extrap_lib.z_of(self.level) * self.extrapolation.sd(self.target_distance)
+
+  @property
+  def target_distance(self) -> float:
+    """log(target / last fitted compute): how far the forecast reaches beyond the data."""
+    return extrap_lib.distance(self.target_compute, self.max_fit_compute)
 
   @property
   def declining(self) -> bool:
@@ -187,6 +204,11 @@ class RunReport:
         "forecast": {"compute": self.target_compute, "target_source": self.target_source,
                      "pass_rate": _num(self.forecast),
                      "interval": _pair(self.forecast_interval),
+                     "interval_eval_noise": _pair(self.forecast_interval_noise),
+                     "extrapolation": None if self.extrapolation is None else {
+                         k: v if isinstance(v, list) else _num(v)
+                         for k, v in self.extrapolation.to_dict(
+                             self.target_distance, self.level).items()},
                      "power_law": _num(self.power_forecast)},
     }
     if self.target_pass_rate is not None:
@@ -399,7 +421,23 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
     target, source = float(np.max(x)), "last point (--fit-fraction)"
   else:
     target, source = 2.0 * max_fit, "default: 2x the last fitted compute"
-  point, band = forecast_at(sigmoid, samples, target, options.level, prof, floor)
+  point, band_noise = forecast_at(sigmoid, samples, target, options.level, prof, floor)
+  ext = None
+  if samples is not None:
+    ext = extrap_lib.calibrate(x, y, w, sigmoid, model, series=curve.series, r0_sd=r0_sd,
+                               resid=resid, n_boot=options.n_boot, level=options.level,
+                               seed=options.seed + 31,
+                               options=options.fit)
+  ext_sd = 0.0 if ext is None else ext.sd(extrap_lib.distance(target, max_fit))
+  band = extrap_lib.widen(point, band_noise, ext_sd, options.level)
+  half = extrap_lib.z_of(options.level) * ext_sd
+  if half > boot_lib.PAPER_A_MARGIN:
+    # The flag and the interval agree: a forecast whose own backtests put its
+    # extrapolation error past the paper's noise margin is not a confident one.
+    well = False
+    messages += (f"the run's own backtests miss by more than the eval noise: extrapolating "
+                 f"to the target adds +-{half:.3f} (sd {ext.kappa:.3f} per unit of log "
+                 f"compute beyond the data, {ext.n_cuts} cuts)",)
   extra = {}
   if options.target_pass_rate is not None:
     need, need_band = compute_to_reach(sigmoid, samples, options.target_pass_rate,
@@ -409,7 +447,7 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
   backtest = None
   if options.backtest is not None and heldout.any():
     backtest = _backtest(x, y, heldout, sigmoid, samples, power, options, max_fit,
-                         model.sd(), prof, floor)
+                         model.sd(), prof, floor, ext)
   elif options.backtest is not None:
     messages += (f"backtest: no eval point beyond {options.backtest:g} x max compute",)
   return RunReport(
@@ -419,23 +457,27 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
       forecast=point, forecast_interval=band,
       power_forecast=float(power.predict(target)), backtest=backtest, noise=model,
       r0_sd=r0_sd, weights=w, replicates=reps, profile=prof, seed=options.seed, decline=dec,
-      floor=floor, **extra)
+      floor=floor, extrapolation=ext, forecast_interval_noise=band_noise, **extra)
 
 
-def _backtest(x, y, heldout, sigmoid, samples, power, options, max_fit, sd_E, prof, floor
-              ) -> Backtest:
+def _backtest(x, y, heldout, sigmoid, samples, power, options, max_fit, sd_E, prof, floor,
+              ext) -> Backtest:
   err = sigmoid.predict(x[heldout]) - y[heldout]
   idx = np.flatnonzero(heldout)
   final = int(idx[np.argmax(x[idx])])
   point, band = forecast_at(sigmoid, samples, float(x[final]), options.level, prof, floor)
+  ext_sd = 0.0 if ext is None else ext.sd(extrap_lib.distance(float(x[final]), max_fit))
+  band = extrap_lib.widen(point, band, ext_sd, options.level)
   predicted = None
   if samples is not None:
     # A single held-out eval carries its own noise: compare it with the curve's interval
-    # widened by that eval's noise sd (a prediction interval), not with the curve's alone.
+    # widened by that eval's noise sd (a prediction interval), not with the curve's alone;
+    # the extrapolation error (extrapolation.py) is drawn in too.
     rng = np.random.default_rng(options.seed + 1)
     mean_K = samples.predict(float(x[final]))
+    sd = math.hypot(sd_E[final], ext_sd)
     predicted = boot_lib.percentile_interval(
-        mean_K + sd_E[final] * rng.standard_normal(mean_K.shape), options.level)
+        mean_K + sd * rng.standard_normal(mean_K.shape), options.level)
   return Backtest(
       fraction=float(options.backtest), fit_until=max_fit, n_heldout=int(heldout.sum()),
       mean_abs_error=float(np.mean(np.abs(err))), max_abs_error=float(np.max(np.abs(err))),

@@ -36,6 +36,7 @@ import math
 import numpy as np
 
 from jaxrl_scale import config as config_lib
+from jaxrl_scale.scaling import bootstrap as boot_lib
 from jaxrl_scale.scaling import fit as fit_lib
 from jaxrl_scale.scaling import forecast
 from jaxrl_scale.scaling import io
@@ -81,21 +82,35 @@ class LiveForecast:
     return {prefix + k: float(v) for k, v in out.items()}
 
   def summary(self, label: str = "forecast") -> str:
-    """One line for a progress display (`label` starts it: a domain's name for its line)."""
+    """One line for a progress display (`label` starts it: a domain's name for its line).
+
+    Every number is named with its unit: A (the pass rate the run heads to), B (the
+    steepness, no unit), C_mid (the compute of half the gain) and the target on the
+    compute axis (FLOPs or accelerator-hours; on FLOPs the hours at the run's FLOPs per
+    hour so far beside them), the forecast a pass rate with its interval's level.
+    """
     a = f"A={self.a:.3f}" if self.well_determined else f"A~{self.a:.2f}?"
     if self.a_interval is not None:
       a += f" [{self.a_interval[0]:.3f}, {self.a_interval[1]:.3f}]"
-    line = f"{label}: {a} B={self.b:.2f} C_mid={self.c_mid:.3g}"
+    line = (f"{label}: plateau {a}, steepness B={self.b:.2f}, half-gain at "
+            f"C_mid={self.at(self.c_mid)}")
     if self.forecast is not None:
-      at = f"{self.target_compute:.3g} {UNITS[self.axis]}"
-      if self.axis != "hours" and self.target_hours is not None:
-        at += f" (~{self.target_hours:.3g} h)"
-      line += f"; at {at}: {self.forecast:.3f}"
+      line += f"; pass rate at {self.at(self.target_compute)}: {self.forecast:.3f}"
       if self.forecast_interval is not None:
         line += f" [{self.forecast_interval[0]:.3f}, {self.forecast_interval[1]:.3f}]"
+    if not self.well_determined:
+      line += " (not well determined)"
     if self.declining:
       line += "; DECLINING: the last evals fall below the curve, A is not the plateau"
     return line
+
+  def at(self, compute: float) -> str:
+    """`compute` with its unit, and on the FLOPs axis its hours at the FLOPs per hour so far."""
+    text = f"{compute:.3g} {UNITS[self.axis]}"
+    if (self.axis != "hours" and self.target_hours is not None and self.target_compute
+        and self.target_compute > 0):
+      text += f" (~{compute * self.target_hours / self.target_compute:.3g} h)"
+    return text
 
 
 AXES = ("flops", "hours")
@@ -321,6 +336,9 @@ class LiveForecaster:
     if was_well and not well and not report.declining:  # hysteresis of the flag only
       well, messages = forecast.assess(sig, report.samples, report.max_fit_compute,
                                        self.level, was_well=True)
+      if report.extrapolation_half_width > forecast.HYSTERESIS * boot_lib.PAPER_A_MARGIN:
+        well = False
+        messages += tuple(m for m in report.messages if "own backtests" in m)
     return LiveForecast(
         step=step, compute=compute, n_points=sig.n_points, a=sig.a, b=sig.b,
         c_mid=sig.c_mid, r0=sig.r0, a_interval=report.interval("a"),

@@ -69,6 +69,17 @@ def render_run(r: forecast.RunReport) -> str:
   lines.append(f"  forecast at C = {num(r.target_compute)} ({r.target_source}): "
                f"{r.forecast:.3f} {span(r.forecast_interval)}, "
                f"power law {r.power_forecast:.3f}")
+  ext = r.extrapolation
+  if ext is not None:
+    if ext.n_cuts < 3:
+      lines.append(f"    extrapolation error: not measured ({ext.n_cuts} backtest cuts of "
+                   "the fitted evals; more evals needed)")
+    else:
+      lines.append(
+          f"    extrapolation error from the run's own backtests ({ext.n_cuts} cuts): sd "
+          f"{ext.kappa:.3f} per unit of log compute; the target lies {r.target_distance:.2f} "
+          f"beyond the data, adding +-{r.extrapolation_half_width:.3f} (eval noise alone "
+          f"{span(r.forecast_interval_noise)})")
   if r.target_pass_rate is not None:
     lines.append(f"  compute to reach {r.target_pass_rate:.3f}: {num(r.compute_to_target)} "
                  f"{span(r.compute_to_target_interval)}")
