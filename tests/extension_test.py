@@ -76,3 +76,35 @@ def test_replay_reports_a_declining_run_and_a_bad_dir(bench, tmp_path, capsys):
   out = json.loads(capsys.readouterr().out)
   assert out["seeds"][0]["whole_run"]["declining"] is True
   assert "error" in out["seeds"][1] and out["pooled"] is None
+
+
+def test_seeds_are_reused_and_split_into_tuning_and_checking(bench, tmp_path, capsys):
+  # A finished seed is not trained again (seeds are added a few at a time).
+  d = tmp_path / "seed7"
+  d.mkdir()
+  (d / "summary.json").write_text(json.dumps({"steps": 600}))
+  args = bench.parse_args(["--seeds", "7"])
+  assert bench.train_seed(7, 600, args, d)["reused"] is True
+  assert bench.seed_of("seed12") == 12 and bench.seed_of(3) == 3 and bench.seed_of("x") is None
+  assert not bench.is_checking("seed3") and bench.is_checking("seed7")
+  # Replayed directories: seeds 0-4 tune, the others check; the targets count only these.
+  runs = [_run_dir(tmp_path, f"seed{i}", seed=60 + i)[0] for i in (1, 6, 8)]
+  assert bench.main(["--replay", *runs, "--x", "compute_hours", "--n-boot", "50",
+                     "--json"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out["checking"]["checking"]["seeds"] == ["seed6", "seed8"]
+  assert out["checking"]["tuning"]["seeds"] == ["seed1"]
+  half = out["checking"]["checking"]["by_fraction"]["0.5"]
+  fits = [s["fits"][1] for s in out["seeds"] if s["seed"] != "seed1"]
+  assert half["fits"] == 2 and half["held"] == sum(f["holds_plateau"] for f in fits)
+  for f in fits:
+    lo, hi = f["interval"]
+    assert f["width"] == pytest.approx(hi - lo)
+    assert lo <= f["interval_eval_noise"][0] and f["interval_eval_noise"][1] <= hi
+  # Two checking seeds are not the ten the target names: not met, whatever they held.
+  assert not any(out["issue64"].values())
+  path = tmp_path / "a.json"
+  path.write_text(json.dumps(out))
+  assert bench.main(["--combine", str(path), str(path), "--json"]) == 0
+  combined = json.loads(capsys.readouterr().out)["issue64"]
+  assert len(combined) == 3 and not any(combined.values())
