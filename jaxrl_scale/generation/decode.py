@@ -87,6 +87,9 @@ class Admission:
   limit_n: jax.Array
   force_at_n: jax.Array
   answer_budget_n: jax.Array
+  # Tokens after the prompt so far: 0 for a new sequence; a continued episode's model and
+  # environment tokens (`length_u` then counts its whole history).
+  gen_n: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -185,6 +188,10 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   loop, except on CPU: see `Transformer.prefill_into`).
   `record_routing` (an MoE model): also returns the experts the piece's tokens went to,
   routing_uTLK in `routing_dtype` (garbage at the padding the mask excludes).
+  `start` may also be a traced int32 scalar: an episode continued in place
+  (generation/episodes.py), whose new tokens start wherever its history ends. The prefix
+  is then read through the whole page table row (masked past `start`), so one program
+  serves every history length.
   """
   model = nnx.merge(graphdef, params)
   u, t = adm.tokens_uT.shape
@@ -201,11 +208,13 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   pool = state.cache.kv  # [L, D, P + 1, C, 2K, H]
   shards, past, page = pool.shape[1], pool.shape[2], pool.shape[3]
   prefix = None
-  if start:
+  traced = not isinstance(start, int)
+  if traced or start:
     src_u = jnp.clip(adm.src_slot_u, 0, num_slots - 1)
+    read = width if traced else min(-(-start // page), width)
     prefix = kv_cache.PromptPrefix(
-        shard_B=src_u // (num_slots // shards),
-        pages_BM=table_SM[src_u, :min(-(-start // page), width)], length=jnp.int32(start))
+        shard_B=src_u // (num_slots // shards), pages_BM=table_SM[src_u, :read],
+        length=jnp.asarray(start, jnp.int32))
 
   # Index pool.shape[2] is past the pool, so the scatter drops it: padding, the last prompt
   # token (the first decode step writes it) and unassigned entries (the null page) go there.
@@ -250,7 +259,8 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
       cache=cache,
       token_S=row(state.token_S, adm.last_n),
       pos_S=row(state.pos_S, length_n - 1),
-      num_gen_S=row(state.num_gen_S, jnp.zeros((n,), jnp.int32)),
+      num_gen_S=row(state.num_gen_S, jnp.zeros((n,), jnp.int32) if adm.gen_n is None
+                    else adm.gen_n),
       active_S=row(state.active_S, jnp.ones((n,), jnp.bool_)),
       seed_S=row(state.seed_S, adm.seed_n),
       temperature_S=row(state.temperature_S, adm.temperature_n),
@@ -375,6 +385,24 @@ def admit_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSta
   it returns (state, routing_uTLK)."""
 
   def run(param_leaves, state, adm, table_SM):
+    params = jax.tree.unflatten(param_treedef, param_leaves)
+    out = admit(graphdef, params, state, adm, table_SM, mesh=shardings.token_S.mesh,
+                start=start, record_routing=record_routing)
+    if record_routing:
+      return jax.lax.with_sharding_constraint(out[0], shardings), out[1]
+    return jax.lax.with_sharding_constraint(out, shardings)
+
+  return jax.jit(run, donate_argnums=(1,))
+
+
+@functools.lru_cache(maxsize=None)
+def resume_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState,
+                   record_routing: bool = False) -> Callable:
+  """jit(admit) with a traced `start`, taking (param_leaves, state, admission, page table,
+  start): continues episodes whose history ends at `start` (compiled once per piece
+  length, whatever the history). The state is donated."""
+
+  def run(param_leaves, state, adm, table_SM, start):
     params = jax.tree.unflatten(param_treedef, param_leaves)
     out = admit(graphdef, params, state, adm, table_SM, mesh=shardings.token_S.mesh,
                 start=start, record_routing=record_routing)

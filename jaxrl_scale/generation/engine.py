@@ -78,7 +78,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_scale.config import SamplerConfig
 from jaxrl_scale.errors import UserError
-from jaxrl_scale.generation import decode, prefill, records, weights
+from jaxrl_scale.generation import decode, episodes, prefill, records, weights
 from jaxrl_scale.generation import layout as layout_lib
 from jaxrl_scale.generation import pages as pages_lib
 from jaxrl_scale.models import paged_attention, transformer
@@ -118,6 +118,8 @@ class Sampler(weights.WeightSwap):
       trainer). Costs L_sparse * K bytes per position on the host (uint8 up to 256
       experts; qwen3_30b_a3b: 48 * 8 = 384) and the same read back from the device;
       ignored (no cost) for a dense model.
+    env_workers: threads that run environment steps of multi-turn episodes
+      (generation/episodes.py), off the decode loop.
   """
 
   def __init__(self, model: transformer.Transformer, cfg: SamplerConfig, *,
@@ -125,7 +127,8 @@ class Sampler(weights.WeightSwap):
                eos_ids: Sequence[int] | None = None, seed: int = 0,
                max_prompt_len: int | None = None, cache_dtype: str | None = None,
                version: int = 0, think_end_id: int | None = None, pipeline_depth: int = 1,
-               generator_groups: int = 1, record_routing: bool = False):
+               generator_groups: int = 1, record_routing: bool = False,
+               env_workers: int = 8):
     self.cfg = cfg
     self.record_routing = bool(record_routing) and any(model.cfg.moe_layers())
     self.model_cfg = model.cfg
@@ -149,6 +152,9 @@ class Sampler(weights.WeightSwap):
 
     self._decode_text, self._stops, self.phrase_tokens, think_end = records.text_rules(
         cfg, tokenizer, think_end_id)
+    self._think_end = think_end
+    self._env = episodes.EnvCalls(env_workers)
+    self._resume_fn: Callable | None = None
 
     # Device placement: params over 'tp', slots over 'data', small per-call inputs replicated.
     self._graphdef = graphdef
@@ -305,6 +311,9 @@ class Sampler(weights.WeightSwap):
         ("top_k", req.top_k, lambda v: v >= 0)):
       if value is not None and not ok(value):
         raise UserError(f"request prompt_id={req.prompt_id!r}: invalid {key} {value}")
+    if req.episode is not None and self.record_routing:
+      raise UserError(f"request prompt_id={req.prompt_id!r}: multi-turn episodes do not "
+                      "record routing yet (sampler record_routing with an MoE model)")
     seed = req.seed if req.seed is not None else records.sequence_seed(
         self.seed, req.prompt_id, req.sample_index)
     force_at = decode.NEVER
@@ -415,6 +424,7 @@ class Sampler(weights.WeightSwap):
       pool.release(slot)
     self._waiting.clear()
     self._jobs.clear()
+    self._env.clear()
     owners: list[records.TokenBuffer | None] = [None] * self.num_slots
     admitted_at = [0] * self.num_slots  # admission order, for choosing whom to preempt
     inflight: collections.deque = collections.deque()
@@ -433,6 +443,8 @@ class Sampler(weights.WeightSwap):
             pool.release(slot)
         # A request admitted now starts on the newest posted weights: while they are still
         # being computed the live slots decode on, and free slots wait for them.
+        # Episodes whose environment answered end here or continue from their cache.
+        yield from self._env_answers(owners)
         admit = (self._waiting or not exhausted) and not self.update_pending
         placed = []
         if admit:
@@ -451,13 +463,17 @@ class Sampler(weights.WeightSwap):
           self._state, out = self._decode_fn(truncate, all_greedy, self._view_pages(live))(
               self._param_leaves, self._layer_leaves, self._state, self._consts,
               self._device_table())
-          inflight.append((out, self.version, list(owners)))
+          inflight.append((out, self.version, [(o, o.turn) if o is not None else None
+                                               for o in owners]))
           for buf in live:
             buf.steps_dispatched += self.cfg.decode_chunk
           self.stats.chunks += 1
           self.stats.mixed_chunks += bool(self._jobs)
           self.stats.slot_steps += self.num_slots * self.cfg.decode_chunk
         elif not inflight and not self._jobs:
+          if self._env:  # only environments are working: wait for one to answer
+            self._env.wait(0.05)
+            continue
           if exhausted and not self._waiting:
             break
           continue  # nothing live and nothing admitted: ask the iterator again
@@ -468,6 +484,7 @@ class Sampler(weights.WeightSwap):
             on_chunk(self, chunk_index)
           chunk_index += 1
     finally:
+      self._env.clear()  # an abandoned run's environment answers are never read
       self._running = False
       self._loop_running(False)
       self.stats.seconds += time.perf_counter() - start
@@ -538,13 +555,14 @@ class Sampler(weights.WeightSwap):
     buf = owners[slot]
     self._pool.release(slot)
     buf.done = True  # chunks still in flight skip it
-    self.stats.tokens -= len(buf.tokens)
+    self._env.drop(buf)
+    self.stats.tokens -= buf.env.count(False)
     self.stats.preemptions += 1
     owners[slot] = None
     self._waiting.appendleft(buf.request)
 
   def _read_chunk(self, out: decode.ChunkOutput, version: int,
-                  snapshot: list[records.TokenBuffer | None],
+                  snapshot: list[tuple[records.TokenBuffer, int] | None],
                   owners: list[records.TokenBuffer | None],
                   ) -> Iterator[tuple[records.Request, records.Completion]]:
     host = jax.device_get(out)
@@ -555,8 +573,12 @@ class Sampler(weights.WeightSwap):
     end_SN = np.asarray(host.end_NS).T
     routing_SNLK = (None if host.routing_NSLK is None
                     else np.swapaxes(np.asarray(host.routing_NSLK), 0, 1))
-    for slot, buf in enumerate(snapshot):
-      if buf is None or buf.done:
+    ended: list[int] = []
+    for slot, entry in enumerate(snapshot):
+      if entry is None:
+        continue
+      buf, turn = entry
+      if buf.done or buf.awaiting_env or buf.turn != turn:  # a turn the chunk is not of
         continue
       steps = np.flatnonzero(valid_SN[slot])
       if steps.size == 0:
@@ -571,15 +593,84 @@ class Sampler(weights.WeightSwap):
       reason = None
       if ends[-1] != decode.RUNNING:
         reason = records.EOS if ends[-1] == decode.END_EOS else records.LENGTH
-      stop_at = self._stops.first_stop(buf.tokens, num_old) if self._stops else None
+      stop_at = None
+      if self._stops:  # within this turn: environment text never stops the policy
+        ts = buf.turn_start
+        stop_at = self._stops.first_stop(buf.tokens[ts:], num_old - ts)
+        stop_at = None if stop_at is None else stop_at + ts
       if stop_at is not None:
         self.stats.tokens -= len(buf.tokens) - (stop_at + 1)
         buf.truncate(stop_at + 1)
         reason = records.STOP
-      if reason is not None:
-        if owners[slot] is buf:
-          owners[slot] = None
-          self._pool.release(slot)
-        self.stats.sequences += 1
-        yield buf.request, buf.finish(reason, self._decode_text)
+      if reason is None:
+        continue
+      self.stats.turns += 1
+      holds = owners[slot] is buf and self._pool.held(slot) > 0
+      if buf.episode is not None and reason != records.LENGTH and holds:
+        # The turn ends; the episode goes on in this slot once its environment answers.
+        buf.last_reason = reason
+        self._env.submit(slot, buf, reason, self.stats)
+        buf.prefilled = False
+        buf.steps_dispatched = len(buf.tokens)
+        ended.append(slot)
+        continue
+      if buf.episode is not None and reason != records.LENGTH:
+        reason = records.LENGTH  # its pages went back before the turn ended: truncated
+      yield from self._finish(slot, buf, reason, owners)
+    if ended:  # a row stopped by a stop string still decodes on the device
+      keep = np.ones((self.num_slots,), bool)
+      keep[ended] = False
+      self._state = self._deactivate_fn(self._state, keep)
+
+  def _finish(self, slot: int, buf: records.TokenBuffer, reason: str,
+              owners: list[records.TokenBuffer | None],
+              ) -> Iterator[tuple[records.Request, records.Completion]]:
+    if owners[slot] is buf:
+      owners[slot] = None
+      self._pool.release(slot)
+    self.stats.sequences += 1
+    yield buf.request, buf.finish(reason, self._decode_text)
+
+  def _env_answers(self, owners: list[records.TokenBuffer | None],
+                   ) -> Iterator[tuple[records.Request, records.Completion]]:
+    """Ends or continues the episodes whose environment answered (episodes.py)."""
+    if not self._env:
+      return
+    vocab = self.model_cfg.vocab_size
+    for slot, buf, step in self._env.ready(self.stats):
+      if buf.done or owners[slot] is not buf:  # preempted meanwhile: it restarts
+        continue
+      if step.done:
+        buf.end = step
+        yield from self._finish(slot, buf, buf.last_reason, owners)
+        continue
+      new = [int(t) for t in step.tokens]
+      if min(new) < 0 or max(new) >= vocab:
+        raise UserError(f"environment of request prompt_id={buf.request.prompt_id!r} "
+                        f"appended a token id outside [0, {vocab})")
+      if len(buf.tokens) + len(new) >= buf.limit:  # no room left for the policy: truncated
+        yield from self._finish(slot, buf, records.LENGTH, owners)
+        continue
+      buf.extend_env(new)
+      buf.turns += 1
+      buf.turn += 1
+      buf.turn_start = len(buf.tokens)
+      buf.steps_dispatched = len(buf.tokens)
+      buf.force_at = episodes.resume_force_at(buf, self._think_end)
+      if not self._pool.grow(slot, self._positions_after_chunk(buf)):
+        self._preempt(slot, owners)  # restarts from its prompt with a fresh episode
+        continue
+      self._resume(slot, buf)
+
+  def _resume(self, slot: int, buf: records.TokenBuffer) -> None:
+    """Continues `buf` in its slot: prefills only the positions its cache lacks."""
+    adm, start, n = episodes.resume_admission(slot, buf, self.cfg)
+    if self._resume_fn is None:
+      self._resume_fn = decode.resume_program(self._graphdef, self._param_treedef,
+                                              self._state_shardings)
+    self._state = self._resume_fn(self._param_leaves, self._state, adm, self._device_table(),
+                                  np.int32(start))
+    buf.prefilled = True
+    self.stats.resumes += 1
+    self.stats.resume_tokens += n
 

@@ -11,7 +11,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,6 +38,11 @@ class Request:
     seed: per-sequence seed. None derives one from the sampler seed, prompt_id and
       sample_index, so the same request gives the same tokens whatever slot it lands in.
     temperature, top_p, top_k, max_new_tokens: per-request overrides of the sampler config.
+      max_new_tokens bounds the whole completion: of an episode, every model and
+      environment token after the prompt.
+    episode: makes this sequence's environment episode (`Episode`), called each time the
+      sequence starts (again after a preemption); None: one turn, no environment (the
+      one-turn case of the same path).
   """
 
   prompt_tokens: Sequence[int]
@@ -48,6 +53,61 @@ class Request:
   top_p: float | None = None
   top_k: int | None = None
   max_new_tokens: int | None = None
+  episode: Callable[[], Episode] | None = dataclasses.field(default=None, compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+  """One model turn of an episode, as the environment sees it.
+
+  Attributes:
+    tokens: int32 ids the policy wrote in this turn (its end token included).
+    finish_reason: EOS or STOP (a turn cut by the token budget ends the episode instead).
+    index: 0 for the first turn.
+  """
+
+  tokens: np.ndarray
+  finish_reason: str
+  index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvStep:
+  """What an environment answers after a model turn: tokens to append, or the end.
+
+  Attributes:
+    tokens: ids to append (a tool result, feedback, the next user turn, already rendered
+      with the model's chat template as a delta); the policy then writes its next turn.
+      Empty when `done`.
+    done: the episode ends here.
+    reward: the episode's reward (NaN: no verdict, an invalid sample); None: the task's
+      verifier scores the final turn's text, as for a single-turn completion.
+    correct: whether the episode counts as solved (with `reward`).
+  """
+
+  tokens: Sequence[int] = ()
+  done: bool = False
+  reward: float | None = None
+  correct: bool | None = None
+
+  def __post_init__(self):
+    if self.done == bool(len(self.tokens)):
+      raise ValueError("EnvStep: give tokens to append, or done=True (not both, not neither)")
+
+
+class Episode(Protocol):
+  """One sequence's environment state (jaxrl_scale/envs/ builds them).
+
+  `step` runs on the sampler's environment threads, never on its decode loop: a slow
+  tool holds only its own sequence. It must not raise for anything the model wrote; if
+  it does, the episode ends with reward NaN (invalid: no verdict)."""
+
+  def step(self, turn: Turn) -> EnvStep:
+    ...
+
+  def summary(self) -> dict[str, float]:
+    """Counters of the episode so far (tool_calls, tool_errors, tool_timeouts, tool_s)."""
+    ...
 
 
 @dataclasses.dataclass
@@ -63,6 +123,14 @@ class Completion:
     finish_reason: one of FINISH_REASONS.
     truncated: ended by a token budget (max new tokens or the answer budget).
     text: decoded generated text when the sampler has a tokenizer.
+    env_mask: bool [T] True on tokens an environment appended (no log-prob: 0, no loss);
+      None: none (a single-turn completion).
+    turns: model turns (1 for a single-turn completion).
+    answer_start: index in `tokens` where the last model turn starts (what the task's
+      verifier scores when the environment left the reward to it).
+    reward, correct: the environment's episode reward and verdict; None: verify the last
+      turn (`EnvStep.reward`).
+    env_stats: the episode's counters (`Episode.summary`), empty without an environment.
     routing: with routing records on (an MoE sampler's `record_routing`), the experts the
       sampler's model sent each position's token to: [P - 1 + T, L, K] (L sparse layers,
       top-K; uint8 up to 256 experts) for the P - 1 + T positions it fed through the model
@@ -81,10 +149,29 @@ class Completion:
   truncated: bool
   text: str | None = None
   routing: np.ndarray | None = None
+  env_mask: np.ndarray | None = None
+  turns: int = 1
+  answer_start: int = 0
+  reward: float | None = None
+  correct: bool | None = None
+  env_stats: dict[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def num_tokens(self) -> int:
     return int(self.tokens.shape[0])
+
+  @property
+  def trainable(self) -> np.ndarray:
+    """bool [T]: the tokens the policy sampled, which take loss: neither forced
+    interruption tokens nor environment tokens."""
+    out = ~np.asarray(self.forced, bool)
+    if self.env_mask is not None:
+      out &= ~np.asarray(self.env_mask, bool)
+    return out
+
+  @property
+  def num_env_tokens(self) -> int:
+    return 0 if self.env_mask is None else int(np.sum(self.env_mask))
 
 
 def sequence_seed(base_seed: int, prompt_id: Any, sample_index: int) -> int:
@@ -113,24 +200,47 @@ class TokenBuffer:
     # the end: (routing_uTLK, prompt row, first position).
     self.routing: list[np.ndarray] = []
     self.prompt_routing: list[tuple[Any, int, int]] = []
+    # Episodes (generation/episodes.py): the environment's state, which tokens it wrote,
+    # the model turns so far, where the current turn starts, and `turn` as counted by
+    # the chunks in flight (a chunk dispatched in an earlier turn is skipped).
+    self.episode: Episode | None = request.episode() if request.episode is not None else None
+    self.env: list[bool] = []
+    self.turns = 1
+    self.turn_start = 0
+    self.turn = 0
+    self.awaiting_env = False  # its turn ended; the environment has not answered yet
+    self.end: EnvStep | None = None
+    self.last_reason = EOS  # how its last model turn ended
 
   @property
   def surely_done(self) -> bool:
     """The dispatched steps cover the whole budget, so the device has finished (or will)."""
-    return self.steps_dispatched >= self.limit
+    return self.steps_dispatched >= self.limit and not self.awaiting_env
 
   def extend(self, tokens, logprobs, forced, version: int) -> None:
     self.tokens.extend(int(t) for t in tokens)
     self.logprobs.extend(float(x) for x in logprobs)
     self.forced.extend(bool(f) for f in forced)
     self.versions.extend([version] * len(tokens))
+    self.env.extend([False] * len(tokens))
+
+  def extend_env(self, tokens: Sequence[int]) -> None:
+    """Appends an environment's tokens: no log-prob (0), not forced, the version of the
+    turn before them (they never make the sequence look older than it is)."""
+    version = self.versions[-1] if self.versions else 0
+    n = len(tokens)
+    self.tokens.extend(int(t) for t in tokens)
+    self.logprobs.extend([0.0] * n)
+    self.forced.extend([False] * n)
+    self.versions.extend([version] * n)
+    self.env.extend([True] * n)
 
   def extend_routing(self, routing_NLK: np.ndarray) -> None:
     self.routing.extend(routing_NLK)
 
   def truncate(self, n: int) -> None:
     del self.tokens[n:], self.logprobs[n:], self.versions[n:], self.forced[n:]
-    del self.routing[n:]
+    del self.routing[n:], self.env[n:]
 
   def routing_record(self) -> np.ndarray | None:
     """The Completion's `routing`: the prompt's P - 1 prefilled positions, then one per
@@ -160,6 +270,12 @@ class TokenBuffer:
         truncated=truncated,
         text=decode(self.tokens) if decode is not None else None,
         routing=self.routing_record(),
+        env_mask=np.asarray(self.env, bool) if self.episode is not None else None,
+        turns=self.turns,
+        answer_start=self.turn_start,
+        reward=None if self.end is None else self.end.reward,
+        correct=None if self.end is None else self.end.correct,
+        env_stats=dict(self.episode.summary()) if self.episode is not None else {},
     )
 
 
@@ -178,6 +294,12 @@ class Stats:
   mixed_chunks: int = 0  # decode chunks dispatched while a chunked prefill was under way
   unshared_prefill_tokens: int = 0  # what they would have been with one prefill per row
   seconds: float = 0.0  # wall time inside stream()
+  turns: int = 0  # model turns ended (single-turn sequences count one each)
+  env_calls: int = 0  # environment steps run (one per turn an episode did not end on)
+  env_s: float = 0.0  # seconds the environment steps took, summed over their threads
+  env_errors: int = 0  # environment steps that raised (the episode ends, reward NaN)
+  resumes: int = 0  # episodes continued in place after their environment's tokens
+  resume_tokens: int = 0  # positions those continuations prefilled (padding excluded)
 
   @property
   def tokens_per_second(self) -> float:

@@ -1,0 +1,198 @@
+"""Multi-turn episodes in the sampler: environment calls off the decode loop, and the
+continuation of a sequence in place from its paged KV cache.
+
+A request with an `episode` (records.Request) runs turn by turn in one slot:
+
+  1. the policy writes a turn; it ends on EOS or a stop string as any completion does;
+  2. the slot stops decoding (it keeps its pages) and the episode's `step` runs on one of
+     this module's threads, so a slow tool holds only its own sequence while the other
+     slots decode on;
+  3. the environment answers with tokens to append (`records.EnvStep`), or the end;
+  4. the tokens join the sequence as environment tokens (no log-prob, no loss) and the
+     sequence resumes where it stopped: one prefill piece computes only the positions
+     that are not in the cache yet (the turn's last token and the new tokens but the
+     last, which the next decode step feeds), attending to the history through the
+     slot's pages (`decode.resume_program`: the history's length is traced, so one
+     program serves every turn). Then it decodes in the same continuous batch as every
+     first turn.
+
+A single-turn request is the one-turn case of the same path: its turn ends, there is no
+episode to step, and it finishes.
+
+The token budget (`max_new_tokens`) counts the whole completion, model and environment
+tokens alike: the device stops a turn at it as for a single turn, and the episode ends
+truncated (today's truncation rules: no reward from a fallback answer). The same holds
+when the environment's tokens leave no room for another model token. A turn that ends
+after its slot's pages were already given back (the last chunk before the budget was in
+flight) also ends the episode as truncated. When a shard lacks the pages a continuation
+needs, the episode is preempted like any sequence and restarts from its prompt with a
+fresh episode (the same seed: with the same weights and a deterministic environment, the
+same episode).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import math
+import time
+
+import numpy as np
+
+from jaxrl_scale.config import SamplerConfig
+from jaxrl_scale.generation import decode, records
+
+log = logging.getLogger(__name__)
+
+MIN_PIECE = 8  # shortest compiled continuation piece (positions); longer ones are powers of 2
+
+
+@dataclasses.dataclass
+class _Call:
+  slot: int
+  buf: records.TokenBuffer
+  future: concurrent.futures.Future
+
+
+class EnvCalls:
+  """The environment steps in flight, one per episode whose turn ended.
+
+  Args:
+    workers: threads running `Episode.step` (the Python tool's sandboxed runs mostly
+      wait on their child process, so more threads than cores pay off).
+  """
+
+  def __init__(self, workers: int = 8):
+    self.workers = workers
+    self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+    self._calls: list[_Call] = []
+
+  def __len__(self) -> int:
+    return len(self._calls)
+
+  def submit(self, slot: int, buf: records.TokenBuffer, reason: str, stats: records.Stats
+             ) -> None:
+    if self._pool is None:
+      self._pool = concurrent.futures.ThreadPoolExecutor(self.workers,
+                                                         thread_name_prefix="env")
+    turn = records.Turn(tokens=np.asarray(buf.tokens[buf.turn_start:], np.int32),
+                        finish_reason=reason, index=buf.turns - 1)
+    episode = buf.episode
+
+    def run() -> tuple[records.EnvStep | BaseException, float]:
+      t0 = time.perf_counter()
+      try:
+        out: records.EnvStep | BaseException = episode.step(turn)
+        if not isinstance(out, records.EnvStep):
+          raise TypeError(f"Episode.step returned {type(out).__name__}, not an EnvStep")
+      except Exception as e:  # noqa: BLE001 - the episode ends invalid, the run goes on
+        out = e
+      return out, time.perf_counter() - t0
+
+    buf.awaiting_env = True
+    stats.env_calls += 1
+    self._calls.append(_Call(slot, buf, self._pool.submit(run)))
+
+  def ready(self, stats: records.Stats
+            ) -> list[tuple[int, records.TokenBuffer, records.EnvStep]]:
+    """The answers that arrived, in submission order. A step that raised becomes the end
+    of its episode with reward NaN (no verdict)."""
+    out, keep = [], []
+    for call in self._calls:
+      if not call.future.done():
+        keep.append(call)
+        continue
+      step, seconds = call.future.result()
+      stats.env_s += seconds
+      if isinstance(step, BaseException):
+        stats.env_errors += 1
+        log.warning("environment step failed (episode ends, no verdict): %s: %s",
+                    type(step).__name__, step)
+        step = records.EnvStep(done=True, reward=math.nan, correct=False)
+      call.buf.awaiting_env = False
+      out.append((call.slot, call.buf, step))
+    self._calls = keep
+    return out
+
+  def drop(self, buf: records.TokenBuffer) -> None:
+    """Forgets the call of `buf` (preempted or abandoned); its answer is ignored."""
+    self._calls = [c for c in self._calls if c.buf is not buf]
+
+  def wait(self, timeout: float) -> None:
+    """Blocks until an answer arrives or `timeout` seconds pass."""
+    if self._calls:
+      concurrent.futures.wait([c.future for c in self._calls], timeout=timeout,
+                              return_when=concurrent.futures.FIRST_COMPLETED)
+
+  def clear(self) -> None:
+    self._calls.clear()
+
+  def close(self) -> None:
+    self._calls.clear()
+    if self._pool is not None:
+      self._pool.shutdown(wait=False, cancel_futures=True)
+      self._pool = None
+
+
+def piece_length(n: int) -> int:
+  """Compiled length of a continuation piece of n positions: a power of two >= MIN_PIECE."""
+  return max(MIN_PIECE, decode.next_pow2(n))
+
+
+def resume_force_at(buf: records.TokenBuffer, think_end: int) -> int:
+  """Where the forced-interruption phrase starts in a continued episode: unchanged once
+  it was forced (its answer budget still applies); never once thinking ended on its own
+  (the device cancelled it then); at once when the environment's tokens ran past it."""
+  if buf.force_at == decode.NEVER or any(buf.forced):
+    return buf.force_at
+  if think_end >= 0 and any(t == think_end and not e for t, e in zip(buf.tokens, buf.env)):
+    return decode.NEVER
+  return max(buf.force_at, len(buf.tokens))
+
+
+def resume_admission(slot: int, buf: records.TokenBuffer, cfg: SamplerConfig,
+                     ) -> tuple[decode.Admission, int, int]:
+  """The device input that continues `buf` in its slot after environment tokens.
+
+  The cache holds the history's positions [0, start) with start = P + len(tokens) - 1 -
+  n_env (everything before the turn's last token); the piece writes [start, H - 1) and the
+  first decode step feeds the last environment token at H - 1 (H: the history's length).
+
+  Returns:
+    (admission (one row), start, positions computed).
+  """
+  req = buf.request
+  history = list(req.prompt_tokens) + buf.tokens
+  n_env = len(buf.tokens) - _last_model_index(buf) - 1
+  start = len(history) - 1 - n_env
+  new = history[start:-1]
+  t = piece_length(len(new))
+  tokens = np.zeros((1, t), np.int32)
+  tokens[0, :len(new)] = new
+
+  def one(value, dtype):
+    return np.asarray([value], dtype)
+
+  adm = decode.Admission(
+      tokens_uT=tokens, length_u=one(len(history), np.int32), source_n=one(0, np.int32),
+      slot_n=one(slot, np.int32), src_slot_u=one(slot, np.int32),
+      activate_n=one(True, bool), last_n=one(history[-1], np.int32),
+      seed_n=one(buf.seed, np.int32),
+      temperature_n=one(cfg.temperature if req.temperature is None else req.temperature,
+                        np.float32),
+      top_k_n=one(cfg.top_k if req.top_k is None else req.top_k, np.int32),
+      top_p_n=one(cfg.top_p if req.top_p is None else req.top_p, np.float32),
+      limit_n=one(buf.limit, np.int32),
+      force_at_n=one(buf.force_at, np.int32),
+      answer_budget_n=one(cfg.answer_budget, np.int32),
+      gen_n=one(len(buf.tokens), np.int32))
+  return adm, start, len(new)
+
+
+def _last_model_index(buf: records.TokenBuffer) -> int:
+  """Index in buf.tokens of the last token the policy wrote."""
+  for i in range(len(buf.env) - 1, -1, -1):
+    if not buf.env[i]:
+      return i
+  raise ValueError("an episode resumes after a model turn")
