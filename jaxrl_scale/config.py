@@ -266,6 +266,12 @@ class SamplerConfig:
   # only then places the new ones (one copy of generator memory less, for models whose
   # weights fit a generator group once but not twice; docs/sampler.md).
   weight_buffers: int = 2
+  # Colocated roles only (the trainer and the generator on the same chips): after each round
+  # of rollouts (and each SFT dev check) the sampler frees its page pool, per-layer copies and
+  # weights (vLLM's sleep mode), so the train step has the chip; the weight update brings new
+  # weights and the next round an empty pool. false keeps them allocated through the train
+  # step (`plan` then counts them beside it). Ignored when the roles have their own chips.
+  sleep_while_training: bool = True
   # Forced length interruption (paper sec. 4): at a thinking budget drawn uniformly from
   # [interrupt_min, interrupt_max] tokens, force the phrase, then answer within answer_budget.
   interrupt: bool = False

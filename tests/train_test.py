@@ -28,6 +28,7 @@ from jaxrl_scale.generation import engine
 from jaxrl_scale.pipeline import loop as loop_lib
 from jaxrl_scale.pipeline import rollouts
 from jaxrl_scale.pipeline import wiring
+from jaxrl_scale.rl import train_step
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -133,15 +134,29 @@ def test_each_mode_runs_end_to_end(task_file, tmp_path, mode, monkeypatch):
 # with the pipeline's overlap in the default run.
 @pytest.mark.parametrize("mode", [pytest.param("pipeline", marks=pytest.mark.slow), "sync",
                                   "ppo_offpolicy"])
-def test_colocated_roles_never_decode_with_donated_buffers(task_file, tmp_path, mode):
+def test_colocated_roles_never_decode_with_donated_buffers(task_file, tmp_path, mode,
+                                                           monkeypatch):
   # One device set for both roles: the sampler's weights must be its own copy, not the
   # buffers the next train step donates (that was a segfault in pipeline mode).
   cfg = _cfg(task_file, tmp_path / mode, f"pipeline.mode={mode}", "mesh.colocated=true",
-             "rl.zero_variance_filter=false", "eval.every=0", "checkpoint.every=0")
+             "rl.zero_variance_filter=false", "eval.every=2", "checkpoint.every=0")
+  # sampler.sleep_while_training (the default): every RL step of the sync modes runs while
+  # the sampler has freed its memory (pipeline mode overlaps them, so it never sleeps); the
+  # evals between steps wake it with the weights just posted.
+  samplers, asleep = [], []
+  init, step = engine.Sampler.__init__, train_step.Trainer.step
+  monkeypatch.setattr(engine.Sampler, "__init__",
+                      lambda self, *a, **k: (samplers.append(self), init(self, *a, **k))[1])
+  monkeypatch.setattr(train_step.Trainer, "step",
+                      lambda self, *a, **k: (asleep.append(samplers[0].asleep),
+                                             step(self, *a, **k))[1])
   outcome = wiring.train(cfg, cfg.run.output_dir)
   assert outcome.reason == "done" and outcome.step == 4
   rows = _rows(cfg.run.output_dir)
   assert all("train/loss" in r for r in rows[1:])  # every step trained (and donated)
+  # 15 SFT steps (the warm start frees the sampler in every mode), then the 4 RL steps.
+  assert asleep == [True] * 15 + [mode != "pipeline"] * 4
+  assert all("val/pass_rate" in r for r in rows if r["step"] % 2 == 0)
 
 
 def test_forecast_lines_follow_their_step_line(task_file, tmp_path):

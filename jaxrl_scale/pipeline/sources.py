@@ -191,13 +191,18 @@ class RoundSource:
     pool: thread pool that scores groups in parallel.
     stop: the run's stop request: scoring a round stops within 0.1 s of it (Interrupted,
       as an interrupted generation), not after every verifier call of the round.
+    sleep: colocated roles (`sampler.sleep_while_training`): the sampler frees its device
+      memory once a round is generated (`engine.Sampler.sleep`), so the train steps that
+      follow have the chips; the update after the round's last step brings new weights.
   """
 
   def __init__(self, sampler: engine.Sampler, admitter: Admitter,
                scorer: rollouts.GroupScorer, num_prompts: int, rounds: int = 1,
                pool: concurrent.futures.Executor | None = None,
-               stop: preempt.StopRequest | None = None):
+               stop: preempt.StopRequest | None = None, sleep: bool = False):
     self.sampler = sampler
+    self.sleep = sleep
+    self.sleep_s = 0.0  # freeing the sampler's memory (waits for its last programs)
     self.admitter = admitter
     self.scorer = scorer
     self.num_prompts = num_prompts
@@ -218,6 +223,10 @@ class RoundSource:
     t0 = time.perf_counter()
     completions = self.sampler.generate(requests)
     t1 = time.perf_counter()
+    if self.sleep:
+      self.sampler.sleep()
+      self.sleep_s += time.perf_counter() - t1
+      t1 = time.perf_counter()
     g = self.admitter.group_size
     items = [(seq, prompt, completions[i * g:(i + 1) * g], version)
              for i, (seq, prompt, _) in enumerate(admitted)]

@@ -70,7 +70,7 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
         progress: progress_lib.Progress, *, sampler: engine.Sampler | None = None,
         scorer: Any = None, pool: Any = None, shard: tuple[int, int] = (0, 1),
         gather: Any = None, stop: preempt.StopRequest | None = None,
-        state_dir: pathlib.Path | None = None, agree: Any = None,
+        state_dir: pathlib.Path | None = None, agree: Any = None, sleep: bool = False,
         ) -> tuple[nnx.Module, float, dict[str, float]]:
   """SFT on the training prompts' solutions.
 
@@ -91,6 +91,8 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
       directory all processes share).
     agree: several processes: `agree(flag)` is whether any process's flag is set (an
       exchange per step, so all of them stop after the same step).
+    sleep: colocated roles: the sampler frees its device memory before the first SFT step
+      and after each dev check (`engine.Sampler.sleep`; a check posts the weights it needs).
 
   Returns:
     (policy, accelerator-hours of the trainer slice, {"steps", "dev_pass_rate"}).
@@ -127,6 +129,8 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
                                  gather=gather, stop=stop)
 
   trainer = sft_lib.make_trainer(model, mesh, cfg.sft, cfg.optim)
+  if sleep and sampler is not None:
+    sampler.sleep()  # the SFT steps have the chips; a dev check posts the weights it needs
   steps, size = cfg.sft.steps, cfg.sft.batch_size
   every = max(1, steps // 5)
   info = {"steps": 0.0, "dev_pass_rate": float("nan")}
@@ -201,6 +205,8 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
           out = checker.run(trainer.params, 0)
         except preempt.Interrupted:
           save_and_stop(m)
+        if sleep:
+          sampler.sleep()
         dev_rate = out["val/pass_rate"]
         # A mixed-domain run's dev set: each domain's rate too (dev/<domain>/pass_rate).
         dev_domains = {"dev/" + k[len("val/"):]: v for k, v in out.items()

@@ -194,7 +194,7 @@ def process_source_state(source: dict[str, Any], shard: sources.ProcessShard,
 
 def _make_source(cfg: Config, sampler: engine.Sampler, admitter: sources.Admitter,
                  scorer: rollouts.GroupScorer, pool, p: int,
-                 stop: preempt.StopRequest | None = None) -> Any:
+                 stop: preempt.StopRequest | None = None, colocated: bool = False) -> Any:
   """The mode's rollout source, producing `p` groups per step (this process's share)."""
   mode = cfg.pipeline.mode
   if mode == "pipeline":
@@ -202,7 +202,8 @@ def _make_source(cfg: Config, sampler: engine.Sampler, admitter: sources.Admitte
         sampler, admitter, scorer, num_prompts=p, max_staleness=cfg.pipeline.max_staleness,
         queue_size=cfg.pipeline.queue_size, reward_workers=cfg.pipeline.reward_workers)
   rounds = max(1, cfg.pipeline.max_staleness) if mode == "ppo_offpolicy" else 1
-  return sources.RoundSource(sampler, admitter, scorer, p, rounds=rounds, pool=pool, stop=stop)
+  return sources.RoundSource(sampler, admitter, scorer, p, rounds=rounds, pool=pool, stop=stop,
+                             sleep=colocated and cfg.sampler.sleep_while_training)
 
 
 def signal_name(stop: preempt.StopRequest) -> str:
@@ -269,7 +270,8 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
           scorer=scorer, pool=pool, shard=(shard.index, shard.count),
           gather=(lambda c: distributed.allgather(c, name="sft_dev")) if multi else None,
           stop=stop, state_dir=warm_dir, agree=(lambda flag: any(distributed.allgather(
-              flag, name="sft_stop"))) if multi else None)
+              flag, name="sft_stop"))) if multi else None,
+          sleep=slices.colocated and cfg.sampler.sleep_while_training)
     except preempt.Interrupted:
       return loop_lib.Outcome("signal", 0, signal_name(stop)), None, host
   asked = train_step.micro_batches_for(cfg.optim, p)
@@ -296,7 +298,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
   if resume:
     admitter.load_state(host.source)
   source = _make_source(cfg, sampler if cfg.pipeline.mode == "pipeline" else interruptible,
-                        admitter, scorer, pool, local_p, stop)
+                        admitter, scorer, pool, local_p, stop, colocated=slices.colocated)
   cleanup.callback(source.close)
   evaluator = None
   if cfg.eval.every and validation:

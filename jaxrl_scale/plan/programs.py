@@ -214,8 +214,10 @@ def build(cfg: Config, mcfg: ModelConfig, devices: list) -> tuple[mesh_lib.Slice
   programs.extend(sampler)
   if slices.colocated:
     # One set of chips holds both roles: the trainer's master weights and optimizer state
-    # stay allocated while the sampler runs, and the sampler's weights and KV cache while the
-    # trainer steps.
+    # stay allocated while the sampler runs. With sampler.sleep_while_training the sampler
+    # frees everything it holds once it has generated (`engine.Sampler.sleep`), so the
+    # train step, the SFT step and the cast run beside none of it; otherwise its weights and
+    # KV cache stay allocated while the trainer steps.
     trainer_state = programs[0].resident["params"] + programs[0].resident["optimizer"]
     sampler_state = sum(sampler[0].resident.values())
     # With one weight buffer the sampler deletes its weights (and their layer copies)
@@ -223,11 +225,19 @@ def build(cfg: Config, mcfg: ModelConfig, devices: list) -> tuple[mesh_lib.Slice
     # the sampler's KV cache and slot state only.
     swapped = (0.0 if cfg.sampler.weight_buffers == 2 else
                sampler[0].resident["params"] + sampler[0].resident.get("layer_copies", 0.0))
+    # The warm start's SFT steps run before any rollout in every mode; the RL steps overlap
+    # generation in pipeline mode, where the sampler never sleeps.
+    sleeps = cfg.sampler.sleep_while_training
     for prog in programs:
+      asleep = sleeps and (prog.name == "sft_step" or mode != "pipeline")
       if prog.name in ("train_step", "sft_step"):
-        prog.also_resident += sampler_state
+        prog.also_resident += 0.0 if asleep else sampler_state
+        if asleep:
+          prog.notes.append("the sampler sleeps while the trainer steps "
+                            "(sampler.sleep_while_training): its "
+                            f"{sampler_state / 2**30:.2f} GiB are free for this program")
       elif prog.name == "weight_cast":
-        prog.also_resident += sampler_state - swapped
+        prog.also_resident += 0.0 if asleep else sampler_state - swapped
       else:
         prog.also_resident += trainer_state
   return slices, programs

@@ -331,8 +331,9 @@ def advice(plan: dict[str, Any]) -> str | None:
     if name in ("train_step", "sft_step") and beside:
       # Colocated roles: the sampler's state is on the same chips for the whole step.
       fix += (f"; {_gib(beside)} of the sampler's weights and KV cache stay beside it "
-              "(colocated): lower sampler.kv_cache_tokens or sampler.num_slots, or set "
-              "sampler.weight_buffers=1")
+              "(colocated): free them while it steps (sampler.sleep_while_training=true "
+              "with pipeline.mode colocated or sync), or lower sampler.kv_cache_tokens or "
+              "sampler.num_slots")
     if plan.get("platform") == "gpu" and need:
       fix = "raise XLA_PYTHON_CLIENT_MEM_FRACTION (e.g. 0.9), or " + fix
     return f"{name} does not fit on {plan['name']}: {short}; {fix}"

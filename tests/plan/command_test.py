@@ -194,5 +194,6 @@ def test_train_step_advice_follows_how_its_micro_batch_splits():
   assert "a multiple of 32" in line and "4x fewer devices" in line
   # Colocated: the sampler's state beside the step, and what lowers it.
   line = report.advice(plan(dict(one, also_resident_bytes_per_chip=20 * 2**30)))
-  assert ("20.00 GiB of the sampler's weights and KV cache stay beside it (colocated): lower "
-          "sampler.kv_cache_tokens") in line
+  assert ("20.00 GiB of the sampler's weights and KV cache stay beside it (colocated): free "
+          "them while it steps (sampler.sleep_while_training=true") in line
+  assert "sampler.kv_cache_tokens" in line

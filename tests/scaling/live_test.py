@@ -159,8 +159,16 @@ def test_default_axis_is_flops_so_load_leaves_the_forecast_alone():
   assert b.hours == pytest.approx(slowed[1][-1]) and a.hours == pytest.approx(steady[1][-1])
   assert b.target_hours == pytest.approx(slowed[1][-1])  # the last eval is the budget
   assert "FLOPs (~" in b.summary() and b.as_metrics()["forecast/target_hours"] > 0
+  # Every number of the line is named with its unit (issue 67 item 7).
+  line = b.summary()
+  ratio = b.target_hours / b.target_compute
+  assert "plateau A" in line and f"steepness B={b.b:.2f}" in line
+  assert f"half-gain at C_mid={b.c_mid:.3g} FLOPs (~{b.c_mid * ratio:.3g} h)" in line
+  assert (f"pass rate at {b.target_compute:.3g} FLOPs (~{b.target_hours:.3g} h): "
+          f"{b.forecast:.3f}") in line
   # On hours the slowed run's curve is another one (the old default).
   h1, h2 = outs["hours", "steady"], outs["hours", "slowed"]
+  assert f"C_mid={h1.c_mid:.3g} h;" in h1.summary() and "FLOPs" not in h1.summary()
   assert abs(h2.b - h1.b) > 0.05, (h1.b, h2.b)
 
 
