@@ -56,8 +56,10 @@ def tool_output(run: code_sandbox.Run, seconds: float, clip: Callable[[str], str
   elif run.status == "runtime_error":
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     # The program's own frames on: the sandbox's bootstrap frames are not its business.
-    first = next((i for i, ln in enumerate(lines) if 'File "prog.py"' in ln), len(lines) - 1)
-    parts.append(clip("\n".join(lines[max(first, len(lines) - _TRACEBACK_LINES, 0):])))
+    first = next((i for i, ln in enumerate(lines) if 'File "prog.py"' in ln), None)
+    keep = lines[max(len(lines) - (1 if first is None else _TRACEBACK_LINES), first or 0, 0):]
+    head = [] if first is None else ["Traceback (most recent call last):"]
+    parts.append(clip("\n".join(head + keep)))
   return "\n".join(p for p in parts if p) or "[no output]"
 
 
