@@ -142,7 +142,15 @@ class EpisodeBase:
     self.counts["env_tokens"] += len(ids)
     return records.EnvStep(tokens=ids)
 
-  def clip(self, text: str) -> str:
-    """`text` cut to the limit's length: its head and a note of how much was cut."""
-    n = self.limits.tool_output_chars
-    return text if len(text) <= n else f"{text[:n]}\n[... {len(text) - n} more characters cut]"
+  def clip(self, text: str, *, tail: bool = False) -> str:
+    """`text` cut to Limits.tool_output_chars (`clip_text`)."""
+    return clip_text(text, self.limits.tool_output_chars, tail=tail)
+
+
+def clip_text(text: str, n: int, *, tail: bool = False) -> str:
+  """`text` cut to `n` characters, its head (or with `tail` its end) and a note of how
+  much was cut."""
+  if len(text) <= n:
+    return text
+  note = f"[... {len(text) - n} more characters cut]"
+  return f"{note}\n{text[-n:]}" if tail else f"{text[:n]}\n{note}"

@@ -46,7 +46,7 @@ def tool_call(text: str) -> str | None:
   return blocks[-1] if blocks and blocks[-1].strip() else None
 
 
-def tool_output(run: code_sandbox.Run, seconds: float, clip: Callable[[str], str]) -> str:
+def tool_output(run: code_sandbox.Run, seconds: float, clip: Callable[..., str]) -> str:
   """What the policy reads back from one sandboxed run (`clip` cuts long text)."""
   parts = [clip(run.stdout.decode("utf-8", "replace").rstrip())]
   if run.status == "timeout":
@@ -59,7 +59,7 @@ def tool_output(run: code_sandbox.Run, seconds: float, clip: Callable[[str], str
     first = next((i for i, ln in enumerate(lines) if 'File "prog.py"' in ln), None)
     keep = lines[max(len(lines) - (1 if first is None else _TRACEBACK_LINES), first or 0, 0):]
     head = [] if first is None else ["Traceback (most recent call last):"]
-    parts.append(clip("\n".join(head + keep)))
+    parts.append(clip("\n".join(head + keep), tail=True))  # the error is at the end
   return "\n".join(p for p in parts if p) or "[no output]"
 
 

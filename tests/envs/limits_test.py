@@ -100,7 +100,8 @@ def test_long_tool_output_is_cut_and_an_error_is_counted():
   flood = TOK.decode(ep.step(_turn(_call("print('y' * 10**6)"), 1, records.STOP)).tokens)
   assert "output cut" in flood and ep.summary()["tool_errors"] == 0  # killed at the cap
   err = TOK.decode(ep.step(_turn(_call("1 / 0"), 2, records.STOP)).tokens)
-  assert "ZeroDivisionError" in err and "bootstrap" not in err
+  assert err.rstrip().endswith("ZeroDivisionError: division by zero\n\nAssistant:")
+  assert "more characters cut" in err and "bootstrap" not in err
   assert ep.summary()["tool_errors"] == 1
 
 
