@@ -169,3 +169,116 @@ def test_the_checks_catch_stale_lines():
     with pytest.raises(BaseException):
       for argv in _split(bad):
         _check(argv, {})
+
+
+# --- The docs as guides (issue 67): short pages, short paragraphs, measurements in one log.
+
+MEASUREMENTS_LOG = ROOT / "benchmarks" / "results" / "README.md"
+# Pages other sessions are rewriting at the time of issue 67; lift an entry once its page meets
+# the limits below (docs/forecasting.md: the forecast guide; docs/environments.md: multi-turn).
+EXEMPT_FROM_LIMITS = {"forecasting.md", "environments.md"}
+GUIDES = [p for p in DOCS if p.name not in EXEMPT_FROM_LIMITS]
+MAX_PAGE_LINES = 250
+MAX_PARAGRAPH_LINES = 10
+# A commit hash: 7-40 hex digits with a letter and a digit, not inside a word, path or number.
+HASH = re.compile(r"(?<![\w/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
+DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+
+
+def paragraphs(text: str) -> list[tuple[int, int]]:
+  """(first line, line count) of each paragraph: prose lines outside ``` blocks, split at a
+  blank line, a heading, a table row or a list item (each item its own paragraph)."""
+  out, start, count, fence = [], 0, 0, False
+  for n, line in enumerate(text.splitlines(), 1):
+    s = line.strip()
+    if s.startswith("```"):
+      fence = not fence
+    breaks = (fence or s.startswith("```") or not s or s.startswith(("#", "|"))
+              or re.match(r"([-*]|\d+\.)\s", s))
+    if breaks and count:
+      out.append((start, count))
+      count = 0
+    if fence or s.startswith("```") or not s or s.startswith(("#", "|")):
+      continue
+    if not count:
+      start = n
+    count += 1
+  if count:
+    out.append((start, count))
+  return out
+
+
+def _prose(text: str) -> str:
+  """The text outside ``` blocks (a command's output may show a hash or a date)."""
+  return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _slug(heading: str) -> str:
+  """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+  text = re.sub(r"[`*_\[\]]|\]\([^)]*\)", "", heading.strip().lower())
+  return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(path: pathlib.Path) -> set[str]:
+  return {_slug(m) for m in re.findall(r"^#+ (.*)$", _prose(path.read_text()), re.M)}
+
+
+def _links(path: pathlib.Path) -> list[tuple[str, str]]:
+  """(target path, anchor) of every relative markdown link in the prose of `path`."""
+  out = []
+  for target in re.findall(r"\]\(([^)\s]+)\)", _prose(path.read_text())):
+    if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+      continue
+    file, _, anchor = target.partition("#")
+    out.append((file, anchor))
+  return out
+
+
+@pytest.mark.parametrize("path", GUIDES, ids=[p.name for p in GUIDES])
+def test_guides_are_short_pages_of_short_paragraphs(path):
+  text = path.read_text()
+  lines = len(text.splitlines())
+  assert lines <= MAX_PAGE_LINES, f"{path.name}: {lines} lines (at most {MAX_PAGE_LINES}: " \
+      "split it by subject)"
+  long = [f"line {s} ({n} lines)" for s, n in paragraphs(text) if n > MAX_PARAGRAPH_LINES]
+  assert not long, f"{path.name}: paragraphs over {MAX_PARAGRAPH_LINES} lines at {long}"
+
+
+@pytest.mark.parametrize("path", GUIDES, ids=[p.name for p in GUIDES])
+def test_measurement_records_live_in_the_log(path):
+  """Commit hashes and dated runs belong in benchmarks/results/README.md; a guide links there."""
+  prose = _prose(path.read_text())
+  found = sorted(set(HASH.findall(prose)) | set(DATE.findall(prose)))
+  assert not found, f"{path.name} names {found}: move the dated run to " \
+      f"{MEASUREMENTS_LOG.relative_to(ROOT)} and link to it"
+
+
+LINKED = [*DOCS, ROOT / "CHANGELOG.md", MEASUREMENTS_LOG, *sorted(ROOT.glob("benchmarks/*.md"))]
+
+
+@pytest.mark.parametrize("path", LINKED, ids=[str(p.relative_to(ROOT)) for p in LINKED])
+def test_relative_links_resolve(path):
+  broken = []
+  for file, anchor in _links(path):
+    target = (path.parent / file).resolve() if file else path
+    if not target.exists():
+      broken.append(f"{file} (no such file)")
+    elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+      broken.append(f"{file}#{anchor} (no such heading)")
+  assert not broken, f"{path.relative_to(ROOT)}: broken links {broken}"
+
+
+def test_the_page_checks_catch_what_they_guard(tmp_path):
+  """A long paragraph, a hash, a date and a broken link or anchor are all found."""
+  text = "# T\n\n## A heading, here\n\n" + "word\n" * 11 + "\n- item\n  more\n"
+  assert paragraphs(text) == [(5, 11), (17, 2)]
+  assert paragraphs("```\n" + "x\n" * 20 + "```\n") == []
+  assert HASH.findall(_prose("at 0a1fe86, not 1234567 or deadbee-f or a/0a1fe86b\n```\nc050050\n```"))\
+      == ["0a1fe86"]
+  assert DATE.findall("run on 2026-11-28") == ["2026-11-28"]
+  page = tmp_path / "p.md"
+  page.write_text(text + "[ok](#a-heading-here) [bad](#nope) [gone](missing.md) [w](https://x.y)\n")
+  assert _links(page) == [("", "a-heading-here"), ("", "nope"), ("missing.md", "")]
+  assert _anchors(page) == {"t", "a-heading-here"}
+  assert _slug("One GPU / one node, end to end") == "one-gpu--one-node-end-to-end"
+  assert _slug("`jaxrl-scale plan`: will it fit?") == "jaxrl-scale-plan-will-it-fit"
