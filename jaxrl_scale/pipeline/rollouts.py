@@ -1,15 +1,17 @@
 """Rollouts: scored groups of completions, and their assembly into a fixed-shape TrainBatch.
 
 A `Group` is one prompt with its G completions from the sampler, each carrying per-token
-log-probs, policy versions and forced flags, plus the verifier's rewards. Groups are the
-unit that flows through the rollout queue: advantages are group-centred, so a group is
-never split.
+log-probs, policy versions and forced / environment flags, plus their rewards. Groups are
+the unit that flows through the rollout queue: advantages are group-centred, so a group is
+never split. A multi-turn episode is one completion: its reward is the environment's
+verdict when it gave one, else the task verifier's verdict on the last model turn.
 
 `build_batch` turns P groups into the `rl.batch.TrainBatch` the jitted step expects:
 rewards -> group-centred advantages with the configured normalisation (ScaleRL: batch
 std), zero-variance prompts weighted out of the loss, optional DAPO length penalty,
-forced-interruption tokens excluded from the loss, and the prompt axis padded to P with
-weight-0 rows so the step compiles once.
+every token the policy did not sample (`Completion.trainable`: forced-interruption and
+environment tokens) excluded from the loss, and the prompt axis padded to P with weight-0
+rows so the step compiles once. Single- and multi-turn completions take the same path.
 
 What is not a verdict never becomes one: a completion whose verifier timed out or raised
 has reward NaN (invalid), which leaves it out of its group's advantage (rl/advantages.py);
@@ -37,6 +39,7 @@ from jaxrl_scale.config import RLConfig
 from jaxrl_scale.data import sources
 from jaxrl_scale.data import tasks
 from jaxrl_scale.generation import records
+from jaxrl_scale.rewards import scorer as scorer_lib
 from jaxrl_scale.rl import advantages as advantages_lib
 from jaxrl_scale.rl import batch as batch_lib
 
@@ -50,10 +53,13 @@ class Group:
   Attributes:
     seq: admission number, unique in a run; seeds the sampler and orders the data.
     prompt: the prompt as the data layer produced it.
-    completions: G sampler outputs (tokens, logprobs, versions, forced flags).
-    rewards_G: verifier rewards (rl.reward_correct / rl.reward_incorrect); NaN where the
-      verifier timed out or raised (an invalid sample, see `valid_G`).
-    correct_G: which completions the verifier accepted.
+    completions: G sampler outputs (tokens, logprobs, versions, forced and environment
+      flags).
+    rewards_G: the environment's episode rewards where it gave one, else verifier rewards
+      (rl.reward_correct / rl.reward_incorrect); NaN where there is no verdict (the
+      verifier timed out or raised, the environment failed: an invalid sample, see
+      `valid_G`).
+    correct_G: which completions the environment or the verifier accepted.
     counts: verdict counts of this group (rewards.scorer.COUNT_KEYS).
     admitted_version: the sampler's policy version when the group was admitted.
   """
@@ -73,8 +79,9 @@ class Group:
 
   @property
   def nonfinite_logprobs(self) -> bool:
-    """Whether a trained (not forced) token has a NaN or infinite generator log-prob."""
-    return any(not np.isfinite(c.logprobs[~c.forced]).all() for c in self.completions)
+    """Whether a trained token (`Completion.trainable`) has a NaN or infinite generator
+    log-prob."""
+    return any(not np.isfinite(c.logprobs[c.trainable]).all() for c in self.completions)
 
   @property
   def versions(self) -> np.ndarray:
@@ -119,37 +126,60 @@ class GroupScorer:
       return self._scorers[name]
 
   def text(self, completion: records.Completion) -> str:
-    """The response the verifier sees: generated tokens without special tokens (EOS)."""
-    return self.tokenizer.decode(completion.tokens.tolist(), skip_special_tokens=True)
+    """The response the verifier sees: the last model turn's tokens (all generated tokens
+    of a single-turn completion) without special tokens (EOS). The earlier turns and the
+    environment's tokens are the episode's history, not its answer."""
+    tokens = completion.tokens[completion.answer_start:]
+    return self.tokenizer.decode(tokens.tolist(), skip_special_tokens=True)
 
   def score(self, prompt: sources.Prompt, completions: Sequence[records.Completion]
             ) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
     """(rewards [G], correct [G], verdict counts) for one prompt's completions.
 
-    Rewards are NaN where the verifier timed out or raised (no verdict); a completion that
-    ran out of tokens is scored as truncated (no reward from a fallback answer).
+    An episode whose environment gave its reward (`Completion.reward` not None) keeps it
+    and its `correct` (None: correct when the reward reaches rl.reward_correct); counted
+    as correct or wrong, or as an error when the reward is NaN (the environment failed: no
+    verdict). The others' last model turn (`text`) goes to the task's verifier. Rewards
+    are NaN where the verifier timed out or raised (no verdict); a completion that ran out
+    of tokens is scored as truncated (no reward from a fallback answer).
 
     Completions with the same text (and truncation) are verified once and share the
     verdict: a converging policy repeats itself within a group, and each repeat of a code
     answer would cost a sandboxed process. The counts still count every completion.
     """
-    keys = [(self.text(c), bool(c.truncated)) for c in completions]
+    counts = dict.fromkeys(scorer_lib.COUNT_KEYS, 0)
+    rewards_G = np.zeros((len(completions),), np.float32)
+    correct = np.zeros((len(completions),), bool)
+    verify = []
+    for j, c in enumerate(completions):
+      if c.reward is None:
+        verify.append(j)
+        continue
+      counts["total"] += 1
+      rewards_G[j] = c.reward
+      if not np.isfinite(c.reward):
+        counts["errors"] += 1
+        continue
+      correct[j] = (c.reward >= self.rl.reward_correct if c.correct is None
+                    else bool(c.correct))
+      counts["correct" if correct[j] else "wrong"] += 1
+    if not verify:
+      return rewards_G, correct, counts
+    keys = [(self.text(completions[j]), bool(completions[j].truncated)) for j in verify]
     unique = list(dict.fromkeys(keys))
     result = self._scorer(prompt.task).score([(text, prompt.answer) for text, _ in unique],
                                              truncated=[cut for _, cut in unique])
     position = {key: i for i, key in enumerate(unique)}
-    index = [position[key] for key in keys]
-    counts = dict.fromkeys(result.counts, 0)
-    for i in index:
+    for j, key in zip(verify, keys):
+      i = position[key]
       verdict = result.verdicts[i]
       counts["total"] += 1
       if verdict is not None:
         counts[verdict.reason] += 1
       else:
         counts["errors" if result.errors[i] is not None else "timeouts"] += 1
-    rewards_G = np.asarray([result.rewards[i] for i in index], np.float32)
-    correct = np.array([result.verdicts[i] is not None and result.verdicts[i].correct
-                        for i in index], bool)
+      rewards_G[j] = result.rewards[i]
+      correct[j] = verdict is not None and verdict.correct
     return rewards_G, correct, counts
 
   def group(self, seq: int, prompt: sources.Prompt, completions: Sequence[records.Completion],
@@ -221,6 +251,38 @@ def domain_stats(groups: Sequence[Group], correct_PG: np.ndarray, judged_PG: np.
   return out
 
 
+# `Completion.env_stats` counters (`Episode.summary`) summed into rollout/<key> per step.
+TOOL_KEYS = ("tool_calls", "tool_errors", "tool_timeouts", "tool_s")
+
+
+def episode_stats(completions: Sequence[records.Completion]) -> dict[str, float]:
+  """Multi-turn metrics of a step's completions; empty when none is an episode.
+
+  An episode is a completion made with an environment (`env_mask` set) or of several
+  turns; a run's every completion is one or none is, so its rows either all have these
+  keys or none has.
+
+  Returns:
+    rollout/turns_mean and rollout/turns_max (model turns per episode);
+    rollout/tool_calls, tool_errors, tool_timeouts and tool_s (tool seconds), summed
+    over the step's episodes (`Completion.env_stats`, 0 where an episode has none), and
+    rollout/tool_calls_mean per episode; rollout/env_token_frac, the share of generated
+    tokens that an environment wrote (no loss).
+  """
+  episodes = [c for c in completions if c.env_mask is not None or c.turns > 1]
+  if not episodes:
+    return {}
+  turns = np.array([c.turns for c in episodes], np.float32)
+  out = {"rollout/turns_mean": float(turns.mean()), "rollout/turns_max": float(turns.max())}
+  for key in TOOL_KEYS:
+    out[f"rollout/{key}"] = float(sum(float(c.env_stats.get(key, 0.0)) for c in episodes))
+  out["rollout/tool_calls_mean"] = out["rollout/tool_calls"] / len(episodes)
+  tokens = sum(c.num_tokens for c in completions)
+  out["rollout/env_token_frac"] = (sum(c.num_env_tokens for c in completions) / tokens
+                                   if tokens else 0.0)
+  return out
+
+
 def _routing(groups: Sequence[Group]) -> list[list[np.ndarray]] | None:
   """The completions' routing records for `pack_rl` (an MoE sampler's `record_routing`),
   or None when they carry none."""
@@ -279,7 +341,7 @@ def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape,
       [[c.tokens for c in grp.completions] for grp in groups],
       [[c.logprobs for c in grp.completions] for grp in groups],
       advantages_PG[:n], seq_len=shape.seq_len, pad_id=shape.pad_id,
-      trainable=[[~c.forced for c in grp.completions] for grp in groups],
+      trainable=[[c.trainable for c in grp.completions] for grp in groups],
       weights=weight_PG[:n], prompt_ids=[grp.seq % 2**31 for grp in groups],
       num_prompts=p, routing=_routing(groups))
   stats = {f"rollout/{k}": float(v) for k, v in adv.stats.items() if k != "num_invalid"}
@@ -304,6 +366,7 @@ def build_batch(groups: Sequence[Group], rl: RLConfig, shape: BatchShape,
         "rollout/num_groups": float(n),
     })
     stats.update(domain_stats(groups, correct_PG, judged_any_PG, domains))
+    stats.update(episode_stats(completions))
     counts: dict[str, int] = {}
     for grp in groups:
       for key, value in grp.counts.items():

@@ -109,8 +109,8 @@ def aggregate(name: str,
   Args:
     name: a registered aggregation ("sample_avg", "prompt_avg", "token_avg", ...).
     loss_PGT: per-token loss; values at masked positions are ignored (must be finite).
-    mask_PGT: 1 for completion tokens that take gradient, 0 for prompt, padding and
-      forced-interruption tokens.
+    mask_PGT: 1 for completion tokens that take gradient, 0 for prompt, padding,
+      forced-interruption and environment tokens (so those count in no average).
     weight_PG: per-sample weight, 0 to drop a sample (or all G to drop a prompt).
     total_units: the full batch's `denominator(name, ...)`; None uses this batch's own
       count (correct when this batch is the full batch).

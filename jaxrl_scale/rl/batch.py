@@ -9,16 +9,21 @@ right-padded to S:
     tokens        prompt tokens     completion tokens     pad_id
     input_mask    1                 1                     0
     loss_mask     0                 1 (0 on forced-       0
-                                    interruption tokens)
+                                    interruption and
+                                    environment tokens)
     gen_logp      0                 sampler log-prob      0
 
 Every per-token array is aligned with `tokens`: `gen_logp_PGS[p, g, s]` is the generator's
 log pi(tokens[s] | tokens[<s]), and the trainer's log-prob at s is read from the logits at
 s - 1. So `loss_mask[..., 0]` is always 0. Forced-interruption tokens were written by the
-pipeline, not sampled from pi_gen, so they have no ratio and take no gradient; they still
-condition the answer that follows. Neither does a token whose generator log-prob is not
-finite (gen_logp 0, loss_mask 0 there): the RL batcher drops such a token's whole group,
-and the loss guards against it too (losses.policy_loss).
+pipeline, and an environment's tokens (a multi-turn episode's tool results, feedback, next
+user turn) by the environment, not sampled from pi_gen: they have no ratio and take no
+gradient (`Completion.trainable` is False there); they still condition what follows, as
+the sampler saw them. A multi-turn episode is one row: the trainer's forward over the
+whole sequence gives the log-prob of every model token of every turn. Neither does a
+token whose generator log-prob is not finite take gradient (gen_logp 0, loss_mask 0
+there): the RL batcher drops such a token's whole group, and the loss guards against it
+too (losses.policy_loss).
 
 Unused rows (padding prompts that keep the shape fixed) have weight 0 and input_mask 0.
 
@@ -56,7 +61,8 @@ class TrainBatch:
     tokens_PGS: int32 token ids.
     positions_PGS: int32 RoPE positions (0-based from the first prompt token).
     input_mask_PGS: int32, 1 on real tokens (prompt and completion), 0 on padding.
-    loss_mask_PGS: float32, 1 on completion tokens that take gradient.
+    loss_mask_PGS: float32, 1 on completion tokens that take gradient (the policy's own
+      tokens: not forced, not written by an environment).
     gen_logp_PGS: float32 generator log-prob of each completion token.
     advantages_PG: float32 advantage of each completion.
     weight_PG: float32, 0 drops a completion (filtered prompt, padding row).
@@ -166,8 +172,8 @@ def pack_rl(prompts: Sequence[Sequence[int]],
     advantages: [P, G] advantages.
     seq_len: S; prompt + completion must fit.
     pad_id: token written on padding positions.
-    trainable: [P][G] per-completion-token flags, False on forced-interruption tokens;
-      None trains on every completion token.
+    trainable: [P][G] per-completion-token flags (`Completion.trainable`), False on
+      forced-interruption and environment tokens; None trains on every completion token.
     weights: [P, G] loss weights (0 drops a completion); None = all 1.
     prompt_ids: P dataset indices; None = 0..P-1.
     num_prompts: pad the prompt axis to this many with weight-0 rows, so every step has

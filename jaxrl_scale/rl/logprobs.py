@@ -5,6 +5,12 @@ each next token, where T is the temperature the sampler drew with (generation/sa
 records the same quantity), so both sides describe one distribution. The LM head can run
 over a few positions at a time, recomputed in the backward pass (`_recomputed_head`), so
 the float32 [rows, S, V] logits of a long sequence never exist at once.
+
+A multi-turn episode is one sequence (prompt, then every model turn with the environment's
+tokens between them), so one forward gives the log-prob of every model token of every
+turn, each conditioned on the environment's tokens as the sampler's continuation from its
+KV cache was; the loss mask (`batch.TrainBatch.loss_mask_PGS`) leaves the environment's
+own positions out.
 """
 
 from __future__ import annotations

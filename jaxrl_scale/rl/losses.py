@@ -42,9 +42,9 @@ class LossBatch(NamedTuple):
   Attributes:
     logp_gen_PGT: float32 log-probs recorded by the sampler for the sampled tokens.
     advantages_PG: one advantage per completion (rl/advantages.py).
-    mask_PGT: 1 for completion tokens that take gradient; 0 for prompt tokens, padding and
-      forced-interruption tokens (those were not sampled from pi_gen, so they have no
-      meaningful ratio).
+    mask_PGT: 1 for completion tokens that take gradient; 0 for prompt tokens, padding,
+      forced-interruption tokens and a multi-turn episode's environment tokens (those
+      were not sampled from pi_gen, so they have no meaningful ratio).
     weight_PG: 0 drops a completion (all G of a prompt for zero-variance filtered or
       padding prompts), 1 keeps it.
   """
