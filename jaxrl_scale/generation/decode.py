@@ -30,11 +30,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl_scale.generation import sampling
+from jaxrl_scale.generation import records, sampling
 from jaxrl_scale.models import kv_cache, paged_attention, sharding, transformer
 from jaxrl_scale.models.config import ModelConfig
 
-NEVER = 2**30  # force_at value of a sequence that is never interrupted
+NEVER = records.NEVER  # force_at value of a sequence that is never interrupted
 
 # Per-step end codes (ChunkOutput.end_NS).
 RUNNING, END_EOS, END_LENGTH = 0, 1, 2
@@ -481,3 +481,28 @@ def _platforms(mesh: Mesh | None) -> set[str]:
   else:
     devices = mesh.devices.flat if isinstance(mesh, Mesh) else ()
   return {d.platform for d in devices}
+
+
+def append_row(buf: records.TokenBuffer, version: int, tokens, logprobs, forced, ends,
+               stops: records.StopStrings | None, routing=None) -> tuple[str | None, int]:
+  """Appends one row's valid steps of a chunk read back to its token record, and cuts it
+  at the first stop string of the current turn (environment text never stops the policy).
+
+  Returns (how the turn ended: EOS, LENGTH, STOP, or None while it goes on; the number of
+  tokens kept of those appended).
+  """
+  num_old = len(buf.tokens)
+  buf.extend(tokens, logprobs, forced, version)
+  if routing is not None:
+    buf.extend_routing(routing)
+  reason = None
+  if ends[-1] != RUNNING:
+    reason = records.EOS if ends[-1] == END_EOS else records.LENGTH
+  stop_at = None
+  if stops:
+    ts = buf.turn_start
+    stop_at = stops.first_stop(buf.tokens[ts:], num_old - ts)
+  if stop_at is not None:
+    buf.truncate(buf.turn_start + stop_at + 1)
+    reason = records.STOP
+  return reason, len(buf.tokens) - num_old

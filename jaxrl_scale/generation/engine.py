@@ -77,8 +77,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_scale.config import SamplerConfig
-from jaxrl_scale.errors import UserError
-from jaxrl_scale.generation import decode, episodes, prefill, records, weights
+from jaxrl_scale.generation import decode, episodes, prefill, records, sampling, weights
 from jaxrl_scale.generation import layout as layout_lib
 from jaxrl_scale.generation import pages as pages_lib
 from jaxrl_scale.models import paged_attention, transformer
@@ -267,61 +266,23 @@ class Sampler(weights.WeightSwap):
     """
     if self._running:
       raise RuntimeError("Sampler.sleep during generate/stream: the slots are in use")
-    with self._cond:
-      pending_single = self._pending_version is not None
-    if pending_single:
-      raise RuntimeError("Sampler.sleep while a single-buffered update is being placed")
-    self._free_weights()  # waits for every program that reads them (they return the state)
+    self._sleep_weights()  # waits for every program that reads them (they return the state)
     for x in jax.tree.leaves(self._state):
       x.delete()
     self._state = None
     self._table = None
-    with self._lock:
-      # A later post of the very arrays posted before must place them again (they were
-      # deleted here), not be skipped as already posted.
-      self._posted = None
 
   def _wake(self) -> None:
     """Rebuilds what `sleep` freed before a run: the newest posted weights must exist."""
     if self._state is not None:
       return
-    self._apply_pending(wait=True)  # the double buffer's posted weights, if any
-    if any(x.is_deleted() for x in self._param_leaves if isinstance(x, jax.Array)):
-      raise RuntimeError("the sampler was put to sleep (sampler.sleep_while_training) and no "
-                         "weights were posted since: call update_params before generating")
+    self._wake_weights()
     self._state = self._init_fn()
 
   def _new_buffer(self, req: records.Request) -> records.TokenBuffer:
-    cfg = self.cfg
-    n = len(req.prompt_tokens)
-    if n == 0:
-      raise UserError(f"request prompt_id={req.prompt_id!r}: empty prompt")
-    if n > self.buckets[-1]:
-      raise UserError(f"request prompt_id={req.prompt_id!r}: prompt has {n} tokens, more than "
-                      f"the sampler's longest prompt bucket ({self.buckets[-1]})")
-    vocab = self.model_cfg.vocab_size
-    if min(req.prompt_tokens) < 0 or max(req.prompt_tokens) >= vocab:
-      raise UserError(f"request prompt_id={req.prompt_id!r}: token ids must be in [0, {vocab})")
-    if req.max_new_tokens is not None and not 1 <= req.max_new_tokens <= cfg.max_new_tokens:
-      raise UserError(f"request prompt_id={req.prompt_id!r}: max_new_tokens must be in "
-                      f"[1, sampler.max_new_tokens={cfg.max_new_tokens}]")
-    for key, value, ok in (
-        ("temperature", req.temperature, lambda v: v >= 0),
-        ("top_p", req.top_p, lambda v: 0 < v <= 1),
-        ("top_k", req.top_k, lambda v: v >= 0)):
-      if value is not None and not ok(value):
-        raise UserError(f"request prompt_id={req.prompt_id!r}: invalid {key} {value}")
-    if req.episode is not None and self.record_routing:
-      raise UserError(f"request prompt_id={req.prompt_id!r}: multi-turn episodes do not "
-                      "record routing yet (sampler record_routing with an MoE model)")
-    seed = req.seed if req.seed is not None else records.sequence_seed(
-        self.seed, req.prompt_id, req.sample_index)
-    force_at = decode.NEVER
-    if cfg.interrupt:
-      rng = np.random.default_rng([seed, 0x1A7E])
-      force_at = int(rng.integers(cfg.interrupt_min, cfg.interrupt_max + 1))
-    limit = cfg.max_new_tokens if req.max_new_tokens is None else req.max_new_tokens
-    return records.TokenBuffer(req, seed=seed & 0x7FFFFFFF, force_at=force_at, limit=limit)
+    return records.new_buffer(req, self.cfg, longest_prompt=self.buckets[-1],
+                              vocab=self.model_cfg.vocab_size, base_seed=self.seed,
+                              record_routing=self.record_routing)
 
   def _admit(self, placed: list[tuple[int, records.TokenBuffer]]) -> None:
     """Gives newly placed sequences their pages (the completions of one prompt on one shard
@@ -397,21 +358,6 @@ class Sampler(weights.WeightSwap):
     positions = min(self.max_len, -(-need // step) * step)
     return min(self._pool.width, self._pool.pages_for(positions))
 
-  def _modes(self, owners: list[records.TokenBuffer | None]) -> tuple[bool, bool]:
-    """Static sampling modes of the next chunk: (truncate, all_greedy) over live slots."""
-    truncate, all_greedy = False, True
-    cfg = self.cfg
-    for buf in owners:
-      if buf is None:
-        continue
-      req = buf.request
-      temperature = cfg.temperature if req.temperature is None else req.temperature
-      top_k = cfg.top_k if req.top_k is None else req.top_k
-      top_p = cfg.top_p if req.top_p is None else req.top_p
-      all_greedy &= temperature <= 0
-      truncate |= temperature > 0 and (top_k > 0 or top_p < 1)
-    return truncate, all_greedy
-
   def _run(self, requests: Iterator[records.Request], on_chunk,
            ) -> Iterator[tuple[records.Request, records.Completion]]:
     if self._running:
@@ -459,7 +405,7 @@ class Sampler(weights.WeightSwap):
         self._grow(live_slots, owners, admitted_at)
         live = [owners[s] for s in live_slots if owners[s] is not None]
         if live:
-          truncate, all_greedy = self._modes(live)
+          truncate, all_greedy = sampling.chunk_modes(self.cfg, live)
           self._state, out = self._decode_fn(truncate, all_greedy, self._view_pages(live))(
               self._param_leaves, self._layer_leaves, self._state, self._consts,
               self._device_table())
@@ -583,25 +529,11 @@ class Sampler(weights.WeightSwap):
       steps = np.flatnonzero(valid_SN[slot])
       if steps.size == 0:
         continue
-      num_old = len(buf.tokens)
-      buf.extend(tokens_SN[slot, steps], logprobs_SN[slot, steps], forced_SN[slot, steps],
-                 version)
-      if routing_SNLK is not None:
-        buf.extend_routing(routing_SNLK[slot, steps])
-      self.stats.tokens += int(steps.size)
-      ends = end_SN[slot, steps]
-      reason = None
-      if ends[-1] != decode.RUNNING:
-        reason = records.EOS if ends[-1] == decode.END_EOS else records.LENGTH
-      stop_at = None
-      if self._stops:  # within this turn: environment text never stops the policy
-        ts = buf.turn_start
-        stop_at = self._stops.first_stop(buf.tokens[ts:], num_old - ts)
-        stop_at = None if stop_at is None else stop_at + ts
-      if stop_at is not None:
-        self.stats.tokens -= len(buf.tokens) - (stop_at + 1)
-        buf.truncate(stop_at + 1)
-        reason = records.STOP
+      reason, kept = decode.append_row(
+          buf, version, tokens_SN[slot, steps], logprobs_SN[slot, steps],
+          forced_SN[slot, steps], end_SN[slot, steps], self._stops,
+          None if routing_SNLK is None else routing_SNLK[slot, steps])
+      self.stats.tokens += kept
       if reason is None:
         continue
       self.stats.turns += 1
@@ -644,19 +576,10 @@ class Sampler(weights.WeightSwap):
         buf.end = step
         yield from self._finish(slot, buf, buf.last_reason, owners)
         continue
-      new = [int(t) for t in step.tokens]
-      if min(new) < 0 or max(new) >= vocab:
-        raise UserError(f"environment of request prompt_id={buf.request.prompt_id!r} "
-                        f"appended a token id outside [0, {vocab})")
-      if len(buf.tokens) + len(new) >= buf.limit:  # no room left for the policy: truncated
-        yield from self._finish(slot, buf, records.LENGTH, owners)
+      reason = episodes.apply_step(buf, step, vocab, self._think_end)
+      if reason is not None:  # no room left for the policy: truncated
+        yield from self._finish(slot, buf, reason, owners)
         continue
-      buf.extend_env(new)
-      buf.turns += 1
-      buf.turn += 1
-      buf.turn_start = len(buf.tokens)
-      buf.steps_dispatched = len(buf.tokens)
-      buf.force_at = episodes.resume_force_at(buf, self._think_end)
       if not self._pool.grow(slot, self._positions_after_chunk(buf)):
         self._preempt(slot, owners)  # restarts from its prompt with a fresh episode
         continue

@@ -41,6 +41,7 @@ import time
 import numpy as np
 
 from jaxrl_scale.config import SamplerConfig
+from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import decode, records
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,29 @@ class EnvCalls:
     if self._pool is not None:
       self._pool.shutdown(wait=False, cancel_futures=True)
       self._pool = None
+
+
+def apply_step(buf: records.TokenBuffer, step: records.EnvStep, vocab: int,
+               think_end: int) -> str | None:
+  """Appends an environment's answer to its sequence for the next turn (not `done`).
+
+  Returns None when the sequence goes on (its slot must then grow and resume), or
+  `records.LENGTH` when the tokens leave no room for another model token (truncated; the
+  sequence is unchanged). A token id outside [0, vocab) is a UserError naming the request.
+  """
+  new = [int(t) for t in step.tokens]
+  if min(new) < 0 or max(new) >= vocab:
+    raise UserError(f"environment of request prompt_id={buf.request.prompt_id!r} "
+                    f"appended a token id outside [0, {vocab})")
+  if len(buf.tokens) + len(new) >= buf.limit:
+    return records.LENGTH
+  buf.extend_env(new)
+  buf.turns += 1
+  buf.turn += 1
+  buf.turn_start = len(buf.tokens)
+  buf.steps_dispatched = len(buf.tokens)
+  buf.force_at = resume_force_at(buf, think_end)
+  return None
 
 
 def piece_length(n: int) -> int:

@@ -25,6 +25,7 @@ STOP = "stop"
 LENGTH = "length"
 INTERRUPTED = "interrupted"
 FINISH_REASONS = (EOS, STOP, LENGTH, INTERRUPTED)
+NEVER = 2**30  # force_at value of a sequence that is never interrupted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,6 +278,51 @@ class TokenBuffer:
         correct=None if self.end is None else self.end.correct,
         env_stats=dict(self.episode.summary()) if self.episode is not None else {},
     )
+
+
+def new_buffer(req: Request, cfg: Any, *, longest_prompt: int, vocab: int, base_seed: int,
+               record_routing: bool = False) -> TokenBuffer:
+  """A request's token record, once the request is checked (UserError naming the request
+  and what is wrong with it: an empty or too long prompt, token ids outside the vocabulary,
+  a sampling override out of range).
+
+  Args:
+    req: the request.
+    cfg: the sampler config (`SamplerConfig`).
+    longest_prompt: the sampler's longest prompt bucket.
+    vocab: the model's vocabulary size.
+    base_seed: the sampler's seed (a request without its own derives one from it).
+    record_routing: the sampler keeps routing records (no episodes then).
+  """
+  n = len(req.prompt_tokens)
+  name = f"request prompt_id={req.prompt_id!r}"
+  if n == 0:
+    raise UserError(f"{name}: empty prompt")
+  if n > longest_prompt:
+    raise UserError(f"{name}: prompt has {n} tokens, more than the sampler's longest prompt "
+                    f"bucket ({longest_prompt})")
+  if min(req.prompt_tokens) < 0 or max(req.prompt_tokens) >= vocab:
+    raise UserError(f"{name}: token ids must be in [0, {vocab})")
+  if req.max_new_tokens is not None and not 1 <= req.max_new_tokens <= cfg.max_new_tokens:
+    raise UserError(f"{name}: max_new_tokens must be in "
+                    f"[1, sampler.max_new_tokens={cfg.max_new_tokens}]")
+  for key, value, ok in (
+      ("temperature", req.temperature, lambda v: v >= 0),
+      ("top_p", req.top_p, lambda v: 0 < v <= 1),
+      ("top_k", req.top_k, lambda v: v >= 0)):
+    if value is not None and not ok(value):
+      raise UserError(f"{name}: invalid {key} {value}")
+  if req.episode is not None and record_routing:
+    raise UserError(f"{name}: multi-turn episodes do not record routing yet (sampler "
+                    "record_routing with an MoE model)")
+  seed = req.seed if req.seed is not None else sequence_seed(
+      base_seed, req.prompt_id, req.sample_index)
+  force_at = NEVER
+  if cfg.interrupt:
+    rng = np.random.default_rng([seed, 0x1A7E])
+    force_at = int(rng.integers(cfg.interrupt_min, cfg.interrupt_max + 1))
+  limit = cfg.max_new_tokens if req.max_new_tokens is None else req.max_new_tokens
+  return TokenBuffer(req, seed=seed & 0x7FFFFFFF, force_at=force_at, limit=limit)
 
 
 @dataclasses.dataclass

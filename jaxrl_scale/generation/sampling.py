@@ -219,3 +219,20 @@ def sample(logits_BV: jax.Array, keys_BK: jax.Array, temperature_B: jax.Array,
     forced_lp_B = _at(z_BV, jnp.maximum(forced_B, 0)) - max_B - log_z_B
     logprobs_B = jnp.where(forcing_B, forced_lp_B, logprobs_B)
   return tokens_B.astype(jnp.int32), logprobs_B
+
+
+def chunk_modes(cfg, owners) -> tuple[bool, bool]:
+  """Static sampling modes of a decode chunk over the live slots' requests (`owners`:
+  token records or None): (truncate: some row samples from a top-k / top-p set,
+  all_greedy: every row is greedy). `cfg` is the sampler config (the requests' defaults)."""
+  truncate, all_greedy = False, True
+  for buf in owners:
+    if buf is None:
+      continue
+    req = buf.request
+    temperature = cfg.temperature if req.temperature is None else req.temperature
+    top_k = cfg.top_k if req.top_k is None else req.top_k
+    top_p = cfg.top_p if req.top_p is None else req.top_p
+    all_greedy &= temperature <= 0
+    truncate |= temperature > 0 and (top_k > 0 or top_p < 1)
+  return truncate, all_greedy

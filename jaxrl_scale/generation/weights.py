@@ -166,6 +166,26 @@ class WeightSwap:
       if isinstance(x, jax.Array) and not x.is_deleted():
         x.delete()
 
+  def _sleep_weights(self) -> None:
+    """`Sampler.sleep`'s weight half: frees the live weights and their layer copies (not
+    while a single-buffered update is being placed)."""
+    with self._cond:
+      pending_single = self._pending_version is not None
+    if pending_single:
+      raise RuntimeError("Sampler.sleep while a single-buffered update is being placed")
+    self._free_weights()
+    with self._lock:
+      # A later post of the very arrays posted before must place them again (they were
+      # deleted here), not be skipped as already posted.
+      self._posted = None
+
+  def _wake_weights(self) -> None:
+    """Before a run after `Sampler.sleep`: the newest posted weights, which must exist."""
+    self._apply_pending(wait=True)  # the double buffer's posted weights, if any
+    if any(x.is_deleted() for x in self._param_leaves if isinstance(x, jax.Array)):
+      raise RuntimeError("the sampler was put to sleep (sampler.sleep_while_training) and no "
+                         "weights were posted since: call update_params before generating")
+
   def _apply_pending(self, wait: bool) -> None:
     """At a chunk boundary, in the loop's thread: swaps posted weights in.
 
