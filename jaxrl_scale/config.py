@@ -459,6 +459,39 @@ class PipelineConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class EnvConfig:
+  """Multi-turn episodes: an environment answers each model turn (docs/environments.md).
+
+  The environment's tokens are masked from the loss; its episode reward (or the task's
+  verifier on the last model turn) is the sample's reward. Rollouts and validation evals
+  both run episodes.
+  """
+
+  name: str = ""  # a registered environment (python_tool, retry); "" = one turn, no env
+  max_turns: int = 4  # model turns per episode
+  max_tokens: int = 0  # tokens after the prompt, model and environment (0 = max_new_tokens)
+  tool_call_s: float = 2.0  # wall-clock seconds one tool call may run
+  tool_episode_s: float = 10.0  # tool seconds per episode, all calls together
+  tool_output_chars: int = 1024  # longer tool output keeps its head and tail
+  # The environment's own options as key=value (the value read as YAML), e.g.
+  # ["attempts=3", "discount=1.0"] for retry; see its factory in jaxrl_scale/envs/.
+  options: tuple[str, ...] = ()
+  workers: int = 8  # threads running environment steps off the decode loop
+
+  def __post_init__(self):
+    _check(self.max_turns >= 1, "env.max_turns", "must be >= 1")
+    _check(self.max_tokens == 0 or self.max_tokens >= 2, "env.max_tokens",
+           "must be 0 (sampler.max_new_tokens) or >= 2")
+    _check(self.tool_call_s > 0, "env.tool_call_s", "must be > 0")
+    _check(self.tool_episode_s > 0, "env.tool_episode_s", "must be > 0")
+    _check(self.tool_output_chars >= 1, "env.tool_output_chars", "must be >= 1")
+    _check(self.workers >= 1, "env.workers", "must be >= 1")
+    for option in self.options:
+      _check("=" in option and option.split("=", 1)[0].strip().isidentifier(), "env.options",
+             f"entries are key=value, got {option!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class EvalConfig:
   """Validation during training: mean@k pass rate on the held-out prompts (val/pass_rate)."""
 
@@ -531,6 +564,7 @@ class Config:
   optim: OptimConfig = OptimConfig()
   sft: SFTConfig = SFTConfig()
   pipeline: PipelineConfig = PipelineConfig()
+  env: EnvConfig = EnvConfig()
   eval: EvalConfig = EvalConfig()
   checkpoint: CheckpointConfig = CheckpointConfig()
   forecast: ForecastConfig = ForecastConfig()
@@ -552,6 +586,11 @@ class Config:
            "optim.sequence_parallel",
            f"the sequence length {seq_len} (data.max_prompt_tokens + sampler.max_new_tokens) "
            f"does not split over mesh.trainer_tp={self.mesh.trainer_tp}")
+    _check(self.env.max_tokens <= self.sampler.max_new_tokens, "env.max_tokens",
+           f"must be at most sampler.max_new_tokens={self.sampler.max_new_tokens} (the "
+           f"sampler ends every sequence there), got {self.env.max_tokens}")
+    _check(not self.env.name or self.model.routing == "own", "env.name",
+           "multi-turn episodes do not record routing yet: use model.routing=own")
 
 
 # ----------------------------------------------------------------------------------------

@@ -86,6 +86,8 @@ class Evaluator:
     gather: with count > 1, exchanges a dict of this process's counts with the other
       processes and returns all of them (e.g. `parallel.distributed.allgather`).
     stop: the run's stop request: scoring stops within 0.1 s of it (Interrupted).
+    episode_for: the run's environment: each prompt's episode maker
+      (pipeline/environment.py); None: single-turn completions.
   """
 
   def __init__(self, sampler: Generator, prompts: Sequence[sources.Prompt],
@@ -93,7 +95,8 @@ class Evaluator:
                seed: int = 0, pool: concurrent.futures.Executor | None = None,
                shard: tuple[int, int] = (0, 1),
                gather: Callable[[dict[str, float]], list[dict[str, float]]] | None = None,
-               stop: preempt.StopRequest | None = None):
+               stop: preempt.StopRequest | None = None,
+               episode_for: Callable[[sources.Prompt], Any] | None = None):
     if samples_per_prompt < 1:
       raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
     self.sampler = sampler
@@ -111,8 +114,17 @@ class Evaluator:
     self.shard = (index, count)
     self.gather = gather
     self.stop = stop
+    self.episode_for = episode_for
     # Mixed-domain prompts' domains, in order of appearance ("" = single-source: none).
     self.domains = [d for d in dict.fromkeys(p.domain for p in self.prompts) if d]
+
+  def _request(self, i: int, j: int) -> records.Request:
+    """Sample j of prompt i (its seed fixed by the eval's seed, prompt and sample)."""
+    p = self.prompts[i]
+    return records.Request(p.token_ids, prompt_id=i, sample_index=j,
+                           seed=records.sequence_seed(self.seed, i, j),
+                           temperature=self.temperature,
+                           episode=self.episode_for(p) if self.episode_for is not None else None)
 
   def _score(self, prompts: Sequence[int], completions: Sequence[records.Completion]
              ) -> tuple[np.ndarray, np.ndarray]:
@@ -182,11 +194,7 @@ class Evaluator:
     t0 = time.perf_counter()
     if params is not None:
       self.sampler.update_params(params, self.sampler.version if version is None else version)
-    requests = [
-        records.Request(p.token_ids, prompt_id=i, sample_index=j,
-                        seed=records.sequence_seed(self.seed, i, j),
-                        temperature=self.temperature)
-        for i, p in enumerate(self.prompts) for j in range(self.k)]
+    requests = [self._request(i, j) for i in range(len(self.prompts)) for j in range(self.k)]
     completions = self._generate(requests, on_progress)
     indices = range(len(self.prompts))
     correct_NK, judged_NK = self._score(indices, completions)
@@ -220,11 +228,7 @@ class Evaluator:
     counts.update(self._domain_counts(mine, None, None))  # every process sends every key
     completions = None
     if mine:
-      requests = [
-          records.Request(self.prompts[i].token_ids, prompt_id=i, sample_index=j,
-                          seed=records.sequence_seed(self.seed, i, j),
-                          temperature=self.temperature)
-          for i in mine for j in range(self.k)]
+      requests = [self._request(i, j) for i in mine for j in range(self.k)]
       try:
         completions = self._generate(requests, on_progress)
       except preempt.Interrupted:

@@ -46,7 +46,9 @@ class Retry(base.EpisodeBase):
                detail: bool = False, role: str = "user",
                template_kwargs: dict[str, Any] | None = None):
     super().__init__(ctx, template_kwargs)
-    name = reward if reward is not None else str(ctx.record.get("task", ""))
+    # The record's verifier name (the pipeline's records carry it), else its task's name.
+    name = reward if reward is not None else str(ctx.record.get("reward")
+                                                 or ctx.record.get("task", ""))
     self.verify = rewards.get_reward(name)
     self.truncated_kw = rewards.takes_truncated(self.verify)
     if "answer" not in ctx.record:
@@ -93,7 +95,8 @@ def retry(ctx: base.EnvContext, **options: Any) -> Retry:
 
   Args:
     ctx: the episode's context; its record has the answer.
-    **options: reward (the verifier's name; default the record's task), attempts
+    **options: reward (the verifier's name; default the record's 'reward', else its
+      'task'), attempts
       (default 2), discount (0.5), correct_reward (1.0), incorrect_reward (-1.0),
       feedback (FEEDBACK), detail (False: add the verdict's explanation), role ("user"),
       template_kwargs.

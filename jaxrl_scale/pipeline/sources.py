@@ -33,7 +33,7 @@ import hashlib
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from jaxrl_scale import preempt
@@ -113,8 +113,10 @@ class Admitter:
   """
 
   def __init__(self, prompts: data_sources.PromptSource, group_size: int, seed: int,
-               next_seq: int = 0):
+               next_seq: int = 0,
+               episode_for: Callable[[data_sources.Prompt], Any] | None = None):
     self.prompts = prompts
+    self.episode_for = episode_for  # the run's environment (pipeline/environment.py)
     self.group_size = group_size
     self.seed = seed
     self._next_seq = next_seq
@@ -130,8 +132,9 @@ class Admitter:
       seq = self._next_seq
       self._next_seq += 1
       self._outstanding[seq] = (position, version)
+    episode = self.episode_for(prompt) if self.episode_for is not None else None
     requests = [records.Request(prompt.token_ids, prompt_id=seq, sample_index=g,
-                                seed=records.sequence_seed(self.seed, seq, g))
+                                seed=records.sequence_seed(self.seed, seq, g), episode=episode)
                 for g in range(self.group_size)]
     return seq, prompt, requests
 

@@ -71,7 +71,7 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
         scorer: Any = None, pool: Any = None, shard: tuple[int, int] = (0, 1),
         gather: Any = None, stop: preempt.StopRequest | None = None,
         state_dir: pathlib.Path | None = None, agree: Any = None, sleep: bool = False,
-        ) -> tuple[nnx.Module, float, dict[str, float]]:
+        episode_for: Any = None) -> tuple[nnx.Module, float, dict[str, float]]:
   """SFT on the training prompts' solutions.
 
   Args:
@@ -93,6 +93,7 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
       exchange per step, so all of them stop after the same step).
     sleep: colocated roles: the sampler frees its device memory before the first SFT step
       and after each dev check (`engine.Sampler.sleep`; a check posts the weights it needs).
+    episode_for: the run's environment (pipeline/environment.py): dev checks run episodes.
 
   Returns:
     (policy, accelerator-hours of the trainer slice, {"steps", "dev_pass_rate"}).
@@ -126,7 +127,7 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
                                  samples_per_prompt=cfg.eval.samples_per_prompt,
                                  temperature=cfg.eval.temperature,
                                  seed=cfg.run.seed ^ _DEV_SALT, pool=pool, shard=shard,
-                                 gather=gather, stop=stop)
+                                 gather=gather, stop=stop, episode_for=episode_for)
 
   trainer = sft_lib.make_trainer(model, mesh, cfg.sft, cfg.optim)
   if sleep and sampler is not None:

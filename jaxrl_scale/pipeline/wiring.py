@@ -47,6 +47,7 @@ from jaxrl_scale.models import tokenizer as tokenizer_lib
 from jaxrl_scale.parallel import distributed
 from jaxrl_scale.parallel import mesh as mesh_lib
 from jaxrl_scale.pipeline import clock as clock_lib
+from jaxrl_scale.pipeline import environment
 from jaxrl_scale.pipeline import generator
 from jaxrl_scale.pipeline import loop as loop_lib
 from jaxrl_scale.pipeline import progress as progress_lib
@@ -254,7 +255,9 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
   sampler = engine.Sampler(model, cfg.sampler, mesh=slices.generator, tokenizer=tok,
                            seed=cfg.run.seed, max_prompt_len=cfg.data.max_prompt_tokens,
                            generator_groups=slices.generator_groups,
-                           record_routing=cfg.model.routing != "own")
+                           record_routing=cfg.model.routing != "own",
+                           env_workers=cfg.env.workers)
+  episode_for = environment.episodes(cfg, tok)  # None: single-turn
   # Driven from this thread (sync modes, evals, SFT checks): stops at a chunk on SIGTERM.
   interruptible = preempt.Interruptible(sampler, stop)
   host = loop_lib.HostState(seed=cfg.run.seed)
@@ -271,7 +274,8 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
           gather=(lambda c: distributed.allgather(c, name="sft_dev")) if multi else None,
           stop=stop, state_dir=warm_dir, agree=(lambda flag: any(distributed.allgather(
               flag, name="sft_stop"))) if multi else None,
-          sleep=slices.colocated and cfg.sampler.sleep_while_training)
+          sleep=slices.colocated and cfg.sampler.sleep_while_training,
+          episode_for=episode_for)
     except preempt.Interrupted:
       return loop_lib.Outcome("signal", 0, signal_name(stop)), None, host
   asked = train_step.micro_batches_for(cfg.optim, p)
@@ -294,7 +298,7 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
     curriculum = (curriculum_lib.NoPositiveResampling.from_state_dict(host.curriculum)
                   if host.curriculum is not None else curriculum_lib.NoPositiveResampling(
                       cfg.rl.npr_threshold, cfg.rl.npr_min_samples))
-  admitter = sources.Admitter(prompts, g, shard.seed(cfg.run.seed))
+  admitter = sources.Admitter(prompts, g, shard.seed(cfg.run.seed), episode_for=episode_for)
   if resume:
     admitter.load_state(host.source)
   source = _make_source(cfg, sampler if cfg.pipeline.mode == "pipeline" else interruptible,
@@ -309,7 +313,8 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
                                    temperature=cfg.eval.temperature, seed=cfg.run.seed,
                                    pool=pool, shard=(shard.index, shard.count), gather=(
                                        (lambda c: distributed.allgather(c, name="eval"))
-                                       if multi else None), stop=stop)
+                                       if multi else None), stop=stop,
+                                   episode_for=episode_for)
   if evaluator is not None and cfg.eval.downstream_every:  # benchmark pass@k on eval steps
     from jaxrl_scale.downstream import training as downstream  # pylint: disable=g-import-not-at-top
     evaluator = downstream.from_config(
