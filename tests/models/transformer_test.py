@@ -154,6 +154,7 @@ def test_padding_does_not_leak_into_real_tokens(qwen3_model_cfg):
   assert np.abs(out_nomask[0, 3:] - ref).max() > 1e-3
 
 
+@pytest.mark.slow  # 29 s on 2 cores; tests/models/gpu_attention_test.py lowers the cuDNN path
 def test_rows_right_aligned_for_cudnn_give_the_same_states_and_grads(qwen3_model_cfg,
                                                                      monkeypatch):
   """Where the attention is cuDNN's (right padding only) `hidden_states` rotates left-padded
@@ -240,7 +241,7 @@ def test_token_log_probs_match_log_softmax(tiny_model):
   assert logp.dtype == np.float32 and (logp < 0).all()
 
 
-@pytest.mark.parametrize("policy", ["full", "dots"])
+@pytest.mark.parametrize("policy", ["full", pytest.param("dots", marks=pytest.mark.slow)])
 def test_remat_and_chunked_log_probs_give_the_same_loss_and_grads(tiny_model, policy):
   cfg = config.tiny_qwen2()
   model = tiny_model("tiny_qwen2")
@@ -308,6 +309,7 @@ def _fsdp_mesh():
   return jax.make_mesh((4, 2), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
+@pytest.mark.slow  # 50 s on 2 cores; the memory test below compiles the same sharded programs
 def test_activation_sharding_keeps_numbers_and_pins_rows(tiny_model):
   from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -387,7 +389,8 @@ def test_prefill_returns_what_decoding_writes_into_the_pages(qwen3_model_cfg):
       np.testing.assert_allclose(np.asarray(got)[:, b], written, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("in_loop", [True, False])
+# in_loop=True is slow-only (15-22 s a model): the same pieces, written from a loop.
+@pytest.mark.parametrize("in_loop", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_prefill_into_continues_a_prefix_in_the_pages(model_cfg, in_loop):
   """Chunked prefill at model level: positions [0, 8) of each row go in as one piece, then
   [8, 12) as a second piece that attends to them through the pages. The second piece's

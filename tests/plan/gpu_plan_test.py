@@ -228,6 +228,7 @@ def test_the_run_compiles_for_an_h100_with_the_gpu_kernels():
     assert flops == pytest.approx(4 * k * group * h * positions, rel=1e-6)
 
 
+@pytest.mark.slow  # 40 s; the H100 compile test above plans the same programs
 @needs_cuda_plugin
 def test_plan_command_on_gpus(capsys, monkeypatch):
   """`jaxrl-scale plan ... --topology h100 --json` end to end (the programs the test above
