@@ -17,7 +17,7 @@ def test_moe_model_flops_count_the_active_experts_only():
       0 if dense.tie_embeddings else dense.vocab_size * dense.hidden_size)
 
 
-@pytest.mark.slow  # 43 s on 2 cores
+@pytest.mark.slow  # 43 s on 2 cores; the one check that plan counts routing records (-m slow)
 def test_an_moe_run_with_routing_records_plans_them():
   """With model.routing record/replay the train step takes the sampler's [P, G, S, L, K]
   records and the sampler's programs return them; `plan` compiles both that way."""
