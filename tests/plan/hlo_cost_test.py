@@ -338,7 +338,7 @@ def test_ragged_paged_kernel_is_charged_one_layers_pool(tpu_mesh):
   assert hlo_cost.analyze(text).bytes >= layers * layer_pool
 
 
-@pytest.mark.slow  # 23 s on 2 cores; the megablox cost checks without expert parallelism stay
+@pytest.mark.slow  # 23 s on 2 cores; the one check of megablox rows under expert parallelism (-m slow)
 def test_megablox_under_expert_parallelism_is_charged_its_experts_rows():
   """The MoE layer at fsdp 2 x expert 2 (v5p:2x2x1, libtpu): 1024 tokens, top-2 of 4
   experts, so a device holds 256 tokens (512 pairs), its expert group gathers 1024 rows and
