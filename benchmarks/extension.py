@@ -90,6 +90,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="train a seed again even when its run directory has a summary.json")
   p.add_argument("--combine", nargs="+", default=None, metavar="JSON",
                  help="only pool the checking-seed targets of these result files (configs)")
+  p.add_argument("--merge", default=None, metavar="JSON",
+                 help="an earlier result of the same config whose seeds join this run's "
+                      "(its rows as recorded; a seed in both is this run's): the checking "
+                      "and target lines cover all of them, the pooled fit this run's only")
   args = p.parse_args(argv)
   if args.jobs < 1:
     p.error("--jobs must be >= 1")
@@ -344,6 +348,23 @@ def _with_half_widths(result: dict) -> dict:
   return {"checking": result["checking"]["checking"], "widths_half": [w for w in widths if w is not None]}
 
 
+def merge(result: dict, earlier: dict, args) -> None:
+  """Adds `earlier`'s seed rows to `result` (in place) and recomputes the per-seed lines
+  over the union; the pooled fit needs the curves, so it stays this run's alone."""
+  mine = {seed_of(s["seed"]) for s in result["seeds"]}
+  kept = [s for s in earlier.get("seeds", []) if seed_of(s["seed"]) not in mine]
+  for s in kept:
+    if "error" not in s and len(s.get("fits", [])) != len(args.fractions):
+      raise SystemExit(f"--merge: seed {s['seed']} was fitted at other fractions")
+  result["seeds"] = sorted(kept + result["seeds"], key=lambda s: (seed_of(s["seed"]) is None,
+                                                                   seed_of(s["seed"]) or 0))
+  ok = [s for s in result["seeds"] if "error" not in s]
+  result["targets"] = targets(ok, args)
+  result["checking"] = checking(ok, args.fractions)
+  result["merged"] = {"from": args.merge, "seeds": [s["seed"] for s in kept],
+                      "pooled": "this run's seeds only (the merged rows carry no curves)"}
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
   if args.combine:
@@ -375,6 +396,8 @@ def main(argv=None) -> int:
   result = analyse_runs(dirs, args)
   failed = [r for r in runs if "error" in r]
   result["seeds"] += failed
+  if args.merge:
+    merge(result, json.loads(pathlib.Path(args.merge).read_text(encoding="utf-8")), args)
   result["config"] = {"fractions": args.fractions, "x": args.x, "n_boot": args.n_boot,
                       "seed": args.seed, "multiple": None if args.replay else args.multiple,
                       "tuning_seeds": sorted(TUNING_SEEDS)}

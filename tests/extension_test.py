@@ -108,3 +108,26 @@ def test_seeds_are_reused_and_split_into_tuning_and_checking(bench, tmp_path, ca
   assert bench.main(["--combine", str(path), str(path), "--json"]) == 0
   combined = json.loads(capsys.readouterr().out)["issue64"]
   assert len(combined) == 3 and not any(combined.values())
+
+
+def test_merge_adds_an_earlier_results_seeds_and_counts_them(bench, tmp_path, capsys):
+  first = [_run_dir(tmp_path, f"seed{i}", seed=70 + i)[0] for i in (5, 6)]
+  assert bench.main(["--replay", *first, "--x", "compute_hours", "--n-boot", "50",
+                     "--json"]) == 0
+  earlier = json.loads(capsys.readouterr().out)
+  path = tmp_path / "earlier.json"
+  path.write_text(json.dumps(earlier))
+  # Seed 6 again (this run's row wins) and a new seed 7.
+  (tmp_path / "again").mkdir()
+  second = [_run_dir(tmp_path / "again", f"seed{i}", seed=80 + i)[0] for i in (6, 7)]
+  assert bench.main(["--replay", *second, "--x", "compute_hours", "--n-boot", "50",
+                     "--merge", str(path), "--json"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert [s["seed"] for s in out["seeds"]] == ["seed5", "seed6", "seed7"]
+  assert out["seeds"][1]["run_dir"].endswith("again/seed6")  # this run's, not the earlier
+  assert out["seeds"][0] == earlier["seeds"][0]  # merged rows as recorded
+  assert out["merged"]["seeds"] == ["seed5"] and out["pooled"]["n_seeds"] == 2
+  half = out["checking"]["checking"]["by_fraction"]["0.5"]
+  assert out["checking"]["checking"]["seeds"] == ["seed5", "seed6", "seed7"]
+  assert half["fits"] == 3
+  assert half["held"] == sum(s["fits"][1]["holds_plateau"] for s in out["seeds"])
