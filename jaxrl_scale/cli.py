@@ -19,7 +19,8 @@ from jaxrl_scale.parallel import xla_flags
 COMMANDS = {
     "train": ("jaxrl_scale.train", "train a policy from a YAML config (key=value overrides)"),
     "fit": ("jaxrl_scale.scaling.command", "fit the sigmoid scaling curve to metrics and forecast"),
-    "generate": ("jaxrl_scale.generation.command", "sample from a Hugging Face-format checkpoint"),
+    "generate": ("jaxrl_scale.envs.command",
+                 "sample from a Hugging Face-format checkpoint (--env: multi-turn episodes)"),
     "plan": ("jaxrl_scale.plan.command", "compile a run's programs for a Cloud TPU topology (no TPU needed): HBM, FLOPs, roofline"),
     "reward": ("jaxrl_scale.rewards.command", "score one response with a verifier, showing the extracted answer"),
     "eval": ("jaxrl_scale.downstream.command", "mean@k and unbiased pass@k of a checkpoint on benchmark files (math, code)"),

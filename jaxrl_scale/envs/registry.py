@@ -77,6 +77,24 @@ def list_envs() -> list[str]:
   return sorted(_ENVS)
 
 
+def parse_options(options: Sequence[str], what: str = "env.options") -> dict[str, Any]:
+  """Environment options written as "key=value" (the value read as YAML: 3, 0.5, true,
+  text) as keyword arguments; `what` names them in a UserError."""
+  import yaml  # pylint: disable=g-import-not-at-top
+
+  out: dict[str, Any] = {}
+  for option in options:
+    key, sep, value = option.partition("=")
+    if not sep or not key.strip().isidentifier():
+      raise UserError(f"{what}: entries are key=value, got {option!r}")
+    try:
+      out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError as e:
+      raise UserError(f"{what}: {option!r}: the value is not YAML ({e})".splitlines()[0]
+                      ) from None
+  return out
+
+
 def episode_maker(name: str, record: Mapping[str, Any], prompt_tokens: Sequence[int],
                   tokenizer: tokenizer_lib.Tokenizer, limits: base.Limits | None = None,
                   **options: Any) -> Callable[[], records.Episode]:

@@ -161,7 +161,26 @@ def report_progress(say: Callable[[str], None], sampler: Any, *, first_s: float,
       first_s=first_s, every_s=every_s, clock=clock)
 
 
-def run(args: argparse.Namespace) -> int:
+def turns(c: Any, decode: Callable[[list[int]], str]) -> list[tuple[str, str]]:
+  """A completion as (who, text) pieces in order: "model" for what the policy wrote,
+  "env" for what an environment appended (`Completion.env_mask`); one model piece for a
+  single-turn completion."""
+  tokens = [int(t) for t in c.tokens]
+  if c.env_mask is None or not len(tokens):
+    return [("model", c.text if c.text is not None else decode(tokens))]
+  out, start = [], 0
+  mask = [bool(m) for m in c.env_mask]
+  for i in range(1, len(tokens) + 1):
+    if i == len(tokens) or mask[i] != mask[start]:
+      out.append(("env" if mask[start] else "model", decode(tokens[start:i])))
+      start = i
+  return out
+
+
+def run(args: argparse.Namespace, episode_for: Callable[[int, list[int], Any], Any] | None = None
+        ) -> int:
+  """Generates and prints; `episode_for(prompt_index, prompt_ids, tokenizer)` gives each
+  prompt's episode maker (`records.Request.episode`) for multi-turn episodes."""
   _check_args(args)
   texts = read_prompts(args)
 
@@ -185,7 +204,9 @@ def run(args: argparse.Namespace) -> int:
                          temperature=0.0 if args.greedy else args.temperature,
                          top_p=args.top_p, top_k=args.top_k, seed=args.seed)
   slots = sampler.cfg.num_slots
-  requests = [records.Request(ids, prompt_id=i, sample_index=j)
+  makers = [episode_for(i, ids, tokenizer) if episode_for is not None else None
+            for i, ids in enumerate(prompt_ids)]
+  requests = [records.Request(ids, prompt_id=i, sample_index=j, episode=makers[i])
               for i, ids in enumerate(prompt_ids) for j in range(args.n)]
 
   mark: dict[str, float] = {}
@@ -213,7 +234,12 @@ def run(args: argparse.Namespace) -> int:
         "completions": [{"prompt_index": c.prompt_id, "sample_index": c.sample_index,
                          "text": c.text, "tokens": c.tokens.tolist(),
                          "logprobs": [round(float(x), 6) for x in c.logprobs],
-                         "finish_reason": c.finish_reason, "num_tokens": c.num_tokens}
+                         "finish_reason": c.finish_reason, "num_tokens": c.num_tokens,
+                         **({"turns": [{"role": who, "text": text}
+                                       for who, text in turns(c, tokenizer.decode)],
+                             "env_mask": [bool(m) for m in c.env_mask],
+                             "reward": c.reward, "correct": c.correct,
+                             "env_stats": c.env_stats} if episode_for is not None else {})}
                         for c in completions],
         "tokens": tokens, "seconds": round(seconds, 4), "tokens_per_second": round(rate, 2),
         "steady_tokens_per_second": round(steady, 2)}))
@@ -221,7 +247,14 @@ def run(args: argparse.Namespace) -> int:
   for c in completions:
     print(f"--- prompt {c.prompt_id} sample {c.sample_index} "
           f"({c.num_tokens} tokens, {c.finish_reason})")
-    print(c.text)
+    if episode_for is None:
+      print(c.text)
+      continue
+    for who, text in turns(c, tokenizer.decode):
+      print(f"[{who}]", text, sep="\n")
+    stats = ", ".join(f"{key} {value:g}" for key, value in sorted(c.env_stats.items()) if value)
+    reward = "from the task's verifier" if c.reward is None else f"{c.reward:g}"
+    print(f"[end] {c.turns} turn(s), reward {reward}" + (f"; {stats}" if stats else ""))
   print(f"{tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s "
         f"({steady:.1f} tokens/s after compilation, {slots} slots)")
   return 0

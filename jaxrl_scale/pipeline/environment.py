@@ -15,13 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import yaml
-
 from jaxrl_scale.config import Config, EnvConfig
 from jaxrl_scale.data import sources as data_sources
 from jaxrl_scale.data import tasks
 from jaxrl_scale.envs import base, registry
-from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import records
 
 EpisodeFor = Callable[[data_sources.Prompt], Callable[[], records.Episode]]
@@ -29,14 +26,7 @@ EpisodeFor = Callable[[data_sources.Prompt], Callable[[], records.Episode]]
 
 def options(env: EnvConfig) -> dict[str, Any]:
   """`env.options` ("key=value", the value read as YAML) as keyword arguments."""
-  out: dict[str, Any] = {}
-  for option in env.options:
-    key, value = option.split("=", 1)
-    try:
-      out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
-    except yaml.YAMLError as e:
-      raise UserError(f"env.options: {option!r}: the value is not YAML ({e})") from None
-  return out
+  return registry.parse_options(env.options)
 
 
 def limits(cfg: Config) -> base.Limits:
