@@ -33,7 +33,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_scale.config import Config
-from jaxrl_scale.generation import decode
+from jaxrl_scale.generation import decode, episodes
 from jaxrl_scale.generation import layout as layout_lib
 from jaxrl_scale.models import sharding
 from jaxrl_scale.models.config import ModelConfig
@@ -323,7 +323,7 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
   # Mean context of a decoding slot: the positions the pool holds per slot (it is sized for
   # the run's average length), at most the longest sequence.
   context = min(max_len, pages * page * data / slots)
-  return [
+  programs = [
       Program("prefill", mesh, lambda: admit.lower(param_leaves, state, adm, table),
               # The prefill computes no logits (XLA drops the unused LM head).
               2.0 * (n_mat - mcfg.vocab_size * mcfg.hidden_size) * prefill_tokens
@@ -335,3 +335,39 @@ def _sampler_programs(cfg: Config, mcfg: ModelConfig, slices: mesh_lib.Slices) -
               paged_layers=mcfg.num_layers,
               min_bytes=decode_min_bytes(mcfg, lay, held["kv_cache"], context, steps)),
   ]
+  if cfg.env.name:
+    programs.append(_resume_program(cfg, mcfg, mesh, lay, graphdef, treedef, param_leaves,
+                                    resident, beside_prefill, record, groups))
+  return programs
+
+
+def _resume_program(cfg: Config, mcfg: ModelConfig, mesh: Mesh, lay: Any, graphdef: Any,
+                    treedef: Any, param_leaves: tuple, resident: dict[str, float],
+                    beside: float, record: bool, groups: int) -> Program:
+  """A multi-turn run's continuation (`decode.resume_program`): one episode's environment
+  tokens computed into its slot, attending to its history through the pages. An episode
+  holds its pages across turns, the environment's calls included: the pool (`kv_cache`)
+  counts them, as every slot's whole budget is prompt + sampler.max_new_tokens, model and
+  environment tokens alike. The piece planned is the longest an environment answer takes:
+  env.tool_output_chars tokens (a byte each at worst) and the template's, within the budget."""
+  rep = NamedSharding(mesh, PartitionSpec())
+  longest = min(cfg.sampler.max_new_tokens, cfg.env.tool_output_chars + 64)
+  piece = episodes.piece_length(longest)
+  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=rep)  # noqa: E731
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=rep)  # noqa: E731
+  adm = decode.Admission(tokens_uT=i32(1, piece), length_u=i32(1), source_n=i32(1),
+                         slot_n=i32(1), src_slot_u=i32(1),
+                         activate_n=jax.ShapeDtypeStruct((1,), jnp.bool_, sharding=rep),
+                         last_n=i32(1), seed_n=i32(1), temperature_n=f32(1), top_k_n=i32(1),
+                         top_p_n=f32(1), limit_n=i32(1), force_at_n=i32(1),
+                         answer_budget_n=i32(1), gen_n=i32(1))
+  run = decode.resume_program(graphdef, treedef, lay.state_shardings, record_routing=record)
+  n_mat = matmul_params(mcfg)
+  context = cfg.data.max_prompt_tokens + cfg.sampler.max_new_tokens - piece
+  return Program(
+      "resume", mesh, lambda: run.lower(param_leaves, lay.state, adm, lay.table, i32()),
+      2.0 * (n_mat - mcfg.vocab_size * mcfg.hidden_size) * piece
+      + attention_flops(mcfg, piece, max(context, 0) + piece / 2),
+      piece, groups, dict(resident), also_resident=beside,
+      notes=[f"episodes (env.name={cfg.env.name}) hold their pages across turns: the page "
+             f"pool counts them; a continuation of up to {piece} positions"])

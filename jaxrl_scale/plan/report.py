@@ -38,7 +38,7 @@ from jaxrl_scale.plan import hlo_cost, hlo_text
 from jaxrl_scale.plan import programs as programs_lib
 
 GIB = 2**30
-PROGRAMS = ("train_step", "sft_step", "weight_cast", "prefill", "decode")
+PROGRAMS = ("train_step", "sft_step", "weight_cast", "prefill", "decode", "resume")
 # Free HBM below which a program that fits is flagged tight: XLA's own estimate leaves out
 # allocator fragmentation and the runtime's buffers.
 HEADROOM = 0.10

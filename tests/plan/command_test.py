@@ -197,3 +197,22 @@ def test_train_step_advice_follows_how_its_micro_batch_splits():
   assert ("20.00 GiB of the sampler's weights and KV cache stay beside it (colocated): free "
           "them while it steps (sampler.sleep_while_training=true") in line
   assert "sampler.kv_cache_tokens" in line
+
+
+def test_a_multi_turn_run_plans_its_continuation(capsys):
+  """env.name set: the sampler's resume program (one episode's environment tokens into its
+  slot) is compiled beside prefill and decode, its piece sized by env.tool_output_chars,
+  and the note says the page pool holds the episodes' pages across turns."""
+  code = cli.main(["plan", "configs/cpu_tiny.yaml", *TINY, "env.name=retry",
+                   "env.tool_output_chars=100", "--topology", "v5e:2x2", "--json"])
+  plan = json.loads(capsys.readouterr().out)
+  assert code == 0, plan
+  assert set(plan["programs"]) == {"train_step", "weight_cast", "prefill", "decode", "resume"}
+  resume, prefill = plan["programs"]["resume"], plan["programs"]["prefill"]
+  assert resume["fits"] and 0 < resume["hbm_bytes_per_chip"] < resume["hbm_capacity_bytes"]
+  # The same pool and weights as the prefill; one row of 8 positions (cpu_tiny's budget of
+  # 6 new tokens caps the 100 + 64) against the prefill's every slot.
+  assert resume["resident_bytes_per_chip"]["kv_cache"] == prefill["resident_bytes_per_chip"][
+      "kv_cache"]
+  assert 0 < resume["model_flops_per_chip"] < prefill["model_flops_per_chip"]
+  assert any("hold their pages across turns" in n for n in resume.get("notes", []))
