@@ -17,6 +17,16 @@ The solution is the schoolbook method, one partial product per digit of the mult
             solution "347 * 6 = 2082. 347 * 50 = 17350. 2082 + 17350 = 19432.
                       The answer is \boxed{19432}."
 
+Two more styles share the compact prompt and drop the worked steps, for the CPU tool demo
+(configs/cpu_tool.yaml), where the multiplier has 4 digits and no tiny policy can do it in
+its head:
+
+  tool      solution "<python>print(347*5612)</python>1947364": a call of the Python tool
+            (envs/python_tool.py), then the answer read from its output; with `env.name:
+            python_tool` the SFT warm start plays these turns through the environment
+            (pipeline/environment.py `trace_examples`), so the output is the tool's own
+  answer    solution "1947364": the product alone (the same task without a tool)
+
 A multiplier of one digit has a single step; the answer (the record's `answer`) is the
 product in plain decimal. Records follow the contract of jaxrl_scale/data/tasks.py.
 """
@@ -24,6 +34,8 @@ product in plain decimal. Records follow the contract of jaxrl_scale/data/tasks.
 from __future__ import annotations
 
 from jaxrl_scale.data import task_common
+
+STYLES = (*task_common.STYLES, "tool", "answer")
 
 
 def _operand_range(digits: int) -> tuple[int, int]:
@@ -47,7 +59,11 @@ def steps(a: int, b: int) -> list[tuple[str, int, int, int]]:
   return out
 
 
-def _render(work: list[tuple[str, int, int, int]], style: str) -> str:
+def _render(work: list[tuple[str, int, int, int]], style: str, a: int, b: int) -> str:
+  if style == "tool":
+    return f"<python>print({a}*{b})</python>{a * b}"
+  if style == "answer":
+    return str(a * b)
   if style == "compact":
     return ";".join(f"{x}{op}{y}={v}" for op, x, y, v in work)
   body = " ".join(f"{x} {op} {y} = {v}." for op, x, y, v in work)
@@ -63,12 +79,12 @@ def multiply(n: int, seed: int = 0, *, digits: int = 3, multiplier_digits: int =
     seed: selects the set; the first k records of a set do not depend on n.
     digits: length of the multiplicand a (1..9; 1 means 0..9).
     multiplier_digits: length of the multiplier b (1..6), one worked step per digit.
-    style: "compact" or "instruct" (module docstring).
+    style: "compact", "instruct", "tool" or "answer" (module docstring).
 
   Returns:
     Records of task "multiply" whose solution is the worked multiplication.
   """
-  task_common.check_common("multiply", n, seed, style)
+  task_common.check_common("multiply", n, seed, style, STYLES)
   check = task_common.check
   check(1 <= digits <= 9, "multiply", "digits", f"must be in [1, 9], got {digits}")
   check(1 <= multiplier_digits <= 6, "multiply", "multiplier_digits",
@@ -78,7 +94,9 @@ def multiply(n: int, seed: int = 0, *, digits: int = 3, multiplier_digits: int =
   check(n <= space, "multiply", "n",
         f"{n} distinct problems requested but only {space} exist with digits={digits}, "
         f"multiplier_digits={multiplier_digits}")
-  params = {"digits": digits, "multiplier_digits": multiplier_digits, "style": style}
+  # The tool and answer styles draw the compact style's problems: the same task either way.
+  params = {"digits": digits, "multiplier_digits": multiplier_digits,
+            "style": "compact" if style in ("tool", "answer") else style}
   fingerprint = task_common.fingerprint("multiply", params, seed)
   stream = task_common.Stream(f"multiply:{fingerprint}")
   seen: set[tuple[int, int]] = set()
@@ -88,11 +106,11 @@ def multiply(n: int, seed: int = 0, *, digits: int = 3, multiplier_digits: int =
     if (a, b) in seen:
       continue
     seen.add((a, b))
-    if style == "compact":
+    if style != "instruct":
       prompt = f"{a}*{b}="
     else:
       prompt = f"Compute {a} * {b} step by step. Put the final answer in \\boxed{{}}."
     records.append({"id": f"multiply-{fingerprint}-{len(records):06d}", "task": "multiply",
                     "prompt": prompt, "answer": str(a * b),
-                    "solution": _render(steps(a, b), style)})
+                    "solution": _render(steps(a, b), style, a, b)})
   return records

@@ -53,7 +53,8 @@ def check(ok: bool, task: str, key: str, message: str) -> None:
     raise UserError(f"{task}.{key}: {message}")
 
 
-def check_common(task: str, n: int, seed: int, style: str) -> None:
+def check_common(task: str, n: int, seed: int, style: str,
+                 styles: tuple[str, ...] = STYLES) -> None:
   check(n >= 0, task, "n", f"must be >= 0, got {n}")
   check(seed >= 0, task, "seed", f"must be >= 0, got {seed}")
-  check(style in STYLES, task, "style", f"must be one of {STYLES}, got {style!r}")
+  check(style in styles, task, "style", f"must be one of {styles}, got {style!r}")

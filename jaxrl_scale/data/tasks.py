@@ -211,6 +211,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "d3x1": {"digits": 3, "multiplier_digits": 1},  # one step: the CPU check's size
         "d3x2": {"digits": 3, "multiplier_digits": 2},  # configs/gpu_small.yaml's task
         "d3x3": {"digits": 3, "multiplier_digits": 3},
+        # configs/cpu_tool.yaml: 3 x 4 digits, solved with the Python tool or not at all
+        "d3x4_tool": {"digits": 3, "multiplier_digits": 4, "style": "tool"},
+        "d3x4_answer": {"digits": 3, "multiplier_digits": 4, "style": "answer"},
     },
     "code": {  # data/code_task.py
         "fn": {},  # every template, compact, function-call tests of f

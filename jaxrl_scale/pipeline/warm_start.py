@@ -40,6 +40,7 @@ from jaxrl_scale.config import Config
 from jaxrl_scale.data import mixture
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import engine
+from jaxrl_scale.pipeline import environment
 from jaxrl_scale.pipeline import progress as progress_lib
 from jaxrl_scale.rl import batch as batch_lib
 from jaxrl_scale.rl import sft as sft_lib
@@ -93,7 +94,8 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
       exchange per step, so all of them stop after the same step).
     sleep: colocated roles: the sampler frees its device memory before the first SFT step
       and after each dev check (`engine.Sampler.sleep`; a check posts the weights it needs).
-    episode_for: the run's environment (pipeline/environment.py): dev checks run episodes.
+    episode_for: the run's environment (pipeline/environment.py): dev checks run episodes,
+      and the solutions are played through it as multi-turn traces (`trace_examples`).
 
   Returns:
     (policy, accelerator-hours of the trainer slice, {"steps", "dev_pass_rate"}).
@@ -110,7 +112,17 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
                     f"{prompts.num_train} training prompts")
   drawn = prompts.take(min(prompts.num_train, cfg.sft.steps * cfg.sft.batch_size + n_dev))
   dev, train = drawn[:n_dev], drawn[n_dev:]
-  examples = [(p.token_ids, tok.encode(p.solution) + [tok.eos_id]) for p in train if p.solution]
+  if episode_for is not None:
+    # Multi-turn: the solutions' turns played through the environment, one example per
+    # model turn (the environment's tokens are context, not targets).
+    examples, dropped = environment.trace_examples(
+        train, tok, episode_for, cfg.sampler.stop_strings, workers=cfg.env.workers)
+    if dropped:
+      log.warning("SFT dropped %d solutions whose episode ended before their last turn",
+                  dropped)
+  else:
+    examples = [(p.token_ids, tok.encode(p.solution) + [tok.eos_id])
+                for p in train if p.solution]
   fitting = [(p, s) for p, s in examples if len(p) + len(s) <= seq_len]
   if not fitting:
     raise UserError("config key 'sft.steps': > 0 but no training prompt has a solution that "

@@ -87,3 +87,24 @@ def test_options_are_key_value_with_yaml_values(tmp_path):
   lim = environment.limits(cfg)
   assert lim.max_tokens == cfg.sampler.max_new_tokens and lim.max_turns == 4
   assert environment.record(_prompt())["reward"] == "arithmetic"
+
+
+def test_a_python_tool_run_warm_starts_on_played_traces_and_calls_the_tool(tmp_path):
+  cfg = config.load(ROOT / "configs" / "cpu_tool.yaml", [
+      "run.steps=1", "run.tensorboard=false", "run.progress=false",
+      "model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=64",
+      "data.num_train=64", "data.num_validation=4", "sft.steps=2", "sft.batch_size=16",
+      "run.sft_stop_pass_rate=null", "rl.prompts_per_step=2", "rl.generations_per_prompt=4",
+      "sampler.num_slots=8", "eval.every=1", "eval.samples_per_prompt=1",
+      "checkpoint.every=0", "checkpoint.async_save=false", "forecast.enabled=false",
+      "pipeline.mode=sync", f"run.output_dir={tmp_path / 'run'}"])
+  outcome = wiring.train(cfg, cfg.run.output_dir)
+  assert outcome.reason == "done"
+  run = pathlib.Path(cfg.run.output_dir)
+  sft = metrics.read_metrics(run / "sft.jsonl")
+  # One example per model turn: a trace's two turns hold ~40 target tokens, the turns
+  # apart (the tool's output is context) far fewer than 16 whole 40-token solutions.
+  assert len(sft) == 2 and all(0 < r["num_loss_tokens"] < 16 * 30 for r in sft)
+  rows = metrics.read_metrics(run / "metrics.jsonl")
+  assert any("rollout/tool_calls" in r and "rollout/turns_mean" in r for r in rows)
+  assert "val/pass_rate" in rows[-1]
