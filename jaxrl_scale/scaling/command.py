@@ -196,7 +196,7 @@ def run(args) -> int:
   else:
     from jaxrl_scale.scaling import text
     print(text.render(reports, comparison, plot_path=args.plot, seed=seed,
-                      domains=per_domain))
+                      domains=per_domain, x=args.x))
   sys.stdout.flush()
   return 0
 

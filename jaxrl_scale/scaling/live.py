@@ -64,6 +64,7 @@ class LiveForecast:
   axis: str = "hours"  # the unit of compute, c_mid and target_compute (AXES)
   hours: float | None = None  # accelerator-hours at this eval
   target_hours: float | None = None  # the target in hours, at the FLOPs per hour so far
+  level: float = 0.95  # the intervals' level
 
   def as_metrics(self, prefix: str = "forecast/") -> dict[str, float]:
     """Flat float metrics for a metrics writer (intervals as _lo / _hi)."""
@@ -87,7 +88,7 @@ class LiveForecast:
     Every number is named with its unit: A (the pass rate the run heads to), B (the
     steepness, no unit), C_mid (the compute of half the gain) and the target on the
     compute axis (FLOPs or accelerator-hours; on FLOPs the hours at the run's FLOPs per
-    hour so far beside them), the forecast a pass rate with its interval's level.
+    hour so far beside them), the forecast a pass rate, the intervals' level at the end.
     """
     a = f"A={self.a:.3f}" if self.well_determined else f"A~{self.a:.2f}?"
     if self.a_interval is not None:
@@ -98,6 +99,8 @@ class LiveForecast:
       line += f"; pass rate at {self.at(self.target_compute)}: {self.forecast:.3f}"
       if self.forecast_interval is not None:
         line += f" [{self.forecast_interval[0]:.3f}, {self.forecast_interval[1]:.3f}]"
+    if self.a_interval is not None or self.forecast_interval is not None:
+      line += f"; {self.level:.0%} intervals"
     if not self.well_determined:
       line += " (not well determined)"
     if self.declining:
@@ -348,7 +351,7 @@ class LiveForecaster:
         forecast_interval=(report.forecast_interval if self.target_compute is not None
                            else None),
         declining=report.declining, axis=self.axis, hours=self._hours[-1],
-        target_hours=self._target_hours())
+        target_hours=self._target_hours(), level=self.level)
 
   def _target_hours(self) -> float | None:
     """The target in hours: itself on the hours axis, else at the FLOPs per hour so far."""

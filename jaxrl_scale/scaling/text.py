@@ -1,4 +1,9 @@
-"""Human-readable report of `jaxrl-scale fit` (the `--json` output carries the same facts)."""
+"""Human-readable report of `jaxrl-scale fit` (the `--json` output carries the same facts).
+
+Every number carries its unit (issue 67 item 7): compute in the unit of the `--x` column
+(`UNITS`: FLOPs, accelerator-hours, else the column's name), pass rates named as such,
+intervals with their level.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +33,22 @@ def span(p: tuple[float, float] | None, digits: int = 3) -> str:
   return "" if p is None else f"[{num(p[0], digits)}, {num(p[1], digits)}]"
 
 
+# The unit of each compute column `jaxrl-scale fit --x` reads (another column: its name).
+UNITS = {"flops": "FLOPs", "compute_hours": "h"}
+
+
+def unit_of(column: str | None) -> str:
+  """The unit printed after a compute read from `column` (None: the default column)."""
+  column = column or "compute_hours"
+  return UNITS.get(column, f"({column})")
+
+
+def at(v: float | None, unit: str, digits: int = 3) -> str:
+  """A compute with its unit: `5.73e+11 FLOPs`, `2542 h`, `never`."""
+  text = num(v, digits)
+  return text if text in ("-", "never", "-inf") else f"{text} {unit}"
+
+
 def table(rows: list[list[str]], indent: str = "  ") -> str:
   widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
   return "\n".join(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
@@ -37,17 +58,18 @@ def table(rows: list[list[str]], indent: str = "  ") -> str:
 _R0_SOURCE = {"given": "--r0", "step0": "step-0 eval", "fitted": "fitted"}
 
 
-def render_run(r: forecast.RunReport) -> str:
+def render_run(r: forecast.RunReport, unit: str = "h") -> str:
+  """One run's report; `unit` is the compute's (`unit_of` the `--x` column)."""
   s = r.sigmoid
   x_fit = r.curve.compute[r.fit_mask]
   lines = [f"{r.name}  ({r.curve.path})",
            f"  fitted {s.n_points} eval points, compute {num(float(x_fit.min()))} .. "
-           f"{num(float(x_fit.max()))}; R0 = {s.r0:.3f} ({_R0_SOURCE[r.r0_source]}); "
-           f"residual sd {r.residual_sd:.4f}"]
+           f"{at(float(x_fit.max()), unit)}; pass rate R0 = {s.r0:.3f} "
+           f"({_R0_SOURCE[r.r0_source]}); residual sd {r.residual_sd:.4f} (pass rate)"]
   if r.noise is not None:
     m = r.noise
     size = "binomial se from the eval size" if m.size_known else "estimated from residuals"
-    lines.append(f"  eval noise: sd {float(np.median(m.sd()[r.fit_mask])):.4f} ({size}), "
+    lines.append(f"  eval noise: pass-rate sd {float(np.median(m.sd()[r.fit_mask])):.4f} ({size}), "
                  f"lag-1 autocorrelation {m.rho:.2f} (raw {m.rho_raw:.2f}), "
                  + (f"R0 sd {r.r0_sd:.4f}" if r.r0_sd else "R0 held fixed"))
   if r.curve.n_series > 1:
@@ -60,15 +82,18 @@ def render_run(r: forecast.RunReport) -> str:
   a_txt = f"{s.a:.3f}" if r.well_determined else f"~{s.a:.3f} (not determined)"
   rows = [["sigmoid", head, level, ""],
           ["A", a_txt, span(r.interval("a")),
-           f"paper's noise margin on A: +-{boot_lib.PAPER_A_MARGIN}"],
-          ["B", num(s.b), span(r.interval("b")), ""],
-          ["C_mid", num(s.c_mid), span(r.interval("c_mid")), "compute of half the gain"]]
+           f"plateau pass rate; paper's noise margin on A: +-{boot_lib.PAPER_A_MARGIN}"],
+          ["B", num(s.b), span(r.interval("b")), "steepness (an exponent, no unit)"],
+          [f"C_mid ({unit})", num(s.c_mid), span(r.interval("c_mid")),
+           "compute of half the gain"]]
   lines += [table(rows), "  R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
             f"  power law R(C) = A - D / C^B: A = {r.power.a:.3f}, B = {num(r.power.b)}, "
             f"D = {num(r.power.d)} (for comparison; unbounded forms over-predict A)", ""]
-  lines.append(f"  forecast at C = {num(r.target_compute)} ({r.target_source}): "
-               f"{r.forecast:.3f} {span(r.forecast_interval)}, "
-               f"power law {r.power_forecast:.3f}")
+  lines.append(f"  forecast pass rate at C = {at(r.target_compute, unit)} ({r.target_source}): "
+               f"{r.forecast:.3f}"
+               + (f" ({r.level:.0%} interval {span(r.forecast_interval)})"
+                  if r.forecast_interval is not None else "")
+               + f", power law {r.power_forecast:.3f}")
   ext = r.extrapolation
   if ext is not None:
     if ext.n_cuts < 3:
@@ -76,13 +101,14 @@ def render_run(r: forecast.RunReport) -> str:
                    "the fitted evals; more evals needed)")
     else:
       lines.append(
-          f"    extrapolation error from the run's own backtests ({ext.n_cuts} cuts): sd "
-          f"{ext.kappa:.3f} per unit of log compute; the target lies {r.target_distance:.2f} "
-          f"beyond the data, adding +-{r.extrapolation_half_width:.3f} (eval noise alone "
-          f"{span(r.forecast_interval_noise)})")
+          f"    extrapolation error from the run's own backtests ({ext.n_cuts} cuts): "
+          f"pass-rate sd {ext.kappa:.3f} per unit of ln(compute); the target lies "
+          f"{r.target_distance:.2f} in ln(compute) (x{math.exp(r.target_distance):.3g}) "
+          f"beyond the data, adding +-{r.extrapolation_half_width:.3f} to the pass rate "
+          f"(eval noise alone {span(r.forecast_interval_noise)})")
   if r.target_pass_rate is not None:
-    lines.append(f"  compute to reach {r.target_pass_rate:.3f}: {num(r.compute_to_target)} "
-                 f"{span(r.compute_to_target_interval)}")
+    lines.append(f"  compute to reach pass rate {r.target_pass_rate:.3f}: "
+                 f"{at(r.compute_to_target, unit)} {span(r.compute_to_target_interval)}")
   if r.backtest is not None:
     b = r.backtest
     inside = ""
@@ -90,10 +116,10 @@ def render_run(r: forecast.RunReport) -> str:
       inside = (f"; a new eval falls in {span(b.final_prediction_interval)}: "
                 + ("inside" if b.final_inside else "OUTSIDE"))
     lines.append(
-        f"  backtest (fit on compute <= {num(b.fit_until)}, {b.n_heldout} points held out): "
-        f"mean |error| {b.mean_abs_error:.4f}, max {b.max_abs_error:.4f}")
+        f"  backtest (fit on compute <= {at(b.fit_until, unit)}, {b.n_heldout} points held "
+        f"out): mean |error| {b.mean_abs_error:.4f}, max {b.max_abs_error:.4f} (pass rate)")
     lines.append(
-        f"    final point C = {num(b.final_compute)}: actual {b.final_actual:.3f}, forecast "
+        f"    final point C = {at(b.final_compute, unit)}: pass rate {b.final_actual:.3f}, forecast "
         f"{b.final_forecast:.3f} {span(b.final_interval)}, power law "
         f"{b.final_power_law:.3f}{inside}")
   if r.declining:
@@ -108,12 +134,13 @@ def render_run(r: forecast.RunReport) -> str:
 
 
 def render_domains(overall: forecast.RunReport, domains: dict[str, forecast.RunReport],
-                   errors: dict[str, str] | None = None) -> str:
+                   errors: dict[str, str] | None = None, unit: str = "h") -> str:
   """One row per domain of a mixed-domain run (the paper's math and code rows), with the
   reasons a domain's fit is not well determined below the table."""
   target = overall.target_compute
   rows = [["domain", "points", "R0", f"A [{overall.level:.0%} interval]", "B [interval]",
-           "C_mid", f"forecast at {num(target)}", "well determined", "declining"]]
+           f"C_mid ({unit})", f"pass rate at {at(target, unit)}", "well determined",
+           "declining"]]
   notes = []
   for name, r in domains.items():
     s = r.sigmoid
@@ -130,9 +157,11 @@ def render_domains(overall: forecast.RunReport, domains: dict[str, forecast.RunR
 
 
 def render_comparison(reports: list[forecast.RunReport],
-                      c: compare_lib.Comparison) -> str:
-  rows = [["run", "points", "R0", "A", "A interval", "B", "B interval", "C_mid",
-           f"forecast@{num(reports[0].target_compute)}", "well determined"]]
+                      c: compare_lib.Comparison, unit: str = "h") -> str:
+  level = f"{reports[0].level:.0%}"
+  rows = [["run", "points", "R0", "A", f"A {level} interval", "B", "B interval",
+           f"C_mid ({unit})", f"pass rate at {at(reports[0].target_compute, unit)}",
+           "well determined"]]
   for r in reports:
     s = r.sigmoid
     rows.append([r.name, str(s.n_points), f"{s.r0:.3f}", f"{s.a:.3f}", span(r.interval("a")),
@@ -143,7 +172,7 @@ def render_comparison(reports: list[forecast.RunReport],
            f"shared-A efficiency comparison (paper Sec. 4): A fixed at {c.shared_a:.3f}, the "
            f"mean over {', '.join(c.runs_in_mean)}; largest A gap {c.max_a_gap:.3f} "
            f"({'within' if c.similar_a else 'beyond'} the +-{boot_lib.PAPER_A_MARGIN} margin)"]
-  rows = [["run", "B at shared A", "B interval", "C_mid", ""]]
+  rows = [["run", "B at shared A", "B interval", f"C_mid ({unit})", ""]]
   by_name = {s.name: s for s in c.shared}
   rows += [[n, num(by_name[n].b), span(by_name[n].b_interval), num(by_name[n].c_mid),
             "" if by_name[n].well_determined else "(not well determined)"]
@@ -172,17 +201,19 @@ def render_comparison(reports: list[forecast.RunReport],
 
 def render(reports: list[forecast.RunReport], comparison: compare_lib.Comparison | None,
            plot_path: str | None = None, seed: int | None = None,
-           domains: list | None = None) -> str:
+           domains: list | None = None, x: str | None = None) -> str:
   """The full human report: each run (and its domains' table, `domains` holding a
-  `domains.DomainAnalysis` per run), then the comparison, then where the plot went."""
+  `domains.DomainAnalysis` per run), then the comparison, then where the plot went; `x`
+  is the compute column read (`--x`), whose unit every compute carries."""
+  unit = unit_of(x)
   parts = []
   for i, r in enumerate(reports):
-    parts.append(render_run(r))
+    parts.append(render_run(r, unit))
     d = domains[i] if domains else None
     if d is not None and (d.domains or d.errors):
-      parts.append(render_domains(r, d.domains, d.errors))
+      parts.append(render_domains(r, d.domains, d.errors, unit))
   if comparison is not None:
-    parts.append(render_comparison(reports, comparison))
+    parts.append(render_comparison(reports, comparison, unit))
   if seed is not None and reports[0].samples is not None:
     parts.append(f"bootstrap seed {seed} (--seed {seed} reproduces these numbers); the "
                  "intervals hold eval noise only, not a seed's training variance")

@@ -80,7 +80,7 @@ def test_human_output_and_plot(tmp_path, capsys):
   png = tmp_path / "fit.png"
   assert cli.main(["fit", path, "--plot", str(png), "--backtest", "0.5"] + BOOT) == 0
   out = capsys.readouterr().out
-  for text in ("runA", "A ", "C_mid", "power law", "forecast at C", "backtest",
+  for text in ("runA", "A ", "C_mid", "power law", "forecast pass rate at C", "backtest",
                "paper's noise margin on A: +-0.02", f"plot written to {png}"):
     assert text in out
   assert png.stat().st_size > 10_000

@@ -1,6 +1,8 @@
 """Tests for the live forecaster the training loop feeds."""
 
+import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -165,7 +167,20 @@ def test_default_axis_is_flops_so_load_leaves_the_forecast_alone():
   assert "plateau A" in line and f"steepness B={b.b:.2f}" in line
   assert f"half-gain at C_mid={b.c_mid:.3g} FLOPs (~{b.c_mid * ratio:.3g} h)" in line
   assert (f"pass rate at {b.target_compute:.3g} FLOPs (~{b.target_hours:.3g} h): "
-          f"{b.forecast:.3f}") in line
+          f"{b.forecast:.3f} [{b.forecast_interval[0]:.3f}, {b.forecast_interval[1]:.3f}]; "
+          "95% intervals") in line
+  # No bare number is left: each one follows its name (A=, B=, C_mid=, "at", ": ", "[")
+  # and a compute is followed by its unit.
+  assert not re.findall(r"\d e[+-]", line)
+  for m in re.finditer(r"(\d+(?:\.\d+)?(?:e[+-]\d+)?)", line):
+    before, after = line[:m.start()], line[m.end():]
+    if "e+" in m.group(1) or after.startswith(" h"):
+      assert after.startswith((" FLOPs", " h")), (m.group(1), line)
+    else:
+      assert before.endswith(("A=", "B=", ": ", "[", ", ", "(~", "A~")) or \
+          after.startswith("% intervals"), (m.group(1), line)
+  assert "; 95% intervals" not in dataclasses.replace(
+      b, a_interval=None, forecast_interval=None).summary()
   # On hours the slowed run's curve is another one (the old default).
   h1, h2 = outs["hours", "steady"], outs["hours", "slowed"]
   assert f"C_mid={h1.c_mid:.3g} h;" in h1.summary() and "FLOPs" not in h1.summary()
