@@ -174,10 +174,7 @@ def test_the_checks_catch_stale_lines():
 # --- The docs as guides (issue 67): short pages, short paragraphs, measurements in one log.
 
 MEASUREMENTS_LOG = ROOT / "benchmarks" / "results" / "README.md"
-# Pages other sessions are rewriting at the time of issue 67; lift an entry once its page meets
-# the limits below (docs/forecasting.md: the forecast guide; docs/environments.md: multi-turn).
-EXEMPT_FROM_LIMITS = {"forecasting.md", "environments.md"}
-GUIDES = [p for p in DOCS if p.name not in EXEMPT_FROM_LIMITS]
+GUIDES = DOCS
 MAX_PAGE_LINES = 250
 # docs/config.md is not written by hand: jaxrl_scale/config_reference.py generates it from
 # config.py, one table row per key, and tests/config_reference_test.py holds it equal to that
