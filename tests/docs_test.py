@@ -298,3 +298,73 @@ def test_the_page_checks_catch_what_they_guard(tmp_path):
   assert _slug("`jaxrl-scale plan`: will it fit?") == "jaxrl-scale-plan-will-it-fit"
   assert _slug("gpu_small at reduced size on CPU (2026-11-28)") == \
       "gpu_small-at-reduced-size-on-cpu-2026-11-28"
+
+
+# --- One source for each number (issue 67 item 6): a guide's MFU or roofline figure is one a
+# committed results file holds (benchmarks/results/**/*.json), so a page cannot quote a figure
+# of a run nobody kept, or an older one than the files hold; a page that needs another number
+# links to the log instead of quoting it.
+
+# A quoted figure and the results keys it must be among: "36.3% MFU", "MFU bound 0.82",
+# "MFU <= 0.82", "54.0% / 42.3% of the HBM roofline".
+QUOTED_FIGURES = [
+    (re.compile(r"(\d+(?:\.\d+)?)% MFU"), "mfu", True),
+    (re.compile(r"MFU (?:bound (?:of )?|<= ?)(\d\.\d+)"), "mfu", False),
+    (re.compile(r"(\d+(?:\.\d+)?%(?: / \d+(?:\.\d+)?%)*) of the (?:HBM )?roofline"), "roofline",
+     True),
+]
+
+
+@functools.cache
+def _results_values(key_part: str) -> frozenset[float]:
+  """Every number the committed results JSON files hold under a key naming `key_part`."""
+  out: set[float] = set()
+
+  def walk(x, key: str) -> None:
+    if isinstance(x, dict):
+      for k, v in x.items():
+        walk(v, k)
+    elif isinstance(x, list):
+      for v in x:
+        walk(v, key)
+    elif isinstance(x, (int, float)) and not isinstance(x, bool) and key_part in key.lower():
+      out.add(float(x))
+
+  for f in sorted((ROOT / "benchmarks" / "results").rglob("*.json")):
+    walk(__import__("json").loads(f.read_text()), "")
+  return frozenset(out)
+
+
+def _unheld_figures(text: str, values=_results_values) -> list[str]:
+  """The MFU / roofline figures of `text`'s prose that no results file holds, rounded as
+  written (a percentage to its decimals of a fraction times 100)."""
+  missing = []
+  for pattern, key, percent in QUOTED_FIGURES:
+    for m in pattern.finditer(_prose(text)):
+      for figure in re.findall(r"\d+(?:\.\d+)?", m.group(1)):
+        digits = len(figure.partition(".")[2])
+        held = {round(v * 100 if percent else v, digits) for v in values(key)}
+        if round(float(figure), digits) not in held:
+          missing.append(m.group(0))
+  return missing
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+def test_quoted_figures_are_held_by_the_results_files(path):
+  missing = _unheld_figures(path.read_text())
+  assert not missing, f"{path.name} quotes {missing}, which no benchmarks/results/ JSON " \
+      "holds: quote the latest committed figure, or link to the log instead of quoting"
+
+
+def test_the_figure_check_catches_an_unheld_figure():
+  """A figure the files hold passes, one they do not (or a rounding away) fails."""
+  values = lambda key: {"mfu": {0.3632, 0.8239}, "roofline": {0.5399, 0.4228}}[key]
+  assert _unheld_figures("36.3% MFU, MFU bound 0.82, MFU <= 0.82", values) == []
+  assert _unheld_figures("54.0% / 42.3% of the HBM roofline", values) == []
+  assert _unheld_figures("36.4% MFU and MFU bound 0.86; 36% MFU", values) == \
+      ["36.4% MFU", "MFU bound 0.86"]
+  assert _unheld_figures("54.0% / 41.0% of the roofline", values) == \
+      ["54.0% / 41.0% of the roofline"]
+  assert _unheld_figures("```\n99.9% MFU\n```\n", values) == []  # a command's output
+  # The H100 1.7B step's MFU (causal), as gpu_h100_2026-11-28/train_step_bench.json holds it.
+  assert any(round(v, 4) == 0.3632 for v in _results_values("mfu"))
