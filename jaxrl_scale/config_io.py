@@ -19,6 +19,12 @@ import yaml
 from jaxrl_scale.errors import UserError
 
 
+def check(cond: bool, key: str, message: str) -> None:
+  """A section's `__post_init__` check: raises UserError naming the dotted `key` unless `cond`."""
+  if not cond:
+    raise UserError(f"config key '{key}': {message}")
+
+
 def _nearest(name: str, choices, prefix: str = "") -> str:
   match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
   return f" (did you mean '{prefix}{match[0]}'?)" if match else ""

@@ -1,9 +1,10 @@
-"""The config reference page (docs/config.md), generated from jaxrl_scale/config.py.
+"""The config reference (docs/config.md and a page per section under docs/config/),
+generated from the config classes of jaxrl_scale/config.py and its section modules.
 
-Every key's documentation is read from the config module's own source: the `#` comment at
+Every key's documentation is read from its class's own module source: the `#` comment at
 the end of the field's line(s) and the `#` lines directly above it, and each section's class
-docstring as that section's introduction. So the page cannot drift from the code as long as
-tests/config_reference_test.py keeps docs/config.md equal to `markdown()`.
+docstring as that section's introduction. So the pages cannot drift from the code as long as
+tests/config_reference_test.py keeps them equal to `pages()`.
 
     python -m jaxrl_scale.config_reference --write docs/config.md
     python -m jaxrl_scale.config_reference --check docs/config.md
@@ -49,6 +50,7 @@ class Section:
   dotted: str
   intro: str  # the class docstring ("" when it has none)
   keys: tuple[Key, ...]
+  source: str = ""  # the file that defines the section's class, e.g. "jaxrl_scale/config.py"
 
 
 # ----------------------------------------------------------------------------------------
@@ -171,10 +173,16 @@ def sections(module: types.ModuleType | None = None) -> list[Section]:
   """Every section of `module.Config` (default: jaxrl_scale.config), nested sections after
   their parent, in field order."""
   module = module or config
-  source = _Source(module)
+  sources: dict[str, _Source] = {}
   out: list[Section] = []
 
   def walk(cls: type, prefix: str) -> None:
+    # A section's comments are in the module that defines its class (config.py's own or one
+    # of the section modules it imports).
+    name = cls.__module__
+    if name not in sources:
+      sources[name] = _Source(sys.modules[name])
+    source = sources[name]
     hints = typing.get_type_hints(cls)
     keys, nested = [], []
     for field in dataclasses.fields(cls):
@@ -193,12 +201,21 @@ def sections(module: types.ModuleType | None = None) -> list[Section]:
               config.to_dict(default) if element is not None else default),
           doc=source.field_comment(cls, field.name)))
     if prefix or keys:  # Config's own scalars, if it ever has any, form a "top level" section
-      out.append(Section(prefix.rstrip(".") or "top level", source.docstring(cls), tuple(keys)))
+      out.append(Section(prefix.rstrip(".") or "top level", source.docstring(cls), tuple(keys),
+                         _file_name(sys.modules[name])))
     for sub, dotted in nested:
       walk(sub, dotted + ".")
 
   walk(module.Config, "")
   return out
+
+
+def _file_name(module: types.ModuleType) -> str:
+  """`module`'s file as the page names it: relative to the repository for the package's
+  modules ("jaxrl_scale/config_model.py"), else the file's own name."""
+  path = pathlib.Path(getattr(module, "__file__", "") or module.__name__ + ".py").resolve()
+  root = pathlib.Path(__file__).resolve().parents[1]
+  return str(path.relative_to(root)) if path.is_relative_to(root) else path.name
 
 
 # ----------------------------------------------------------------------------------------
@@ -214,30 +231,67 @@ def _cell(text: str) -> str:
   return "`".join(parts).replace("|", "\\|")
 
 
-def markdown(module: types.ModuleType | None = None) -> str:
-  """The whole docs/config.md page for `module` (default: jaxrl_scale.config)."""
+def _table(sec: Section) -> list[str]:
+  lines = ["| Key | Type | Default | Description |", "| --- | --- | --- | --- |"]
+  for key in sec.keys:
+    default = f"`{_code(key.default)}`" if key.default else "(required)"
+    lines.append(f"| `{key.dotted}` | {_type_cell(key.type)} | {default} | {_cell(key.doc)} |")
+  return lines
+
+
+def _summary(intro: str) -> str:
+  """The first paragraph of a section's docstring, on one line."""
+  return " ".join(intro.split("\n\n")[0].split())
+
+
+def pages(module: types.ModuleType | None = None, index: str = "config.md") -> dict[str, str]:
+  """Every page of the reference for `module` (default: jaxrl_scale.config): relative path
+  -> text. `index` (e.g. "config.md") is a short page of the sections, linking to one page per
+  top-level section in the folder of its stem ("config/run.md"); a nested section
+  (`data.sources[]`) is on its parent's page."""
+  stem = pathlib.PurePosixPath(index).stem
+  secs = sections(module)
+  top = [s for s in secs if "." not in s.dotted]
   lines = [
       "# Configuration reference",
       "",
-      "Generated from the field comments and section docstrings of `jaxrl_scale/config.py`;"
-      f" do not edit by hand. Regenerate with `{WRITE_COMMAND}`.",
-      "Every key below has the default shown; a YAML file given to `jaxrl-scale train` overrides"
-      " any of them (section, then key), and `key.sub=value` arguments after the file override"
-      " the file, e.g. `jaxrl-scale train configs/cpu_tiny.yaml rl.loss=grpo optim.lr=1e-6`.",
+      "Generated from the field comments and section docstrings of the config classes; do not"
+      f" edit by hand. Regenerate with `{WRITE_COMMAND}` (it writes this page and the section"
+      f" pages under `docs/{stem}/`).",
+      "Every key has the default shown on its section's page; a YAML file given to"
+      " `jaxrl-scale train` overrides any of them (section, then key), and `key.sub=value`"
+      " arguments after the file override the file, e.g."
+      " `jaxrl-scale train configs/cpu_tiny.yaml rl.loss=grpo optim.lr=1e-6`.",
       "",
+      "| Section | Keys | What it sets | Defined in |",
+      "| --- | --- | --- | --- |",
   ]
-  secs = sections(module)
-  lines.append("Sections: " + ", ".join(f"[`{s.dotted}`](#{_anchor(s.dotted)})" for s in secs)
-               + ".")
-  for sec in secs:
-    lines += ["", f"## {sec.dotted}", ""]
-    if sec.intro:
-      lines += [sec.intro, ""]
-    lines += ["| Key | Type | Default | Description |", "| --- | --- | --- | --- |"]
-    for key in sec.keys:
-      default = f"`{_code(key.default)}`" if key.default else "(required)"
-      lines.append(f"| `{key.dotted}` | {_type_cell(key.type)} | {default} | {_cell(key.doc)} |")
-  return "\n".join(lines) + "\n"
+  out: dict[str, str] = {}
+  for sec in top:
+    page = f"{stem}/{_page_name(sec.dotted)}.md"
+    family = [s for s in secs if s.dotted == sec.dotted or s.dotted.startswith(sec.dotted + ".")]
+    for s in family:
+      link = page if s is sec else f"{page}#{_anchor(s.dotted)}"
+      lines.append(f"| [`{s.dotted}`]({link}) | {len(s.keys)} | {_cell(_summary(s.intro))} |"
+                   f" `{s.source}` |")
+    body = [
+        f"# {sec.dotted}",
+        "",
+        f"Keys of the `{sec.dotted}` section, generated from `{sec.source}`; do not edit by"
+        f" hand. All sections: [{index}](../{index}).",
+    ]
+    for s in family:
+      if s is not sec:
+        body += ["", f"## {s.dotted}"]
+      if s.intro:
+        body += ["", s.intro]
+      body += [""] + _table(s)
+    out[page] = "\n".join(body) + "\n"
+  return {index: "\n".join(lines) + "\n", **out}
+
+
+def _page_name(dotted: str) -> str:
+  return re.sub(r"[^a-z0-9_-]", "", dotted.lower())
 
 
 def _code(text: str) -> str:
@@ -256,33 +310,63 @@ def _anchor(heading: str) -> str:
   return re.sub(r"[^a-z0-9_\- ]", "", heading.lower()).replace(" ", "-")
 
 
+def write(path: str | pathlib.Path, module: types.ModuleType | None = None) -> None:
+  """Writes the index page at `path` and its section pages beside it (in the folder of its
+  stem), removing section pages that no section has any more."""
+  path = pathlib.Path(path)
+  texts = pages(module, path.name)
+  folder = path.parent / path.stem
+  folder.mkdir(parents=True, exist_ok=True)
+  for stale in folder.glob("*.md"):
+    if f"{path.stem}/{stale.name}" not in texts:
+      stale.unlink()
+  for name, text in texts.items():
+    (path.parent / name).write_text(text)
+
+
+def check(path: str | pathlib.Path, module: types.ModuleType | None = None) -> str | None:
+  """None when the pages at `path` (and its section folder) are current, else the reason."""
+  path = pathlib.Path(path)
+  texts = pages(module, path.name)
+  regenerate = f"`python -m jaxrl_scale.config_reference --write {path}`"
+  folder = path.parent / path.stem
+  extra = sorted(f"{path.stem}/{p.name}" for p in folder.glob("*.md")
+                 if f"{path.stem}/{p.name}" not in texts) if folder.is_dir() else []
+  for name, text in texts.items():
+    page = path.parent / name
+    try:
+      current = page.read_text()
+    except OSError as e:
+      return f"{page}: cannot read ({e.strerror}); generate it with {regenerate}"
+    if current != text:
+      return f"{page} is stale (the config classes changed): regenerate it with {regenerate}"
+  if extra:
+    return f"{folder}: pages of no section {extra}: regenerate with {regenerate}"
+  return None
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
       prog="python -m jaxrl_scale.config_reference",
-      description="Write or check the config reference generated from jaxrl_scale/config.py.")
+      description="Write or check the config reference generated from the config classes.")
   group = parser.add_mutually_exclusive_group()
-  group.add_argument("--write", metavar="PATH", help=f"write the page to PATH (e.g. {DOC_PATH})")
+  group.add_argument("--write", metavar="PATH",
+                     help=f"write the index page to PATH (e.g. {DOC_PATH}) and the section "
+                     "pages to the folder of its stem (docs/config/)")
   group.add_argument("--check", metavar="PATH",
-                     help="exit 1 when PATH differs from the generated page")
+                     help="exit 1 when PATH or a section page differs from the generated one")
   args = parser.parse_args(argv)
-  text = markdown()
   if args.write:
-    pathlib.Path(args.write).write_text(text)
+    write(args.write)
     return 0
   if args.check:
-    path = pathlib.Path(args.check)
-    try:
-      current = path.read_text()
-    except OSError as e:
-      print(f"{path}: cannot read ({e.strerror}); generate it with "
-            f"`python -m jaxrl_scale.config_reference --write {path}`", file=sys.stderr)
-      return 1
-    if current != text:
-      print(f"{path} is stale (jaxrl_scale/config.py changed): regenerate it with "
-            f"`python -m jaxrl_scale.config_reference --write {path}`", file=sys.stderr)
+    problem = check(args.check)
+    if problem:
+      print(problem, file=sys.stderr)
       return 1
     return 0
-  sys.stdout.write(text)
+  for name, text in pages().items():
+    sys.stdout.write(f"<!-- {name} -->\n{text}")
   return 0
 
 

@@ -176,12 +176,6 @@ def test_the_checks_catch_stale_lines():
 MEASUREMENTS_LOG = ROOT / "benchmarks" / "results" / "README.md"
 GUIDES = DOCS
 MAX_PAGE_LINES = 250
-# docs/config.md is not written by hand: jaxrl_scale/config_reference.py generates it from
-# config.py, one table row per key, and tests/config_reference_test.py holds it equal to that
-# output, so its length is config.py's key count; only the page-length limit is lifted for it
-# (its paragraphs, dates and links are checked as any guide's). Splitting it is the
-# generator's job.
-GENERATED_REFERENCE = {"config.md"}
 MAX_PARAGRAPH_LINES = 10
 # A commit hash: 7-40 hex digits with a letter and a digit, not inside a word, path or number.
 HASH = re.compile(r"(?<![\w/.-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
@@ -242,7 +236,7 @@ def _links(path: pathlib.Path) -> list[tuple[str, str]]:
 def test_guides_are_short_pages_of_short_paragraphs(path):
   text = path.read_text()
   lines = len(text.splitlines())
-  assert lines <= MAX_PAGE_LINES or path.name in GENERATED_REFERENCE, \
+  assert lines <= MAX_PAGE_LINES, \
       f"{path.name}: {lines} lines (at most {MAX_PAGE_LINES}: " \
       "split it by subject)"
   long = [f"line {s} ({n} lines)" for s, n in paragraphs(text) if n > MAX_PARAGRAPH_LINES]

@@ -408,13 +408,13 @@ def test_training_logs_downstream_metrics(tmp_path, monkeypatch):
   monkeypatch.setattr(progress_lib, "eval_progress", functools.partial(
       progress_lib.eval_progress, first_s=0.0, every_s=0.0))
 
-  train_test = _load("train_test_helpers", TESTS / "train_test.py")  # its tiny run config
+  train_setup = _load("train_setup_helpers", TESTS / "train_setup.py")  # train_test's tiny run
   task = tmp_path / "parity.jsonl"
-  train_test._write_task(task)
+  train_setup.write_task(task)
   bench = _jsonl(tmp_path / "par.jsonl", [{"problem": f"{i}:", "answer": str(i % 2)}
                                           for i in range(3)])
-  cfg = config.load(train_test.ROOT / "configs" / "cpu_tiny.yaml",
-                    train_test.tiny_overrides(task, steps=4) + [
+  cfg = config.load(train_setup.ROOT / "configs" / "cpu_tiny.yaml",
+                    train_setup.tiny_overrides(task, steps=4) + [
                         f"run.output_dir={tmp_path / 'run'}", f"eval.downstream=[{bench}:par]",
                         "eval.downstream_every=4", "eval.downstream_samples=2",
                         "run.progress=true"])

@@ -13,7 +13,7 @@ from jaxrl_scale import cli
 from jaxrl_scale import config
 from jaxrl_scale.pipeline import wiring
 from tests.generation import conftest as gen
-from tests.train_test import ROOT, _write_task, tiny_overrides
+from tests.train_setup import ROOT, tiny_overrides, write_task
 
 
 def _hf_cfg(start, task, run_dir, steps):
@@ -33,7 +33,7 @@ def hf_run(tmp_path_factory):
   start = base / "start"
   gen.make_hf_model(gen.SPECS["qwen3"], seed=4).save_pretrained(start)
   gen.write_byte_tokenizer(str(start))
-  _write_task(base / "task.jsonl")
+  write_task(base / "task.jsonl")
   cfg = _hf_cfg(start, base / "task.jsonl", base / "run", steps=2)
   out = io.StringIO()
   wiring.train(cfg, cfg.run.output_dir, stream=out)
@@ -146,7 +146,7 @@ def test_a_byte_tokenizer_run_exports_a_tokenizer_that_reads_as_it_trained(tmp_p
 
   from jaxrl_scale.models import tokenizer as tokenizer_lib
 
-  _write_task(tmp_path / "task.jsonl")
+  write_task(tmp_path / "task.jsonl")
   cfg = config.load(ROOT / "configs" / "cpu_tiny.yaml", tiny_overrides(
       tmp_path / "task.jsonl", steps=1) + ["eval.every=0", "checkpoint.every=1",
                                            f"run.output_dir={tmp_path / 'run'}"])
