@@ -7,10 +7,10 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import paged_decode_check  # noqa: E402  (benchmarks/ is not a package)
-import sampler_bench  # noqa: E402
-import train_step_bench  # noqa: E402
+sys.path.insert(0, str(ROOT))  # the repository root: benchmarks.* by package name
+from benchmarks.gpu import paged_decode_check  # noqa: E402
+from benchmarks.sampler import sampler_bench  # noqa: E402
+from benchmarks.train import train_step_bench  # noqa: E402
 
 
 @pytest.mark.parametrize("kind, tflops, gbps", [

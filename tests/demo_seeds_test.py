@@ -1,4 +1,4 @@
-"""benchmarks/demo_seeds.py: seed lists, the spread it reports, and the targets it checks."""
+"""benchmarks/demos/demo_seeds.py: seed lists, the spread it reports, and the targets it checks."""
 
 import argparse
 import importlib.util
@@ -12,7 +12,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def bench():
-  spec = importlib.util.spec_from_file_location("demo_seeds", ROOT / "benchmarks" / "demo_seeds.py")
+  spec = importlib.util.spec_from_file_location(
+      "demo_seeds", ROOT / "benchmarks" / "demos" / "demo_seeds.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module

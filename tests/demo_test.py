@@ -7,7 +7,7 @@ learning (a sign flip in the loss or the advantages, log-probs of another distri
 the sampler's, a broken weight transfer to the sampler, a learning rate that no longer moves
 the model) fails it.
 
-Numbers behind the margin (benchmarks/demo_seeds.py --seeds 0-9, 2 cores, evals at step 30):
+Numbers behind the margin (benchmarks/demos/demo_seeds.py --seeds 0-9, 2 cores, evals at step 30):
 the recipe (pipeline mode, constant learning rate 4e-4) rose 0.17-0.26 in 30 steps on every
 seed; the earlier sync recipe (cosine from 1e-3) rose 0.15-0.28. The 2-layer recipe before
 that rose 0.03-0.08 on seeds 0 and 2 (on the machine of an earlier session) and would fail

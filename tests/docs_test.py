@@ -30,6 +30,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Each benchmark group's README names its commands: its ```bash lines are checked as the docs'.
+BENCH_READMES = sorted(p for p in ROOT.glob("benchmarks/*/README.md")
+                       if p.parent.name != "results")  # the log is checked for links only
 UNCHECKED = {("python3", "-m", "venv"), (".",), ("source",), ("cd",), ("python", "-m", "pytest"),
              ("tensorboard",), ("git",)}
 
@@ -57,6 +60,8 @@ def _bash_blocks(path: pathlib.Path) -> list[tuple[int, list[str]]]:
 
 def _all_blocks():
   blocks = [(f"{p.name}:{n}", lines) for p in DOCS for n, lines in _bash_blocks(p)]
+  blocks += [(f"{p.relative_to(ROOT)}:{n}", lines) for p in BENCH_READMES
+             for n, lines in _bash_blocks(p)]
   assert sum(len(b) for _, b in blocks) >= 20, "the docs' runnable lines were not found"
   return blocks
 
@@ -163,7 +168,7 @@ def test_the_checks_catch_stale_lines():
   for bad in ["jaxrl-scale fit m.jsonl --no-such-flag",
               "jaxrl-scale train configs/no_such.yaml",
               "jaxrl-scale train configs/cpu_tiny.yaml rl.no_such_key=1",
-              "python benchmarks/fit_bench.py --no-such-flag",
+              "python benchmarks/forecast/fit_bench.py --no-such-flag",
               'pip install -e ".[no_such_extra]"',
               "frobnicate --now"]:
     with pytest.raises(BaseException):
@@ -259,7 +264,8 @@ def test_measurement_records_live_in_the_log(path):
       f"{MEASUREMENTS_LOG.relative_to(ROOT)} and link to it"
 
 
-LINKED = [*DOCS, ROOT / "CHANGELOG.md", MEASUREMENTS_LOG, *sorted(ROOT.glob("benchmarks/*.md"))]
+LINKED = [*DOCS, ROOT / "CHANGELOG.md", MEASUREMENTS_LOG,
+          *sorted(p for p in ROOT.glob("benchmarks/**/*.md") if p != MEASUREMENTS_LOG)]
 
 
 @pytest.mark.parametrize("path", LINKED, ids=[str(p.relative_to(ROOT)) for p in LINKED])

@@ -1,4 +1,4 @@
-"""benchmarks/episode_overlap.py on a tiny run: the sleeping and the instant tool give the
+"""benchmarks/sampler/episode_overlap.py on a tiny run: the sleeping and the instant tool give the
 same episodes (same tokens, same calls), so the ratio compares equal work. No timing is
 judged here (the benchmark prints its ratio; a loaded machine must pass this test)."""
 
@@ -7,7 +7,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks import episode_overlap  # pylint: disable=wrong-import-position
+from benchmarks.sampler import episode_overlap  # pylint: disable=wrong-import-position
 
 
 def test_quick_run_compares_equal_work():

@@ -1,4 +1,4 @@
-"""benchmarks/extension.py: the replay half (fits at fractions of a finished run)."""
+"""benchmarks/forecast/extension.py: the replay half (fits at fractions of a finished run)."""
 
 import argparse
 import importlib.util
@@ -16,7 +16,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def bench():
-  spec = importlib.util.spec_from_file_location("extension", ROOT / "benchmarks" / "extension.py")
+  spec = importlib.util.spec_from_file_location(
+      "extension", ROOT / "benchmarks" / "forecast" / "extension.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.py on CPU: its plan, argument checks, the parsing and summary of the
+"""benchmarks/gpu/gpu_suite.py on CPU: its plan, argument checks, the parsing and summary of the
 benches' reports, and (slow) every variant at tiny shapes (the measurements need a GPU)."""
 
 import os
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import gpu_suite  # noqa: E402  (benchmarks/ is not a package)
-import random_checkpoint  # noqa: E402
+sys.path.insert(0, ROOT)  # the repository root: benchmarks.* by package name
+from benchmarks.common import random_checkpoint  # noqa: E402
+from benchmarks.gpu import gpu_suite  # noqa: E402
 
 # train_step_bench --quick's report, as printed on this machine.
 TRAIN_REPORT = """\
@@ -33,7 +33,7 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   512, bf16), a profile, command buffers off, transformers; the train step's headline
   shapes with cuDNN, remat and logits-chunk variants, the latency-hiding scheduler, einsum
   baselines; every train run measures a bf16 matmul peak."""
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
+  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "gpu_suite.py"),
                         "--dry-run"], capture_output=True, text=True, timeout=60, check=True)
   lines = out.stdout.strip().splitlines()
   assert len(lines) == len(gpu_suite.RUNS) == 23
@@ -42,7 +42,7 @@ def test_dry_run_covers_every_device_item_of_issue_34():
   # Then the train step's loss and gradients with cuDNN against einsum (the correctness
   # target), at its GPU shapes (no --quick).
   assert lines[1].startswith("attention_check (item 1): python3 "
-                             "train_attention_check.py --json")
+                             "benchmarks/gpu/train_attention_check.py --json")
   # After the checks: the 1.7B target (remat keeping the attention kernel's outputs, 36.3%
   # on the H100; remat full, its baseline in the same call; remat full with cuBLAS GEMMs),
   # all while the decode checkpoint is written in the background; the batch-256 decode
@@ -267,7 +267,7 @@ def test_summary_compares_kernel_with_gather_and_variants_with_their_base(tmp_pa
 
 
 def test_busy_time_is_the_union_of_stream_intervals():
-  import gpu_profile
+  from benchmarks.common import gpu_profile
 
   # Two streams overlapping on [5, 8), a gap [12, 20), one kernel inside another.
   assert gpu_profile.busy_ns([(0, 8), (5, 12), (20, 30), (22, 25)]) == 22
@@ -277,7 +277,7 @@ def test_busy_time_is_the_union_of_stream_intervals():
 def test_profile_summary_ranks_kernels_and_families_per_step():
   """Kernel names as a Hopper profile shows them (cuBLAS/cuDNN/XLA fusions/our Triton
   kernel); times in ns over 2 steps, wall 100 us."""
-  import gpu_profile
+  from benchmarks.common import gpu_profile
 
   events = [
       ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", 0, 30_000),
@@ -322,7 +322,7 @@ def test_parse_train_reads_the_report():
 
 
 def test_mfu_counts_causal_attention_as_half():
-  import train_step_bench
+  from benchmarks.train import train_step_bench
   from jaxrl_scale.models import config as model_config
 
   # qwen3_0p6b: 28 layers, 16 heads of 128; 32 x 2048 tokens.
@@ -456,7 +456,7 @@ def test_cpu_smoke_runs_every_variant(tmp_path):
   device tool brings back (about 5 minutes on 2 cores)."""
   import json
 
-  subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"),
+  subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu", "gpu_suite.py"),
                   "--cpu-smoke", "--out", str(tmp_path)], capture_output=True, text=True,
                  timeout=1500, check=True)
   suite = json.loads((tmp_path / "gpu_suite.json").read_text())

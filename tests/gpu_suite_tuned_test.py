@@ -1,4 +1,4 @@
-"""benchmarks/gpu_suite.py on CPU: the decode run tuned by the kernel sweep (this call's, or
+"""benchmarks/gpu/gpu_suite.py on CPU: the decode run tuned by the kernel sweep (this call's, or
 an earlier call's with --sweep-from)."""
 
 import os
@@ -7,8 +7,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import gpu_suite  # noqa: E402  (benchmarks/ is not a package)
+sys.path.insert(0, ROOT)  # the repository root: benchmarks.* by package name
+from benchmarks.gpu import gpu_suite  # noqa: E402
 
 
 DEFAULTS = dict(kv_tokens_per_block=64, num_warps=4, num_stages=1, target_programs=1024)

@@ -1,4 +1,4 @@
-"""benchmarks/kernel_occupancy.py: the occupancy arithmetic by hand, its parsers on XLA's and
+"""benchmarks/gpu/kernel_occupancy.py: the occupancy arithmetic by hand, its parsers on XLA's and
 ptxas' own text, and (where CUDA's ptxas and JAX's CUDA plugin are installed) every sweep
 configuration compiled for an H100: none spills, each fits the SM as computed."""
 
@@ -9,8 +9,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import kernel_occupancy  # noqa: E402  (benchmarks/ is not a package)
+sys.path.insert(0, ROOT)  # the repository root: benchmarks.* by package name
+from benchmarks.gpu import kernel_occupancy  # noqa: E402
 from tests.plan import gpu_plan_test  # noqa: E402
 
 
@@ -57,9 +57,9 @@ def test_no_sweep_configuration_spills_compiled_for_an_h100(tmp_path):
   import json
 
   out = tmp_path / "occ.json"
-  run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "kernel_occupancy.py"),
-                        "--json", str(out)], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  script = os.path.join(ROOT, "benchmarks", "gpu", "kernel_occupancy.py")
+  run = subprocess.run([sys.executable, script, "--json", str(out)], capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   if run.returncode and "XLA wrote no PTX" in run.stderr:  # a jax newer than our pin
     pytest.skip(run.stderr.strip().splitlines()[-1])
   assert run.returncode == 0, run.stderr[-2000:]
@@ -76,5 +76,5 @@ def test_no_sweep_configuration_spills_compiled_for_an_h100(tmp_path):
 
 
 def kernel_occupancy_sweep():
-  import paged_decode_check  # pylint: disable=g-import-not-at-top
+  from benchmarks.gpu import paged_decode_check  # pylint: disable=g-import-not-at-top
   return paged_decode_check.sweep_configs(16)

@@ -5,9 +5,9 @@ import sys
 
 from jaxrl_scale.models import config as model_config
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-import sampler_bench  # noqa: E402  (benchmarks/ is not a package)
-import train_step_bench  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # benchmarks.* by name
+from benchmarks.sampler import sampler_bench  # noqa: E402
+from benchmarks.train import train_step_bench  # noqa: E402
 
 
 def test_train_step_flops_take_the_active_parameters_of_an_moe():

@@ -1,5 +1,5 @@
-"""benchmarks/paged_decode_check.py on CPU (interpret mode, tiny shapes): its timing loop
-and its block-size sweep. The numbers that matter come from a GPU (benchmarks/gpu_suite.py)."""
+"""benchmarks/gpu/paged_decode_check.py on CPU (interpret mode, tiny shapes): its timing loop
+and its block-size sweep. The numbers that matter come from a GPU (benchmarks/gpu/gpu_suite.py)."""
 
 import os
 import sys
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import paged_decode_check  # noqa: E402  (benchmarks/ is not a package)
+sys.path.insert(0, ROOT)  # the repository root: benchmarks.* by package name
+from benchmarks.gpu import paged_decode_check  # noqa: E402
 from tests.plan import gpu_plan_test  # noqa: E402
 
 
@@ -102,7 +102,7 @@ def test_every_sweep_configuration_compiles_for_an_h100():
   Triton to PTX with its shared-memory check included (8 s): every configuration the sweep
   times at Qwen3-0.6B's shape (batch 256) compiles, so none spends device time on a compile
   error; one past the shared memory (256 positions in 6 pipeline stages) does not."""
-  import kernel_occupancy  # pylint: disable=g-import-not-at-top
+  from benchmarks.gpu import kernel_occupancy  # pylint: disable=g-import-not-at-top
 
   compile_one = kernel_occupancy.compile_for_h100(256)
 

@@ -1,4 +1,4 @@
-"""benchmarks/rl_loop_bench.py on the CPU demo's config, shrunk: it runs `jaxrl-scale train`'s
+"""benchmarks/train/rl_loop_bench.py on the CPU demo's config, shrunk: it runs `jaxrl-scale train`'s
 loop in both modes, times every phase, and sets the loop beside its programs alone (no
 timing asserted)."""
 
@@ -9,8 +9,8 @@ import sys
 import jax
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-import rl_loop_bench  # noqa: E402  (benchmarks/ is not a package)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # benchmarks.* by name
+from benchmarks.train import rl_loop_bench  # noqa: E402
 
 SHRUNK = ["rl.prompts_per_step=4", "rl.generations_per_prompt=4", "sampler.num_slots=16",
           "model.num_layers=2"]

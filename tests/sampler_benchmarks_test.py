@@ -11,15 +11,16 @@ import jax
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import hf_baseline  # noqa: E402  (benchmarks/ is not a package)
-import sampler_bench  # noqa: E402
+sys.path.insert(0, ROOT)  # the repository root: benchmarks.* by package name
+SAMPLER = os.path.join(ROOT, "benchmarks", "sampler")
+from benchmarks.sampler import hf_baseline  # noqa: E402
+from benchmarks.sampler import sampler_bench  # noqa: E402
 
 from jaxrl_scale.models import config as model_config  # noqa: E402
 
 
 def _json(script, *args):
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
+  out = subprocess.run([sys.executable, os.path.join(SAMPLER, script), *args],
                        capture_output=True, text=True, timeout=600, check=True)
   return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -92,7 +93,7 @@ def test_transformers_runs_where_jax_runs_unless_told():
 def test_transformers_on_a_gpu_torch_cannot_see_fails_in_one_line():
   """--hf-device cuda where torch has no CUDA device: one line naming the way out, exit 2,
   and before our own compile (no time spent on a comparison that cannot run)."""
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "sampler_bench.py"),
+  out = subprocess.run([sys.executable, os.path.join(SAMPLER, "sampler_bench.py"),
                         "--quick", "--skip-mixed", "--skip-floor", "--repeats", "1",
                         "--hf-device", "cuda", "--json"],
                        capture_output=True, text=True, timeout=600)

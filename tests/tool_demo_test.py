@@ -1,11 +1,11 @@
-"""benchmarks/tool_demo.py's verdicts: each target met only when every seed meets it."""
+"""benchmarks/demos/tool_demo.py's verdicts: each target met only when every seed meets it."""
 
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from benchmarks import tool_demo  # pylint: disable=wrong-import-position
+from benchmarks.demos import tool_demo  # pylint: disable=wrong-import-position
 
 
 def _row(variant, seed, final, wall=200.0):

@@ -1,4 +1,4 @@
-"""benchmarks/train_attention_check.py on CPU: the cuDNN path's code runs through JAX's XLA
+"""benchmarks/gpu/train_attention_check.py on CPU: the cuDNN path's code runs through JAX's XLA
 implementation here, so what this shows is that the check measures what it says and fails
 on a wrong attention; whether cuDNN's kernel passes is the GPU suite's question."""
 
@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import train_attention_check as check  # noqa: E402  (benchmarks/ is not a package)
+sys.path.insert(0, ROOT)  # the repository root: benchmarks.* by package name
+from benchmarks.gpu import train_attention_check as check  # noqa: E402
 
 from jaxrl_scale.models import attention  # noqa: E402
 

@@ -451,7 +451,7 @@ def layers_program(graphdef: nnx.GraphDef, param_treedef: Any) -> Callable:
   leaves of `Transformer.split_layers`), for `decode_program` where `splits_layers`: XLA
   copies a slice of the stacked weights before each matmul, so the sampler cuts them once
   per weight swap (one more copy of the layer weights held) instead of every step on GPU
-  or every decode chunk on CPU (benchmarks/sampler_bench.py: README, Sampler)."""
+  or every decode chunk on CPU (benchmarks/sampler/sampler_bench.py: README, Sampler)."""
 
   def run(param_leaves):
     params = jax.tree.unflatten(param_treedef, list(param_leaves))

@@ -269,7 +269,7 @@ class Einsum(nnx.Module):
     dims, perm = _contraction(self.spec)
     # A dot_general with the contracted axes in x's order, not jnp.einsum: for "BTNH,NHD"
     # einsum contracted (H, N), and XLA:CPU then transposed the whole kernel on every call
-    # (o_proj, every decode step; benchmarks/sampler_bench.py).
+    # (o_proj, every decode step; benchmarks/sampler/sampler_bench.py).
     kernel = self.compute_kernel()
     # Returned in float32 and rounded to the compute dtype once, after the whole sum. Asked
     # for bf16 output, XLA:CPU's dot gave a row different bf16 values depending on how many

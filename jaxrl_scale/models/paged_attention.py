@@ -32,7 +32,7 @@ PAGED_IMPLS = ("auto", "gather", "ragged", "triton")
 # sets it for a run with the environment variable ENV_VAR (e.g. "gather" on a GPU where the
 # Triton kernel fails or is slower; on an H100 it ran 1.8x the gather at batch 256). The
 # tests set "triton" to run the GPU kernel on CPU (interpret mode) against the gather reference;
-# benchmarks/sampler_bench.py sets "gather" on a GPU to measure the kernel against it. It is
+# benchmarks/sampler/sampler_bench.py sets "gather" on a GPU to measure the kernel against it. It is
 # read when a decode program is traced, so set it before building a Sampler
 # (`decode.decode_program` keys its compiled programs on it).
 ENV_VAR = "JAXRL_SCALE_DECODE_ATTENTION"

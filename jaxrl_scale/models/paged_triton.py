@@ -67,7 +67,7 @@ MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 # KV positions one kernel step loads per (row, kv head), the most splits of a row's pages
 # run in parallel (JAX's default k_splits), and query heads per block (the smallest a Triton
 # dot takes; a GQA group of fewer is padded). Tuned on an H100 (2026-11-27, jax 0.11.2,
-# benchmarks/paged_decode_check.py --sweep at Qwen3-0.6B's attention shape, batch 64 and
+# benchmarks/gpu/paged_decode_check.py --sweep at Qwen3-0.6B's attention shape, batch 64 and
 # 256, 640 positions; benchmarks/results/gpu_h100_2026-11-27*/): 64 positions, 4 warps and
 # one stage were the fastest at both batches in the first sweep (79.8 / 184.0 us against
 # 92.9 / 226.3 us for JAX's 128 positions, 8 warps, 2 stages) and within 8% of the fastest

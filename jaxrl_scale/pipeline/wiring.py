@@ -369,7 +369,7 @@ def train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool = False,
     stream: where progress goes (stdout by default).
     on_step: called with (step, metrics row) after each step (tests, benchmarks).
     on_loop: called with the `loop.Loop` once it is built, before the step-0 eval and
-      checkpoint (benchmarks/rl_loop_bench.py instruments its trainer and source).
+      checkpoint (benchmarks/train/rl_loop_bench.py instruments its trainer and source).
 
   Returns:
     The loop's Outcome (done, or stopped by a signal with a checkpoint saved, or before RL

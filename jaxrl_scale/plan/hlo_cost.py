@@ -110,7 +110,7 @@ class Cost:
                 {f: t * k for f, t in self.family_seconds.items()})
 
 
-# The families a kernel-by-kernel bound is split into, named as benchmarks/gpu_profile.py
+# The families a kernel-by-kernel bound is split into, named as benchmarks/common/gpu_profile.py
 # names a GPU profile's kernels (there by kernel name; here by what the kernel does).
 FAMILIES = ("matmul", "attention", "copy", "other")
 _ATTENTION = re.compile(r"fmha|splash|flash|paged|attention", re.I)

@@ -27,7 +27,7 @@ shared A): seeds with A's 0.05 apart (2 sd of seed noise) reorder that ranking b
 offsets alone; the report says when the two disagree. A higher
 asymptote also needs |dA| > 0.02 against every other run: the paper treats smaller
 differences as noise, and they are reported as "no difference in A".
-benchmarks/forecast_coverage.py section 4 measures false winners on simulated seeds.
+benchmarks/forecast/forecast_coverage.py section 4 measures false winners on simulated seeds.
 """
 
 from __future__ import annotations

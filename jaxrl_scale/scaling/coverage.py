@@ -7,7 +7,7 @@ budget, forecast at the final compute. It counts how often the intervals contain
 (the noiseless curve at the final compute, and the row's A), reports each rate with a
 Wilson score interval, and the same among the fits flagged well determined.
 
-benchmarks/forecast_coverage.py runs the full set (>= 240 runs per scenario); the CI test
+benchmarks/forecast/forecast_coverage.py runs the full set (>= 240 runs per scenario); the CI test
 runs a small fixed seeded subset.
 """
 

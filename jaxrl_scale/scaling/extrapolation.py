@@ -22,12 +22,12 @@ its sigmoid departs in every cut. The forecast's interval at a target D = log(ta
 last fitted compute) beyond the data is then widened in quadrature on both sides by
 z x kappa x D (z the normal quantile of the level): see `widen`.
 
-What it does not catch, measured on the CPU demo (benchmarks/extension.py): a run whose
+What it does not catch, measured on the CPU demo (benchmarks/forecast/extension.py): a run whose
 earlier evals follow the sigmoid and whose later ones leave it (a late second rise, a late
 decline) shows no excess in cuts made before the change; fits on fewer than about 30 evals
 have too few cuts to measure anything.
 
-No method here is tuned on the runs it is judged on: benchmarks/extension.py splits the
+No method here is tuned on the runs it is judged on: benchmarks/forecast/extension.py splits the
 demo's seeds into a tuning and a checking set, and forecast_coverage.py keeps the
 simulated coverage (where the law holds) within 0.92-0.98.
 """

@@ -20,7 +20,7 @@ midpoint beyond the data can still be found (and then flagged as ill-determined)
 
 Numerics: NumPy float64 on the host, so a live refit neither queues behind training on the
 accelerator nor needs float64 from a TPU, and `jaxrl-scale fit` never imports or compiles
-JAX (a cold fit with intervals takes about a second; benchmarks/fit_bench.py). Compute
+JAX (a cold fit with intervals takes about a second; benchmarks/forecast/fit_bench.py). Compute
 enters as normalised log-compute t = log(C / max C), so its unit never matters.
 
 Masks: each point carries a weight w (0 = ignored), so arrays of many curves (the

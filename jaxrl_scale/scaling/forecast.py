@@ -26,7 +26,7 @@ from jaxrl_scale.scaling import profile as profile_lib
 MIN_POINTS = 4
 # "Well determined" (see `assess`) is calibrated on simulated Table-1 runs (iid and AR(1)
 # rho 0.5 noise, R0 from the noisy step-0 eval) fitted on 15% .. 100% of the budget
-# (benchmarks/well_determined_calibration.py). Without a point minimum, fits on 5-12 early
+# (benchmarks/forecast/well_determined_calibration.py). Without a point minimum, fits on 5-12 early
 # points that looked saturated by chance passed with narrow intervals and covered A in as
 # few as 22% of cases. With 20-22 points the eval noise's autocorrelation is not yet
 # measurable (the AR(1) misses had estimated rho ~0.15 for a true 0.5): flagged fits covered

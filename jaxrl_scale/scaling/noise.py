@@ -17,7 +17,7 @@ neither equal nor independent:
   biased low: a short series (about 30 fitted points) and a fitted curve that absorbs its
   slow wander both pull it towards negative values. `RHO_BIAS` corrects it (calibrated on
   simulated Table-1 curves with AR(1) noise, see `calibrate_rho` and
-  benchmarks/forecast_coverage.py); the result is clipped to [0, `RHO_MAX`] since reused
+  benchmarks/forecast/forecast_coverage.py); the result is clipped to [0, `RHO_MAX`] since reused
   prompts cannot make errors anti-correlated.
 - R0. The step-0 eval is one more noisy eval: its sd is the model's sd at that point.
 

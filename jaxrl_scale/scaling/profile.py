@@ -10,7 +10,7 @@ in units of the eval noise variance (inflated by (1 + rho) / (1 - rho) for AR(1)
 
 Alone, the profile covered less than the bootstrap in the ordinary cases (iid, AR(1), A
 near 1), and more when C_mid was beyond the data; their union covered 0.94-0.96 in all four
-(240 simulated runs each, a seed set of its own; benchmarks/forecast_coverage.py measures
+(240 simulated runs each, a seed set of its own; benchmarks/forecast/forecast_coverage.py measures
 the union in its scenarios). So `forecast.analyse` reports the union for A and for the
 forecast (the forecast's profile range: the predictions of the fits whose A is kept).
 """

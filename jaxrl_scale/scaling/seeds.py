@@ -32,7 +32,7 @@ covariance or a tail shape cannot be estimated.
   spread of B at all and a group's estimate was clipped at 0 (often, with 2-3 seeds), so
   two seeds of one recipe (seed sd 0.01 in A, 10% in B) were named "most efficient" in
   28 of 200 simulated pairs; with it, in 9 of those 200 and 8 of another 200
-  (benchmarks/forecast_coverage.py section 4, case "ab").
+  (benchmarks/forecast/forecast_coverage.py section 4, case "ab").
   Probabilities on B use the free fits' B (A not fixed), not B at the shared A: refitted at
   an A 0.02 below its own, ScaleRL's curve gives B 2.73 instead of 1.92 (and 1.34 at 0.02
   above), so at a shared A a seed's A offset would pass into B twenty-fold and swamp any

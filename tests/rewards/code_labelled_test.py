@@ -1,4 +1,4 @@
-"""Every verdict on the labelled code set (benchmarks/code_labelled_set.py) is right.
+"""Every verdict on the labelled code set (benchmarks/rewards/code_labelled_set.py) is right.
 
 The labels were declared by hand and checked, when the set was built, by calling each
 program's `solve` in-process (no sandbox, no harness, no comparison code of ours; for the

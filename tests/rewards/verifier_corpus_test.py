@@ -12,7 +12,7 @@ matrix expressions), many from math-verify's own tests (each row names its sourc
 before the verifier handled them (it scored 71%). Targets: >= 98% right, <= 1% of the near
 misses accepted. verifier_formats_holdout.jsonl: 48 more of math-verify's test cases (9 near
 misses), scored once the formats set passed (89.6%, 0 wrong acceptances) and fixed after
-(\quadx in a gold, a ratio of names NO/BO as a name). benchmarks/verifier_bench.py prints
+(\quadx in a gold, a ratio of names NO/BO as a name). benchmarks/rewards/verifier_bench.py prints
 the same numbers with timings, and math-verify's.
 """
 

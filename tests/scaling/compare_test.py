@@ -125,7 +125,7 @@ def test_a_difference_under_the_paper_margin_is_no_difference():
 def test_seeds_of_one_recipe_with_training_noise_are_not_called_different():
   # Per-seed A offsets of sd 0.015 (paper App. A.5: +-0.015 over three runs). Today's
   # eval-noise-only probabilities call most such pairs different; the full calibration is
-  # benchmarks/forecast_coverage.py section 4.
+  # benchmarks/forecast/forecast_coverage.py section 4.
   row = synthetic.TABLE1[0]
   named = []
   for i in range(10):

@@ -1,6 +1,6 @@
 """CI check that the forecast's 95% intervals still cover: a small fixed seeded set.
 
-The full measurement (>= 240 runs per scenario) is benchmarks/forecast_coverage.py. Here
+The full measurement (>= 240 runs per scenario) is benchmarks/forecast/forecast_coverage.py. Here
 60 runs per scenario with 200 refits each: under the old iid bootstrap with R0 held fixed
 the AR(1) scenario covered about 0.74, far below the 0.85 floor.
 """

@@ -1,0 +1,1 @@
+"""benchmarks/common/: see its README.md."""

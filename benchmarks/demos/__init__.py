@@ -1,0 +1,1 @@
+"""benchmarks/demos/: see its README.md."""

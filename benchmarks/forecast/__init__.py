@@ -1,0 +1,1 @@
+"""benchmarks/forecast/: see its README.md."""

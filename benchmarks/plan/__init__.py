@@ -1,0 +1,1 @@
+"""benchmarks/plan/: see its README.md."""

@@ -1,0 +1,1 @@
+"""benchmarks/rewards/: see its README.md."""

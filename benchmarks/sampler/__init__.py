@@ -1,0 +1,1 @@
+"""benchmarks/sampler/: see its README.md."""

@@ -1,0 +1,1 @@
+"""benchmarks/train/: see its README.md."""
