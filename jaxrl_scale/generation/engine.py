@@ -153,6 +153,7 @@ class Sampler(weights.WeightSwap):
         cfg, tokenizer, think_end_id)
     self._think_end = think_end
     self._env = episodes.EnvCalls(env_workers)
+    self._answered: list[records.TokenBuffer] = []  # continued episodes waiting for a slot
     self._resume_fn: Callable | None = None
 
     # Device placement: params over 'tp', slots over 'data', small per-call inputs replicated.
@@ -368,6 +369,8 @@ class Sampler(weights.WeightSwap):
     pool = self._pool
     for slot in range(self.num_slots):  # whatever an interrupted run left behind
       pool.release(slot)
+    pool.drop_parked()
+    self._answered.clear()
     self._waiting.clear()
     self._jobs.clear()
     self._env.clear()
@@ -390,7 +393,7 @@ class Sampler(weights.WeightSwap):
         # A request admitted now starts on the newest posted weights: while they are still
         # being computed the live slots decode on, and free slots wait for them.
         # Episodes whose environment answered end here or continue from their cache.
-        yield from self._env_answers(owners)
+        yield from self._env_answers(owners, admitted_at)
         admit = (self._waiting or not exhausted) and not self.update_pending
         placed = []
         if admit:
@@ -417,6 +420,8 @@ class Sampler(weights.WeightSwap):
           self.stats.mixed_chunks += bool(self._jobs)
           self.stats.slot_steps += self.num_slots * self.cfg.decode_chunk
         elif not inflight and not self._jobs:
+          if self._answered:  # every slot is free now: they continue next iteration
+            continue
           if self._env:  # only environments are working: wait for one to answer
             self._env.wait(0.05)
             continue
@@ -471,7 +476,8 @@ class Sampler(weights.WeightSwap):
       charged.add(key)
       owners[slot] = buf
       self._admissions += 1
-      admitted_at[slot] = self._admissions
+      admitted_at[slot] = buf.order = self._admissions
+      buf.slot = slot
       placed.append((slot, buf))
     return placed, False
 
@@ -539,11 +545,14 @@ class Sampler(weights.WeightSwap):
       self.stats.turns += 1
       holds = owners[slot] is buf and self._pool.held(slot) > 0
       if buf.episode is not None and reason != records.LENGTH and holds:
-        # The turn ends; the episode goes on in this slot once its environment answers.
+        # The turn ends; the episode leaves the slot to the next sequence and keeps its
+        # pages, and goes on in a free slot once its environment answers.
         buf.last_reason = reason
-        self._env.submit(slot, buf, reason, self.stats)
+        self._env.submit(buf, reason, self.stats)
         buf.prefilled = False
         buf.steps_dispatched = len(buf.tokens)
+        buf.parked = self._pool.park(slot)
+        owners[slot] = None
         ended.append(slot)
         continue
       if buf.episode is not None and reason != records.LENGTH:
@@ -563,27 +572,47 @@ class Sampler(weights.WeightSwap):
     self.stats.sequences += 1
     yield buf.request, buf.finish(reason, self._decode_text)
 
-  def _env_answers(self, owners: list[records.TokenBuffer | None],
+  def _env_answers(self, owners: list[records.TokenBuffer | None], admitted_at: list[int],
                    ) -> Iterator[tuple[records.Request, records.Completion]]:
-    """Ends or continues the episodes whose environment answered (episodes.py)."""
-    if not self._env:
+    """Ends the episodes whose environment answered with the end, and continues the others
+    in free slots of their pages' shard, before any new request takes one (episodes.py)."""
+    if self._env:
+      vocab = self.model_cfg.vocab_size
+      for buf, step in self._env.ready(self.stats):
+        if buf.done:  # abandoned meanwhile
+          continue
+        reason = buf.last_reason if step.done else episodes.apply_step(
+            buf, step, vocab, self._think_end)
+        if reason is None:
+          self._answered.append(buf)
+          continue
+        if step.done:
+          buf.end = step
+        # The end, or no room left for the policy (truncated).
+        self._pool.drop_parked(buf.parked)
+        buf.parked = None
+        self.stats.sequences += 1
+        yield buf.request, buf.finish(reason, self._decode_text)
+    if not self._answered:
       return
-    vocab = self.model_cfg.vocab_size
-    for slot, buf, step in self._env.ready(self.stats):
-      if buf.done or owners[slot] is not buf:  # preempted meanwhile: it restarts
+    free = [s for s, o in enumerate(owners) if o is None or o.surely_done]
+    waiting = []
+    for buf in self._answered:
+      shard = self._pool.parked_shard(buf.parked)
+      slot = next((s for s in free if self._pool.shard_of(s) == shard), None)
+      if slot is None:  # every slot of its shard is busy: it goes first when one frees
+        waiting.append(buf)
         continue
-      if step.done:
-        buf.end = step
-        yield from self._finish(slot, buf, buf.last_reason, owners)
-        continue
-      reason = episodes.apply_step(buf, step, vocab, self._think_end)
-      if reason is not None:  # no room left for the policy: truncated
-        yield from self._finish(slot, buf, reason, owners)
-        continue
+      free.remove(slot)
+      self._pool.unpark(buf.parked, slot)
+      buf.parked = None
+      self.stats.moved_resumes += slot != buf.slot
+      owners[slot], admitted_at[slot], buf.slot = buf, buf.order, slot
       if not self._pool.grow(slot, self._positions_after_chunk(buf)):
         self._preempt(slot, owners)  # restarts from its prompt with a fresh episode
         continue
       self._resume(slot, buf)
+    self._answered = waiting
 
   def _resume(self, slot: int, buf: records.TokenBuffer) -> None:
     """Continues `buf` in its slot: prefills only the positions its cache lacks."""

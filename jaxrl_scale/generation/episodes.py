@@ -1,15 +1,17 @@
 """Multi-turn episodes in the sampler: environment calls off the decode loop, and the
 continuation of a sequence in place from its paged KV cache.
 
-A request with an `episode` (records.Request) runs turn by turn in one slot:
+A request with an `episode` (records.Request) runs turn by turn, in whichever slot is free:
 
   1. the policy writes a turn; it ends on EOS or a stop string as any completion does;
-  2. the slot stops decoding (it keeps its pages) and the episode's `step` runs on one of
-     this module's threads, so a slow tool holds only its own sequence while the other
-     slots decode on;
+  2. the sequence leaves its slot and keeps its pages (`PagePool.park`), and the
+     episode's `step` runs on one of this module's threads: a slow tool holds neither a
+     slot nor the decode loop, and the slot takes the next waiting sequence at once;
   3. the environment answers with tokens to append (`records.EnvStep`), or the end;
   4. the tokens join the sequence as environment tokens (no log-prob, no loss) and the
-     sequence resumes where it stopped: one prefill piece computes only the positions
+     sequence resumes where it stopped, in the first free slot of its pages' data shard
+     (answered episodes go before new requests; `PagePool.unpark` moves only the table
+     row, the cache stays where it is): one prefill piece computes only the positions
      that are not in the cache yet (the turn's last token and the new tokens but the
      last, which the next decode step feeds), attending to the history through the
      slot's pages (`decode.resume_program`: the history's length is traced, so one
@@ -51,7 +53,6 @@ MIN_PIECE = 8  # shortest compiled continuation piece (positions); longer ones a
 
 @dataclasses.dataclass
 class _Call:
-  slot: int
   buf: records.TokenBuffer
   future: concurrent.futures.Future
 
@@ -72,8 +73,7 @@ class EnvCalls:
   def __len__(self) -> int:
     return len(self._calls)
 
-  def submit(self, slot: int, buf: records.TokenBuffer, reason: str, stats: records.Stats
-             ) -> None:
+  def submit(self, buf: records.TokenBuffer, reason: str, stats: records.Stats) -> None:
     if self._pool is None:
       self._pool = concurrent.futures.ThreadPoolExecutor(self.workers,
                                                          thread_name_prefix="env")
@@ -93,10 +93,9 @@ class EnvCalls:
 
     buf.awaiting_env = True
     stats.env_calls += 1
-    self._calls.append(_Call(slot, buf, self._pool.submit(run)))
+    self._calls.append(_Call(buf, self._pool.submit(run)))
 
-  def ready(self, stats: records.Stats
-            ) -> list[tuple[int, records.TokenBuffer, records.EnvStep]]:
+  def ready(self, stats: records.Stats) -> list[tuple[records.TokenBuffer, records.EnvStep]]:
     """The answers that arrived, in submission order. A step that raised becomes the end
     of its episode with reward NaN (no verdict)."""
     out, keep = [], []
@@ -112,7 +111,7 @@ class EnvCalls:
                     type(step).__name__, step)
         step = records.EnvStep(done=True, reward=math.nan, correct=False)
       call.buf.awaiting_env = False
-      out.append((call.slot, call.buf, step))
+      out.append((call.buf, step))
     self._calls = keep
     return out
 

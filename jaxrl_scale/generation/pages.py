@@ -18,6 +18,10 @@ need (`grow`). When the shard has too few free pages, the caller preempts (`rele
 running sequence and requeues its request, which later restarts from its prompt: with the
 same seed and weights it regenerates the same tokens); admission waits while a shard lacks
 the pages a new sequence needs for its prompt and its first chunk (`can_admit`).
+
+Parking: an episode whose environment is working gives its slot to another sequence and
+keeps its pages (`park`); when it continues, the pages go into whichever empty slot of
+their shard is free then (`unpark`): the table row is the only thing that moves.
 """
 
 from __future__ import annotations
@@ -94,6 +98,9 @@ class PagePool:
     self._free = [collections.deque(range(pages_per_shard)) for _ in range(shards)]
     self.peak_pages = 0
     self.version = 0  # bumped on every change of the table
+    # Pages detached from their slot (`park`): handle -> (shard, pages in position order).
+    self._parked: dict[int, tuple[int, np.ndarray]] = {}
+    self._handles = 0
 
   # ----------------------------------------------------------------------------------------
   # Queries.
@@ -186,6 +193,42 @@ class PagePool:
     self._held[slot] = 0
     self.version += 1
 
+  def park(self, slot: int) -> int:
+    """Detaches the slot's pages from it, still held (an episode waiting for its
+    environment keeps its cache while its slot takes another sequence); the slot is empty
+    afterwards. Returns the handle that `unpark` or `drop_parked` takes."""
+    self._handles += 1
+    self._parked[self._handles] = (self.shard_of(slot),
+                                   self.table[slot, :self._held[slot]].copy())
+    self.table[slot, :] = self.null
+    self._held[slot] = 0
+    self.version += 1
+    return self._handles
+
+  def parked_shard(self, handle: int) -> int:
+    return self._parked[handle][0]
+
+  def unpark(self, handle: int, slot: int) -> None:
+    """Puts parked pages into an empty slot of their shard, in their position order."""
+    shard, pages = self._parked[handle]
+    if self.shard_of(slot) != shard:
+      raise ValueError(f"unpark: the pages are on shard {shard}, slot {slot} is not")
+    if self._held[slot]:
+      raise ValueError("unpark: the slot still holds pages")
+    del self._parked[handle]
+    self.table[slot, :len(pages)] = pages
+    self._held[slot] = len(pages)
+    self.version += 1
+
+  def drop_parked(self, handle: int | None = None) -> None:
+    """Lets go of parked pages (one handle, or all of them when None)."""
+    for h in [handle] if handle is not None else list(self._parked):
+      shard, pages = self._parked.pop(h)
+      for page in pages:
+        self._refs[shard, page] -= 1
+        if self._refs[shard, page] == 0:
+          self._free[shard].append(int(page))
+
   def check(self) -> None:
     """Asserts the invariants (tests): refcounts match the table, nothing leaked or shared
     that should not be."""
@@ -195,6 +238,9 @@ class PagePool:
       row = self.table[slot]
       assert (row[self._held[slot]:] == self.null).all()
       for page in row[:self._held[slot]]:
+        refs[shard, page] += 1
+    for shard, pages in self._parked.values():
+      for page in pages:
         refs[shard, page] += 1
     assert (refs == self._refs).all(), "refcounts disagree with the page table"
     for shard in range(self.shards):

@@ -210,6 +210,9 @@ class TokenBuffer:
     self.turn_start = 0
     self.turn = 0
     self.awaiting_env = False  # its turn ended; the environment has not answered yet
+    self.parked: int | None = None  # its pages' handle while out of a slot (PagePool.park)
+    self.slot = -1  # the slot it last decoded in
+    self.order = 0  # admission order (preemption takes the most recent first)
     self.end: EnvStep | None = None
     self.last_reason = EOS  # how its last model turn ended
 
@@ -346,6 +349,7 @@ class Stats:
   env_errors: int = 0  # environment steps that raised (the episode ends, reward NaN)
   resumes: int = 0  # episodes continued in place after their environment's tokens
   resume_tokens: int = 0  # positions those continuations prefilled (padding excluded)
+  moved_resumes: int = 0  # continuations in another slot than their turn ended in
 
   @property
   def tokens_per_second(self) -> float:

@@ -100,7 +100,11 @@ def test_continued_episode_matches_one_forward_pass_and_prefills_only_new_tokens
   assert sampler.stats.resume_tokens == appended
   assert sampler.stats.resumes == sum(o.turns - 1 for o in outs)
 
-  # Log-probs of every model token equal one forward pass over the whole episode.
+  _assert_logprobs_of_one_forward_pass(model, outs)
+
+
+def _assert_logprobs_of_one_forward_pass(model, outs):
+  """Log-probs of every model token equal one forward pass over the whole episode."""
   full = jax.jit(lambda m, x: m(x, jnp.arange(64)[None], jnp.ones((1, 64), bool)))
   for out in outs:
     seq = list(out.prompt_tokens) + out.tokens.tolist()
@@ -108,7 +112,7 @@ def test_continued_episode_matches_one_forward_pass_and_prefills_only_new_tokens
     logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
     p = len(out.prompt_tokens)
     ref = np.asarray([logp[p - 1 + j, t] for j, t in enumerate(out.tokens)])
-    model_tok = ~out.env_mask
+    model_tok = ~out.env_mask if out.env_mask is not None else np.ones(len(ref), bool)
     np.testing.assert_allclose(out.logprobs[model_tok], ref[model_tok], atol=1e-4, rtol=0)
 
 
@@ -131,6 +135,49 @@ def test_a_slow_environment_holds_only_its_own_sequence(loaded, prompts):
       gate.set()
   assert order[-1] == "slow" and sorted(order[:5]) == list(range(5))
   assert sampler.stats.env_calls == 1
+
+
+def test_a_waiting_request_takes_the_slot_while_a_tool_runs(loaded, prompts):
+  model, _ = loaded["qwen2"]
+  gate = threading.Event()
+  waited = []
+
+  class Waits(Scripted):
+    def step(self, turn):
+      waited.append(gate.wait(timeout=20))  # released once the other requests finished
+      return records.EnvStep(done=True, reward=0.5)
+
+  reqs = [records.Request(prompts[0], prompt_id="slow", episode=lambda: Waits())]
+  reqs += [records.Request(p, prompt_id=i) for i, p in enumerate(prompts[1:4])]
+  order = []
+  sampler = _sampler(model, num_slots=1)  # a slot kept through the call would stall them
+  for out in sampler.stream(iter(reqs)):
+    order.append(out.prompt_id)
+    if len(order) == 3:
+      gate.set()
+  assert order == [0, 1, 2, "slow"] and waited == [True]
+  assert sampler._pool.used_pages == 0  # the parked pages went back with the episode
+  sampler._pool.check()
+
+
+def test_episodes_continue_in_other_slots_from_their_own_cache(loaded, prompts):
+  model, _ = loaded["qwen2"]
+  episodes = [_Factory(sleep_s=0.05) for _ in range(3)]
+  reqs = [records.Request(p, prompt_id=i, episode=episodes[i] if i < 3 else None)
+          for i, p in enumerate(prompts[:7])]
+  sampler = _sampler(model, num_slots=2)
+  outs = sampler.generate(reqs)
+  assert sampler.stats.moved_resumes > 0 and sampler.stats.resumes >= 3
+  assert sum(o.turns for o in outs[:3]) > 3
+  _assert_logprobs_of_one_forward_pass(model, outs)
+  # The same tokens as with a slot for every request from the start.
+  roomy = _sampler(model, num_slots=8).generate(
+      [records.Request(p, prompt_id=i, episode=_Factory(sleep_s=0.05) if i < 3 else None)
+       for i, p in enumerate(prompts[:7])])
+  for a, b in zip(outs, roomy):
+    assert a.tokens.tolist() == b.tokens.tolist()
+  assert sampler._pool.used_pages == 0
+  sampler._pool.check()
 
 
 def test_failing_environment_ends_the_episode_without_a_verdict(loaded, prompts):

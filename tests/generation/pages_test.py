@@ -84,3 +84,29 @@ def test_random_workload_keeps_the_invariants():
         pool.admit_group(group, plen, plen + 4)
         live.update({s: plen + 4 for s in group})
     pool.check()
+
+
+def test_parked_pages_stay_held_and_move_to_another_slot():
+  pool = pages.PagePool(page_size=4, pages_per_shard=12, shards=2, slots_per_shard=2,
+                        max_len=32)
+  pool.admit_group([0, 1], prompt_len=9, first_positions=14)  # 2 shared + 2 own each
+  row = pool.table[1, :pool.held(1)].tolist()
+  free = pool.free_pages(0)
+  handle = pool.park(1)
+  assert pool.held(1) == 0 and (pool.table[1] == pool.null).all()
+  assert pool.free_pages(0) == free  # still held: nothing went back
+  pool.check()
+  pool.admit_group([1], prompt_len=3, first_positions=6)  # the slot takes another sequence
+  with pytest.raises(ValueError, match="shard"):
+    pool.unpark(handle, 2)  # slot 2 is on shard 1
+  with pytest.raises(ValueError, match="holds"):
+    pool.unpark(handle, 1)
+  pool.release(0)
+  pool.unpark(handle, 0)
+  assert pool.table[0, :pool.held(0)].tolist() == row  # the same pages, in order
+  pool.check()
+  handle = pool.park(0)
+  pool.release(1)
+  pool.drop_parked(handle)
+  assert pool.free_pages(0) == 12  # the shared prompt pages too, once their last holder went
+  pool.check()
