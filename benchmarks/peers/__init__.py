@@ -1,0 +1,1 @@
+"""benchmarks/peers/: side by side with Tunix and TRL on the same checkpoint (peers.py)."""

@@ -1,0 +1,108 @@
+"""benchmarks/peers/: what can fail without the peers installed (CI has neither Tunix nor
+TRL, nor a network). The agreement and ratio arithmetic against hand computations, a
+missing peer reported in one line, and our side of the JSON-lines protocol on a tiny random
+checkpoint written here. No timing is judged (a loaded machine must pass)."""
+
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks.peers import peer_sides, peers  # pylint: disable=wrong-import-position
+
+
+def test_agreement_by_hand():
+  ours = [[5, 6, 7, 8], [1, 2, 3], [9]]
+  theirs = [[5, 6, 0, 8], [1, 2, 3], [9, 4]]
+  got = peers.agreement(ours, theirs)
+  # Row 1: 3 of 4 agree; row 2: 3 of 3; row 3: 1 of 2 (a token only one side has).
+  assert got["tokens"] == pytest.approx(7 / 9)
+  assert got["rows"] == pytest.approx(1 / 3)
+  assert got["first_diff"] == 2  # first differences at 2, 3 (none: its length), 1
+  with pytest.raises(ValueError):
+    peers.agreement([[1]], [[1], [2]])
+
+
+def test_ratios_by_hand():
+  got = peers.ratios([300.0, 100.0, 200.0], [100.0, 100.0, 50.0])
+  assert got["median"] == pytest.approx(200.0 / 100.0)
+  assert got["per_round"] == pytest.approx([3.0, 1.0, 4.0])
+
+
+def test_eos_marking_and_lengths():
+  eos = [7, 9]
+  assert peers.mark_eos([[1, 7], [1, 2], [9], []], eos) == [[1, -1], [1, 2], [-1], []]
+  summary = peers.lengths_summary([[1] * 4, [1] * 2, [1] * 4], cap=4)
+  assert summary == {"mean": pytest.approx(10 / 3), "min": 2, "max": 4,
+                     "capped": pytest.approx(2 / 3)}
+
+
+def test_workloads_are_the_same_for_both_sides():
+  args = peers.parse_args(["--batches", "2,4", "--prompt-len", "32", "--rl-waves", "3"])
+  works = peers.sample_workloads(1000, args)
+  assert [w["name"] for w in works] == ["uniform_b2", "uniform_b4", "rl_b2", "rl_b4"]
+  assert works == peers.sample_workloads(1000, args)  # seeded
+  for w in works:
+    assert all(0 not in p and 0 < len(p) <= 32 for p in w["prompts"])  # 0 is Tunix's pad
+    if w["kind"] == "rl":
+      assert len(w["prompts"]) == 3 * w["batch"] and w["buckets"] == [16, 32]
+      assert not set(w["eos"]) & {t for p in w["prompts"] for t in p}
+      assert len(w["eos"]) == 1000 // args.eos_every
+    else:
+      assert w["eos"] == [] and {len(p) for p in w["prompts"]} == {32}
+
+
+def test_missing_peer_is_one_line():
+  missing = peers.Side("tunix", "/nonexistent/bin/python")
+  assert missing.absent.startswith("no Python at /nonexistent/bin/python")
+  assert "\n" not in missing.absent
+  assert missing.call("sample")["ok"] is False
+  if importlib.util.find_spec("tunix") is None:
+    here = peers.Side("tunix", sys.executable)  # a Python without google-tunix
+    assert here.absent == f"google-tunix is not installed in {sys.executable}"
+    assert here.proc is None  # closed
+
+
+def test_bad_requests_answer_one_line():
+  proc = subprocess.run(
+      [sys.executable, peers.SIDES_PY, "ours"], capture_output=True, text=True, timeout=120,
+      input='{"cmd": "nonsense"}\n{"cmd": "sample", "prompts": [[1]]}\n')
+  answers = [json.loads(x) for x in proc.stdout.splitlines()]
+  assert [a["ok"] for a in answers] == [False, False]
+  assert answers[0]["error"].startswith("AttributeError")
+  assert answers[1]["error"].startswith("TypeError")
+  assert all("\n" not in a["error"] for a in answers)
+  assert proc.returncode == 0
+
+
+def test_our_side_on_a_tiny_checkpoint(tmp_path):
+  """Our side end to end through `run` (sampling both workloads, two GRPO steps), with
+  the peers absent: the result says so and the render has no traceback."""
+  from benchmarks.common import random_checkpoint  # pylint: disable=g-import-not-at-top
+
+  shape = dict(peers.QUICK_SHAPE, vocab_size=256, num_hidden_layers=1)
+  model = str(tmp_path / "ckpt")
+  random_checkpoint.write_qwen3(model, "float32", **shape)
+  args = peers.parse_args(["--quick", "--model", model, "--peers-python",
+                           str(tmp_path / "no_python")])
+  res = peers.run(args, log=lambda _: None)
+  assert res["absent"]["tunix"].startswith("no Python at")
+  assert set(res["versions"]) == {"ours"} and "jax" in res["versions"]["ours"]
+  sampling = {s["name"]: s for s in res["sampling"]}
+  uniform, rl = sampling["uniform_b4"], sampling["rl_b4"]
+  assert uniform["runs"]["ours"][0]["tokens"] == 4 * args.new  # EOS off: every token
+  assert uniform["lengths"]["ours"]["capped"] == 1.0
+  assert 0 < rl["runs"]["ours"][0]["tokens"] <= 2 * 4 * args.new
+  assert "ratio" not in uniform  # nothing to compare against
+  train = res["train"]
+  losses = train["runs"]["ours"][0]["losses"]
+  assert len(losses) == args.train_steps and all(abs(x) < 10 for x in losses)
+  assert losses[0] != losses[1]  # the update moved the weights
+  text = peers.render(res)
+  assert "tunix: absent (no Python at" in text and "Traceback" not in text
+  assert peer_sides.versions()["python"]
