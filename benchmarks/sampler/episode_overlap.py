@@ -2,7 +2,7 @@
 whose tool sleeps, against the same episodes with an instant tool, in one process.
 
     python benchmarks/sampler/episode_overlap.py          # sleep 0.5 s per call
-    python benchmarks/sampler/episode_overlap.py --sleep 0.5 --sequences 32 --slots 16 --json
+    python benchmarks/sampler/episode_overlap.py --sleep 0.5 --sequences 256 --slots 16 --json
     python benchmarks/sampler/episode_overlap.py --quick  # a tiny run, for the tests
 
 The real Sampler (generation/engine.py) runs episodes of a scripted tool on a random model
@@ -19,9 +19,16 @@ per second of wall time. Printed:
     (wall = the instant run's + calls x sleep): what the ratio would be without the
     overlap, so the two lines side by side say how much of the sleep was hidden.
 
-A slot keeps its pages and its place in the batch while its tool runs, so the ratio falls
-as the sleep grows against the time a turn takes to decode; it is a property of the
-machine's decode speed too (a faster decode leaves less to hide the sleep behind).
+An episode whose tool runs leaves its slot to the next waiting sequence and keeps its pages
+(generation/episodes.py), so the slots stay busy while there are sequences to admit. Two
+things bound the overlap, both printed per run: the environment threads (`--workers`: at
+most that many calls at once) and the page pool (`--kv-cache-tokens`: parked caches take
+pages; when the live sequences need them the parked ones are evicted and prefill their
+history again). Both must hold the calls in flight, about (turns ended per second) x
+(seconds a call takes): a faster decode needs more of each.
+
+    python benchmarks/sampler/episode_overlap.py --sequences 256 --workers 256 \
+        --kv-cache-tokens 140000 --json   # threads and pages for every call in flight
 """
 
 from __future__ import annotations
@@ -88,7 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--preset", default="tiny_llama", help="a models/config.py preset")
   p.add_argument("--sleep", type=float, default=0.5, help="seconds per tool call (default 0.5)")
   p.add_argument("--turns", type=int, default=3, help="model turns per episode (default 3)")
-  p.add_argument("--sequences", type=int, default=32, help="episodes per generate")
+  p.add_argument("--sequences", type=int, default=256,
+                 help="episodes per generate (default 256: others to decode while tools run)")
   p.add_argument("--slots", type=int, default=16, help="sampler slots (default 16)")
   p.add_argument("--max-new-tokens", type=int, default=512)
   p.add_argument("--eos", type=int, default=2,
@@ -96,7 +104,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "about vocab/2 tokens at near-uniform logits)")
   p.add_argument("--chunk", type=int, default=8, help="decode chunk (default 8)")
   p.add_argument("--repeats", type=int, default=2, help="timed runs of each (default 2)")
-  p.add_argument("--workers", type=int, default=16, help="environment threads (default 16)")
+  p.add_argument("--workers", type=int, default=64, help="environment threads (default 64)")
+  p.add_argument("--kv-cache-tokens", type=int, default=0,
+                 help="sampler.kv_cache_tokens: the page pool's positions (default 0: one "
+                      "full-length sequence per slot)")
   p.add_argument("--quick", action="store_true",
                  help="a tiny run (4 episodes, 0.05 s sleeps, 1 repeat) that only shows it works")
   p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -110,6 +121,8 @@ def parse_args(argv=None) -> argparse.Namespace:
       p.error(f"--{key.replace('_', '-')} must be >= 1")
   if args.sleep < 0:
     p.error("--sleep must be >= 0")
+  if args.kv_cache_tokens < 0:
+    p.error("--kv-cache-tokens must be >= 0")
   return args
 
 
@@ -131,7 +144,8 @@ def run(args) -> dict:
     sys.exit(f"--eos: {args.eos} ids would leave none of the {vocab} to write")
   eos = tuple(range(vocab - args.eos, vocab))
   cfg = SamplerConfig(num_slots=args.slots, max_new_tokens=args.max_new_tokens,
-                      temperature=1.0, decode_chunk=args.chunk, prompt_buckets=(16,))
+                      temperature=1.0, decode_chunk=args.chunk, prompt_buckets=(16,),
+                      kv_cache_tokens=args.kv_cache_tokens)
   sampler = engine.Sampler(model, cfg, eos_ids=eos, env_workers=args.workers)
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, vocab - args.eos, int(n)).tolist()
@@ -141,15 +155,20 @@ def run(args) -> dict:
     maker = Counter(args.turns, sleep_s)
     reqs = [records.Request(p, prompt_id=i, sample_index=0, episode=maker)
             for i, p in enumerate(prompts)]
+    sampler.reset_stats()
     t0 = time.perf_counter()
     outs = sampler.generate(reqs)
     wall = time.perf_counter() - t0
+    st = sampler.stats
     model_tokens = sum(int((~o.env_mask).sum()) if o.env_mask is not None else len(o.tokens)
                        for o in outs)
     return {"sleep_s": sleep_s, "wall_s": wall, "model_tokens": model_tokens,
             "tok_s": model_tokens / wall, "tool_calls": maker.calls(),
             "turns_mean": statistics.fmean(o.turns for o in outs),
             "truncated": sum(bool(o.truncated) for o in outs),
+            "slot_utilisation": st.slot_utilisation, "moved_resumes": st.moved_resumes,
+            "evictions": st.evictions, "reprefill_tokens": st.reprefill_tokens,
+            "preemptions": st.preemptions,
             "tokens": [o.tokens.tolist() for o in outs]}
 
   one(0.0)  # compiles: admission, decode, the continuation pieces
@@ -171,7 +190,8 @@ def run(args) -> dict:
     del r["tokens"]
   return {"preset": args.preset, "sleep_s": args.sleep, "turns": args.turns,
           "sequences": args.sequences, "slots": args.slots, "max_new_tokens": args.max_new_tokens,
-          "eos_ids": len(eos), "chunk": args.chunk, "runs": runs,
+          "eos_ids": len(eos), "chunk": args.chunk, "workers": args.workers,
+          "kv_cache_tokens": args.kv_cache_tokens, "runs": runs,
           "tok_s_instant": tps_fast, "tok_s_sleeping": tps_slow,
           "ratio": tps_slow / tps_fast, "serial_bound": serial,
           "same_tokens": same, "target": f"ratio >= {TARGET_RATIO} at a 0.5 s sleep"}
@@ -179,11 +199,13 @@ def run(args) -> dict:
 
 def render(res: dict) -> str:
   lines = [f"{res['sequences']} episodes of {res['turns']} turns in {res['slots']} slots, "
-           f"preset {res['preset']}, tool sleep {res['sleep_s']:g} s"]
+           f"preset {res['preset']}, tool sleep {res['sleep_s']:g} s, {res['workers']} "
+           f"environment threads, kv_cache_tokens {res['kv_cache_tokens']}"]
   for r in res["runs"]:
     lines.append(f"  sleep {r['sleep_s']:<5g} {r['model_tokens']:>6} model tokens in "
                  f"{r['wall_s']:6.2f} s = {r['tok_s']:8.0f} tok/s | {r['tool_calls']} tool "
-                 f"calls | turns {r['turns_mean']:.2f} | truncated {r['truncated']}")
+                 f"calls | slots busy {r['slot_utilisation']:.0%} | moved {r['moved_resumes']}"
+                 f" | evicted {r['evictions']} | preempted {r['preemptions']}")
   lines.append(f"ratio (sleeping / instant): {res['ratio']:.2f}   serial bound (no overlap): "
                f"{res['serial_bound']:.2f}   same tokens both ways: {res['same_tokens']}")
   if res["sleep_s"] == 0.5:

@@ -154,6 +154,8 @@ class Sampler(weights.WeightSwap):
     self._think_end = think_end
     self._env = episodes.EnvCalls(env_workers)
     self._answered: list[records.TokenBuffer] = []  # continued episodes waiting for a slot
+    self._parked_eps: list[records.TokenBuffer] = []  # out of a slot with their pages, in order
+    self._blocked: set[int] = set()  # shards where an answered episode waits for pages
     self._resume_fn: Callable | None = None
 
     # Device placement: params over 'tp', slots over 'data', small per-call inputs replicated.
@@ -371,6 +373,8 @@ class Sampler(weights.WeightSwap):
       pool.release(slot)
     pool.drop_parked()
     self._answered.clear()
+    self._parked_eps.clear()
+    self._blocked.clear()
     self._waiting.clear()
     self._jobs.clear()
     self._env.clear()
@@ -455,6 +459,9 @@ class Sampler(weights.WeightSwap):
     for slot in range(self.num_slots):
       if owners[slot] is not None and not owners[slot].surely_done:
         continue
+      shard = pool.shard_of(slot)
+      if shard in self._blocked:  # a continued episode goes first there
+        continue
       if self._waiting:
         req = self._waiting.popleft()
       else:
@@ -464,11 +471,18 @@ class Sampler(weights.WeightSwap):
         if req is None:  # nothing to admit right now: keep decoding, ask next chunk
           break
       buf = self._new_buffer(req)
-      shard = pool.shard_of(slot)
       key = (shard, tuple(req.prompt_tokens))
       prompt_pages = (len(req.prompt_tokens) - 1) // pool.page_size
       cost = pool.pages_for(self._positions_after_chunk(buf)) - prompt_pages
       cost += prompt_pages if key not in charged else 0
+      # Nothing decodes on the shard: parked caches give way rather than leave it idle.
+      idle = not any(o is not None and not o.surely_done and pool.shard_of(s) == shard
+                     for s, o in enumerate(owners))
+      while cost > budget[shard] and idle:
+        free = pool.free_pages(shard)
+        if not self._evict(shard):
+          break
+        budget[shard] += pool.free_pages(shard) - free
       if cost > budget[shard]:
         self._waiting.appendleft(req)  # the pool is full: it waits for pages
         break
@@ -484,7 +498,8 @@ class Sampler(weights.WeightSwap):
   def _grow(self, live_slots: list[int], owners: list[records.TokenBuffer | None],
             admitted_at: list[int]) -> None:
     """Gives every live sequence the pages its next chunk writes; where a shard has too
-    few, preempts its most recently admitted sequences (they restart later)."""
+    few, drops parked episodes' pages (`_evict`), then preempts its most recently
+    admitted sequences (they restart later)."""
     pool = self._pool
     keep = np.ones((self.num_slots,), bool)
     for slot in live_slots:
@@ -494,6 +509,8 @@ class Sampler(weights.WeightSwap):
       need = self._positions_after_chunk(buf)
       while not pool.grow(slot, need):
         shard = pool.shard_of(slot)
+        if self._evict(shard):  # a parked cache goes before a live sequence's work
+          continue
         victim = max((s for s in live_slots if owners[s] is not None
                       and pool.shard_of(s) == shard), key=lambda s: admitted_at[s])
         self._preempt(victim, owners)
@@ -552,6 +569,7 @@ class Sampler(weights.WeightSwap):
         buf.prefilled = False
         buf.steps_dispatched = len(buf.tokens)
         buf.parked = self._pool.park(slot)
+        self._parked_eps.append(buf)
         owners[slot] = None
         ended.append(slot)
         continue
@@ -575,7 +593,10 @@ class Sampler(weights.WeightSwap):
   def _env_answers(self, owners: list[records.TokenBuffer | None], admitted_at: list[int],
                    ) -> Iterator[tuple[records.Request, records.Completion]]:
     """Ends the episodes whose environment answered with the end, and continues the others
-    in free slots of their pages' shard, before any new request takes one (episodes.py)."""
+    in free slots, before any new request takes one (episodes.py). A continued episode
+    that lacks pages waits out of a slot, and no new request starts on its shard meanwhile.
+    """
+    pool = self._pool
     if self._env:
       vocab = self.model_cfg.vocab_size
       for buf, step in self._env.ready(self.stats):
@@ -589,34 +610,65 @@ class Sampler(weights.WeightSwap):
         if step.done:
           buf.end = step
         # The end, or no room left for the policy (truncated).
-        self._pool.drop_parked(buf.parked)
-        buf.parked = None
+        self._unpark(buf)
         self.stats.sequences += 1
         yield buf.request, buf.finish(reason, self._decode_text)
+    self._blocked.clear()
     if not self._answered:
       return
     free = [s for s, o in enumerate(owners) if o is None or o.surely_done]
     waiting = []
     for buf in self._answered:
-      shard = self._pool.parked_shard(buf.parked)
-      slot = next((s for s in free if self._pool.shard_of(s) == shard), None)
-      if slot is None:  # every slot of its shard is busy: it goes first when one frees
+      shard = None if buf.parked is None else pool.parked_shard(buf.parked)
+      slot = next((s for s in free if shard in (None, pool.shard_of(s))), None)
+      if slot is None:  # every slot is busy: it goes first when one frees
         waiting.append(buf)
         continue
-      free.remove(slot)
-      self._pool.unpark(buf.parked, slot)
-      buf.parked = None
-      self.stats.moved_resumes += slot != buf.slot
-      owners[slot], admitted_at[slot], buf.slot = buf, buf.order, slot
-      if not self._pool.grow(slot, self._positions_after_chunk(buf)):
-        self._preempt(slot, owners)  # restarts from its prompt with a fresh episode
+      cached = buf.parked is not None
+      self._unpark(buf, slot)
+      need = self._positions_after_chunk(buf)
+      while not pool.grow(slot, need):
+        if not self._evict(pool.shard_of(slot)):
+          break
+      else:
+        free.remove(slot)
+        self.stats.moved_resumes += slot != buf.slot
+        owners[slot], admitted_at[slot], buf.slot = buf, buf.order, slot
+        self._resume(slot, buf, cached)
         continue
-      self._resume(slot, buf)
+      # Too few pages: it waits with what it holds, first in line on its shard.
+      if pool.held(slot):
+        buf.parked = pool.park(slot)
+        self._parked_eps.append(buf)
+      self._blocked.add(pool.shard_of(slot))
+      waiting.append(buf)
     self._answered = waiting
 
-  def _resume(self, slot: int, buf: records.TokenBuffer) -> None:
-    """Continues `buf` in its slot: prefills only the positions its cache lacks."""
-    adm, start, n = episodes.resume_admission(slot, buf, self.cfg)
+  def _unpark(self, buf: records.TokenBuffer, slot: int | None = None) -> None:
+    """Puts a parked episode's pages into `slot`, or lets go of them (slot None)."""
+    if buf.parked is None:
+      return
+    if slot is None:
+      self._pool.drop_parked(buf.parked)
+    else:
+      self._pool.unpark(buf.parked, slot)
+    buf.parked = None
+    self._parked_eps.remove(buf)
+
+  def _evict(self, shard: int) -> bool:
+    """Drops the pages of the most recently parked episode on `shard` (it prefills its
+    history again when it continues: no work is lost); False when there is none."""
+    for buf in reversed(self._parked_eps):
+      if self._pool.parked_shard(buf.parked) == shard:
+        self._unpark(buf)
+        self.stats.evictions += 1
+        return True
+    return False
+
+  def _resume(self, slot: int, buf: records.TokenBuffer, cached: bool = True) -> None:
+    """Continues `buf` in its slot: prefills only the positions its cache lacks (the whole
+    history when its pages were evicted: `cached` False)."""
+    adm, start, n = episodes.resume_admission(slot, buf, self.cfg, cached)
     if self._resume_fn is None:
       self._resume_fn = decode.resume_program(self._graphdef, self._param_treedef,
                                               self._state_shardings)
@@ -625,4 +677,5 @@ class Sampler(weights.WeightSwap):
     buf.prefilled = True
     self.stats.resumes += 1
     self.stats.resume_tokens += n
+    self.stats.reprefill_tokens += 0 if cached else n
 

@@ -175,12 +175,13 @@ def resume_force_at(buf: records.TokenBuffer, think_end: int) -> int:
 
 
 def resume_admission(slot: int, buf: records.TokenBuffer, cfg: SamplerConfig,
-                     ) -> tuple[decode.Admission, int, int]:
+                     cached: bool = True) -> tuple[decode.Admission, int, int]:
   """The device input that continues `buf` in its slot after environment tokens.
 
   The cache holds the history's positions [0, start) with start = P + len(tokens) - 1 -
   n_env (everything before the turn's last token); the piece writes [start, H - 1) and the
   first decode step feeds the last environment token at H - 1 (H: the history's length).
+  With `cached` False (its pages were evicted) start is 0: the whole history goes in again.
 
   Returns:
     (admission (one row), start, positions computed).
@@ -188,7 +189,7 @@ def resume_admission(slot: int, buf: records.TokenBuffer, cfg: SamplerConfig,
   req = buf.request
   history = list(req.prompt_tokens) + buf.tokens
   n_env = len(buf.tokens) - _last_model_index(buf) - 1
-  start = len(history) - 1 - n_env
+  start = len(history) - 1 - n_env if cached else 0
   new = history[start:-1]
   t = piece_length(len(new))
   tokens = np.zeros((1, t), np.int32)

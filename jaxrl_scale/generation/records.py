@@ -350,6 +350,8 @@ class Stats:
   resumes: int = 0  # episodes continued in place after their environment's tokens
   resume_tokens: int = 0  # positions those continuations prefilled (padding excluded)
   moved_resumes: int = 0  # continuations in another slot than their turn ended in
+  evictions: int = 0  # parked episodes whose pages went to others (they prefill again)
+  reprefill_tokens: int = 0  # positions of histories prefilled again after an eviction
 
   @property
   def tokens_per_second(self) -> float:

@@ -216,6 +216,21 @@ def test_small_pool_preempts_episodes_and_restarts_them_to_the_same_tokens(loade
   small._pool.check()
 
 
+def test_a_short_pool_evicts_parked_caches_and_their_histories_go_in_again(loaded, prompts):
+  model, _ = loaded["qwen2"]
+  batch = prompts[:8]
+  roomy = _sampler(model).generate(_requests(batch, [_Factory() for _ in batch]))
+  small = _sampler(model, kv_cache_tokens=96, page_size=8)  # 12 pages per shard
+  got = small.generate(_requests(batch, [_Factory(sleep_s=0.05) for _ in batch]))
+  assert small.stats.evictions > 0 and small.stats.reprefill_tokens > 0
+  for a, b in zip(roomy, got):
+    assert a.tokens.tolist() == b.tokens.tolist()
+    assert a.env_mask.tolist() == b.env_mask.tolist()
+  _assert_logprobs_of_one_forward_pass(model, got)  # the history prefilled again is right
+  assert small._pool.used_pages == 0
+  small._pool.check()
+
+
 def test_bad_environment_tokens_are_a_user_error(loaded, prompts):
   from jaxrl_scale.errors import UserError
 
