@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
   from jaxrl_scale.errors import UserError  # pylint: disable=g-import-not-at-top
 
   registry.get_env(args.env)  # an unknown name: one line naming the known ones
+  args.stop = [*args.stop, *(s for s in registry.stop_strings(args.env) if s not in args.stop)]
   options = registry.parse_options(args.env_option, what="--env-option")
   if args.max_turns < 1:
     raise UserError(f"--max-turns must be >= 1, got {args.max_turns}")

@@ -15,8 +15,9 @@ end, come back as one message of role `role` (default "tool"), cut to
 `Limits.tool_output_chars`, and the policy writes its next turn. A turn without a tool
 call ends the episode, and the task's verifier scores that turn
 (`EnvStep(done=True, reward=None)`), as for a single-turn completion.
-Set the sampler's stop strings to include "</python>" so a turn ends at its call
-instead of the policy imagining the output.
+A turn ends at "</python>" (the environment's stop string: `generate --env` adds it, and a
+training run's `sampler.stop_strings` must hold it), so the policy reads the real output
+instead of imagining one.
 
 Counters: tool_calls; tool_timeouts (the call's wall or CPU limit); tool_errors (a
 non-zero exit, an exception, a sandbox that failed to start); tool_s (wall seconds of
@@ -107,7 +108,7 @@ class PythonTool(base.EpisodeBase):
     return tool_output(run, seconds, self.clip)
 
 
-@registry.register_env("python_tool")
+@registry.register_env("python_tool", stop_strings=("</python>",))
 def python_tool(ctx: base.EnvContext, *, role: str = "tool", memory_mb: int = 512,
                 template_kwargs: dict[str, Any] | None = None) -> PythonTool:
   """The Python tool.

@@ -31,6 +31,7 @@ from jaxrl_scale.models import tokenizer as tokenizer_lib
 EnvFactory = Callable[..., records.Episode]
 
 _ENVS: dict[str, EnvFactory] = {}
+_STOPS: dict[str, tuple[str, ...]] = {}  # name -> the stop strings its turns need
 _BUILTINS = ("jaxrl_scale.envs.python_tool", "jaxrl_scale.envs.retry")
 
 
@@ -40,11 +41,15 @@ def _load_builtins() -> None:
     importlib.import_module(module)
 
 
-def register_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
+def register_env(name: str, stop_strings: Sequence[str] = ()
+                 ) -> Callable[[EnvFactory], EnvFactory]:
   """Decorator registering `fn(ctx, **options) -> Episode` under `name`.
 
   Args:
     name: the name configs use; re-registering a name raises ValueError.
+    stop_strings: text that ends a model turn for this environment (python_tool:
+      "</python>", so a turn ends at its call): `generate --env` adds them to the
+      sampler's, and a training run whose `sampler.stop_strings` lacks one is an error.
 
   Returns:
     The decorator, which returns the factory unchanged.
@@ -56,9 +61,16 @@ def register_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
     if name in _ENVS and _ENVS[name] is not fn:
       raise ValueError(f"environment {name!r} is already registered")
     _ENVS[name] = fn
+    _STOPS[name] = tuple(stop_strings)
     return fn
 
   return decorator
+
+
+def stop_strings(name: str) -> tuple[str, ...]:
+  """The stop strings environment `name` needs (`register_env`); () for none."""
+  get_env(name)
+  return _STOPS.get(name, ())
 
 
 def get_env(name: str) -> EnvFactory:

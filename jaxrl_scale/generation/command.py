@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxrl_scale import errors
@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--top-k", type=int, default=0, help="default 0 (off)")
   parser.add_argument("--max-new-tokens", type=int, default=128, help="default 128")
   parser.add_argument("--greedy", action="store_true", help="argmax decoding (temperature 0)")
+  parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                      help="text that ends a sample (repeatable; an environment's own, such "
+                           "as python_tool's </python>, is added by --env)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--slots", type=int, default=64,
                       help="most sequences decoded at once (default 64)")
@@ -120,7 +123,7 @@ def load_model(model_dir: str, dtype: str | None = None) -> tuple[Any, Any, Any]
 def make_sampler(model: Any, model_cfg: Any, mesh: Any, tokenizer: Any, *,
                  num_sequences: int, longest_prompt: int, max_new_tokens: int,
                  slots: int = 64, temperature: float = 1.0, top_p: float = 1.0,
-                 top_k: int = 0, seed: int = 0) -> Any:
+                 top_k: int = 0, seed: int = 0, stop_strings: Sequence[str] = ()) -> Any:
   """An `engine.Sampler` sized for `num_sequences` prompts of at most `longest_prompt` tokens.
 
   Slots are at most `slots` (fewer when there are fewer sequences), rounded up to a
@@ -139,7 +142,7 @@ def make_sampler(model: Any, model_cfg: Any, mesh: Any, tokenizer: Any, *,
                           1 << (longest_prompt - 1).bit_length()}))
   cfg = SamplerConfig(num_slots=num_slots, max_new_tokens=max_new_tokens,
                       temperature=temperature, top_p=top_p, top_k=top_k,
-                      prompt_buckets=buckets)
+                      prompt_buckets=buckets, stop_strings=tuple(stop_strings))
   if longest_prompt + max_new_tokens > model_cfg.max_position_embeddings:
     print(f"warning: prompt + new tokens ({longest_prompt} + {max_new_tokens}) exceed the "
           f"model's max_position_embeddings ({model_cfg.max_position_embeddings})",
@@ -202,7 +205,8 @@ def run(args: argparse.Namespace, episode_for: Callable[[int, list[int], Any], A
                          longest_prompt=max(len(ids) for ids in prompt_ids),
                          max_new_tokens=args.max_new_tokens, slots=args.slots,
                          temperature=0.0 if args.greedy else args.temperature,
-                         top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+                         top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                         stop_strings=args.stop)
   slots = sampler.cfg.num_slots
   makers = [episode_for(i, ids, tokenizer) if episode_for is not None else None
             for i, ids in enumerate(prompt_ids)]

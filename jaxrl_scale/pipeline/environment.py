@@ -23,6 +23,7 @@ from jaxrl_scale.config import Config, EnvConfig
 from jaxrl_scale.data import sources as data_sources
 from jaxrl_scale.data import tasks
 from jaxrl_scale.envs import base, registry
+from jaxrl_scale.errors import UserError
 from jaxrl_scale.generation import records
 
 EpisodeFor = Callable[[data_sources.Prompt], Callable[[], records.Episode]]
@@ -60,6 +61,10 @@ def episodes(cfg: Config, tokenizer: Any) -> EpisodeFor | None:
   if not name:
     return None
   registry.get_env(name)  # an unknown name fails here, naming the known ones
+  missing = [s for s in registry.stop_strings(name) if s not in cfg.sampler.stop_strings]
+  if missing:
+    raise UserError(f"config key 'sampler.stop_strings': environment {name!r} ends a turn at "
+                    f"{missing[0]!r}: add it to the list")
   opts = options(cfg.env)
   lim = limits(cfg)
   if name == "retry":

@@ -51,3 +51,20 @@ def test_an_unknown_environment_or_option_is_one_line(hf_checkpoints, capsys):
   assert cli.main(base + ["--env", "retry", "--env-option", "attempts"]) == 2
   err = capsys.readouterr().err.strip()
   assert "--env-option: entries are key=value" in err and len(err.splitlines()) == 1
+
+
+def test_an_environment_brings_its_stop_strings(hf_checkpoints, capsys, monkeypatch):
+  """python_tool's turn ends at "</python>": `generate --env` adds it to --stop's."""
+  init, seen = engine.Sampler.__init__, []
+
+  def patched(self, model, cfg, **k):
+    seen.append(cfg.stop_strings)
+    init(self, model, cfg, **k)
+
+  monkeypatch.setattr(engine.Sampler, "__init__", patched)
+  ck = hf_checkpoints["qwen2"]
+  base = ["generate", "--model", ck.path, "--prompt", "x", "--max-new-tokens", "4"]
+  assert cli.main(base + ["--stop", "###"]) == 0
+  assert cli.main(base + ["--env", "python_tool", "--stop", "###"]) == 0
+  capsys.readouterr()
+  assert seen == [("###",), ("###", "</python>")]

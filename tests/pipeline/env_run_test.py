@@ -108,3 +108,9 @@ def test_a_python_tool_run_warm_starts_on_played_traces_and_calls_the_tool(tmp_p
   rows = metrics.read_metrics(run / "metrics.jsonl")
   assert any("rollout/tool_calls" in r and "rollout/turns_mean" in r for r in rows)
   assert "val/pass_rate" in rows[-1]
+
+
+def test_a_run_without_its_environments_stop_string_is_one_line(tmp_path):
+  cfg = config.load(ROOT / "configs" / "cpu_tool.yaml", ["sampler.stop_strings=[]"])
+  with pytest.raises(errors.UserError, match="sampler.stop_strings.*'</python>'"):
+    environment.episodes(cfg, None)
