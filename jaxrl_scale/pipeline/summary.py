@@ -13,6 +13,7 @@ from jaxrl_scale import metrics as metrics_lib
 from jaxrl_scale.config import Config
 from jaxrl_scale.errors import UserError
 from jaxrl_scale.pipeline import progress as progress_lib
+from jaxrl_scale.scaling import units
 
 log = logging.getLogger(__name__)
 
@@ -136,13 +137,25 @@ def finish(cfg: Config, run_dir: pathlib.Path, outcome: Any, forecaster: Any, ho
   return summary
 
 
+def _unit(f: dict[str, Any]) -> str:
+  """The unit of a forecast's compute (its C_mid, its target): that of its axis' column."""
+  from jaxrl_scale.scaling import live  # pylint: disable=g-import-not-at-top
+
+  return live.UNITS[f.get("axis", "hours")]
+
+
+def _compute(f: dict[str, Any], key: str) -> str:
+  """`f[key]` with the unit of `f`'s axis, as `jaxrl-scale fit` prints it."""
+  return units.at(f[key], _unit(f))
+
+
 def _at(f: dict[str, Any]) -> str:
   """A forecast's target: in hours, with its FLOPs first on the FLOPs axis."""
   hours = f.get("target_compute_hours")
-  hours_text = "" if hours is None else f"{hours:.4g} h"
+  hours_text = "" if hours is None else units.at(hours, units.unit_of("compute_hours"))
   if f.get("axis", "hours") == "hours":
-    return hours_text or f"{f['target_compute']:.4g}"
-  return f"{f['target_compute']:.3g} FLOPs" + (f" (~{hours_text})" if hours_text else "")
+    return hours_text or _compute(f, "target_compute")
+  return _compute(f, "target_compute") + (f" (~{hours_text})" if hours_text else "")
 
 
 def render(summary: dict[str, Any]) -> str:
@@ -174,7 +187,7 @@ def render(summary: dict[str, Any]) -> str:
     lines.append(
         f"forecast made at half the budget (step {half['made_at_step']}, "
         f"{half['made_at_compute_hours']:.4g} h, {half['n_points']} points): A={half['A']:.3f} "
-        f"B={half['B']:.2f} C_mid={half['C_mid']:.3g}"
+        f"B={half['B']:.2f} C_mid={_compute(half, 'C_mid')}"
         + ("" if half.get("well_determined", True) else
            " (not well determined: the data did not pin A down yet; read the interval)"))
     lines.append(f"  predicted pass rate at the final compute: {half['predicted_final']:.3f}"
@@ -192,7 +205,7 @@ def render(summary: dict[str, Any]) -> str:
       a = f"A={f['A']:.3f}" if f["well_determined"] else f"A~{f['A']:.2f}? (not determined)"
       if f.get("A_interval"):
         a += f" [{f['A_interval'][0]:.3f}, {f['A_interval'][1]:.3f}]"
-      line = f"  {domain}: {a} B={f['B']:.2f} C_mid={f['C_mid']:.3g} R0={f['R0']:.3f}"
+      line = f"  {domain}: {a} B={f['B']:.2f} C_mid={_compute(f, 'C_mid')} R0={f['R0']:.3f}"
       if f.get("forecast") is not None:
         line += f"; at {_at(f)}: {f['forecast']:.3f}"
         if f.get("forecast_interval"):

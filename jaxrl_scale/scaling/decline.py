@@ -30,6 +30,7 @@ import numpy as np
 from jaxrl_scale.scaling import curves
 from jaxrl_scale.scaling import fit as fit_lib
 from jaxrl_scale.scaling import noise
+from jaxrl_scale.scaling import units
 
 # The last third of the fitted evals: the issue's "last part of the run".
 WINDOW_FRACTION = 1.0 / 3.0
@@ -88,13 +89,13 @@ class Decline:
   noise_sd: float
   rho: float
 
-  def message(self) -> str:
-    """One line for `fit`, the live forecast and the plot."""
+  def message(self, unit: str = units.unit_of(None)) -> str:
+    """One line for `fit`, the live forecast and the plot; `unit`: the compute's."""
     return (f"the run is declining: over the last {self.n_window} evals (compute > "
-            f"{self.window_start:.3g}) the pass rate falls (trend t {self.trend_t:.1f}) below "
-            f"the fitted curve; the curve with a decline of {self.drop:.3f} there fits "
-            f"better (likelihood ratio {self.lr:.1f}; eval noise sd {self.noise_sd:.3f}). "
-            "A is not its plateau")
+            f"{units.at(self.window_start, unit)}) the pass rate falls (trend t "
+            f"{self.trend_t:.1f}) below the fitted curve; the curve with a decline of "
+            f"{self.drop:.3f} there fits better (likelihood ratio {self.lr:.1f}; eval noise "
+            f"sd {self.noise_sd:.3f}). A is not its plateau")
 
   def to_dict(self) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)

@@ -22,6 +22,7 @@ from jaxrl_scale.scaling import fit as fit_lib
 from jaxrl_scale.scaling import io
 from jaxrl_scale.scaling import noise
 from jaxrl_scale.scaling import profile as profile_lib
+from jaxrl_scale.scaling import units
 
 MIN_POINTS = 4
 # "Well determined" (see `assess`) is calibrated on simulated Table-1 runs (iid and AR(1)
@@ -233,8 +234,8 @@ def _pair(p):
 
 
 def assess(sigmoid: fit_lib.SigmoidFit, samples: boot_lib.SigmoidSamples | None,
-           max_fit_compute: float, level: float = 0.95, *, was_well: bool = False
-           ) -> tuple[bool, tuple[str, ...]]:
+           max_fit_compute: float, level: float = 0.95, *, was_well: bool = False,
+           unit: str = units.unit_of(None)) -> tuple[bool, tuple[str, ...]]:
   """Is the asymptote pinned down by the data? Returns (well_determined, reasons).
 
   Args:
@@ -244,6 +245,7 @@ def assess(sigmoid: fit_lib.SigmoidFit, samples: boot_lib.SigmoidSamples | None,
     level: interval level.
     was_well: the previous fit of the same live run was well determined; the midpoint and
       width checks then get `HYSTERESIS` slack, so the flag does not flip back and forth.
+    unit: the unit of the compute, which the reasons print with it (`units.unit_of`).
   """
   slack = HYSTERESIS if was_well else 1.0
   reasons = []
@@ -252,9 +254,9 @@ def assess(sigmoid: fit_lib.SigmoidFit, samples: boot_lib.SigmoidSamples | None,
                    "too few to tell saturation from noise")
   if sigmoid.c_mid > slack * max_fit_compute:
     reasons.append(
-        f"the midpoint C_mid={sigmoid.c_mid:.3g} lies beyond the last fitted point "
-        f"({max_fit_compute:.3g}): the curve is still in its near-linear phase and A is an "
-        "extrapolation; fit again with more compute")
+        f"the midpoint C_mid={units.at(sigmoid.c_mid, unit)} lies beyond the last fitted "
+        f"point ({units.at(max_fit_compute, unit)}): the curve is still in its near-linear "
+        "phase and A is an extrapolation; fit again with more compute")
   if sigmoid.a >= A_BOUND:
     reasons.append("A sits on its upper bound 1: the data show no saturation yet")
   elif sigmoid.a <= sigmoid.r0:
@@ -362,11 +364,12 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
   """Fits one run and computes its forecasts (see `AnalysisOptions`)."""
   options = dataclasses.replace(options, seed=boot_lib.resolve_seed(options.seed))
   fit_mask, heldout = _masks(curve, options)
+  unit = units.unit_of(curve.column)
   n = int(fit_mask.sum())
   if n < MIN_POINTS:
     where = ["compute > 0"]
     if options.min_compute > 0:
-      where.append(f">= --min-compute {options.min_compute:g}")
+      where.append(f">= --min-compute {units.at(options.min_compute, unit)}")
     if options.backtest is not None:
       where.append(f"<= {options.backtest:g} x max compute (--fit-fraction)")
     raise UserError(f"{curve.path}: {n} usable eval points ({', '.join(where)}); "
@@ -405,13 +408,14 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
     prof = profile_lib.profile_a(x, y, w, sigmoid, model, options.level, options=options.fit)
   power = fit_lib.fit_power_law(x, y, weights=fit_mask.astype(np.float64))
   max_fit = float(np.max(x[fit_mask]))
-  well, messages = assess(sigmoid, samples, max_fit, options.level)
+  well, messages = assess(sigmoid, samples, max_fit, options.level, unit=unit)
   dec = decline_lib.detect(x, y, w, sigmoid)
   if dec is not None and dec.declining:  # A is then where the curve bent over, no plateau
-    well, messages = False, (dec.message(),) + messages
+    well, messages = False, (dec.message(unit),) + messages
   floor = saturation_floor(sigmoid, samples, max_fit, options.level, prof)
   if floor is not None:
-    messages += (f"no saturation in the data yet: the forecast beyond C={floor[0]:.3g} and A "
+    messages += (f"no saturation in the data yet: the forecast beyond "
+                 f"C={units.at(floor[0], unit)} and A "
                  f"reach down to {floor[1]:.3f}, the curve's level there (the run may "
                  "plateau now)",)
 

@@ -42,6 +42,8 @@ class Curve:
     eval_size: problems x samples per problem of each eval; nan where not logged.
     series: run id of each eval (0 for one run; one id per seed when pooled), eval order
       within a run being the array order.
+    column: the column the compute was read from, whose unit every compute printed of the
+      curve carries (`units.unit_of`).
   """
   name: str
   path: str
@@ -52,6 +54,7 @@ class Curve:
   is_start: np.ndarray
   eval_size: np.ndarray | None = None
   series: np.ndarray | None = None
+  column: str = "compute_hours"
 
   def __post_init__(self):
     if self.eval_size is None:
@@ -75,7 +78,8 @@ def pool(curves: list[Curve], name: str) -> Curve:
                r0=float(np.mean(starts)) if starts else None, is_start=cat("is_start"),
                eval_size=cat("eval_size"),
                series=np.concatenate([np.full(c.compute.size, i, np.int64)
-                                      for i, c in enumerate(curves)]))
+                                      for i, c in enumerate(curves)]),
+               column=curves[0].column)
 
 
 def run_name(path: str) -> str:
@@ -330,4 +334,5 @@ def read_curve(path: str, x_key: str = "compute_hours", y_key: str = "val/pass_r
   r0 = float(np.asarray(rate)[start_arr][0]) if start_arr.any() else None
   return Curve(name=_tb_run_name(path) if tb else run_name(path), path=path, compute=np.asarray(compute, np.float64),
                pass_rate=np.asarray(rate, np.float64), line=np.asarray(lines, np.int64),
-               r0=r0, is_start=start_arr, eval_size=np.asarray(size, np.float64))
+               r0=r0, is_start=start_arr, eval_size=np.asarray(size, np.float64),
+               column=x_key)

@@ -40,6 +40,7 @@ from jaxrl_scale.scaling import bootstrap as boot_lib
 from jaxrl_scale.scaling import fit as fit_lib
 from jaxrl_scale.scaling import forecast
 from jaxrl_scale.scaling import io
+from jaxrl_scale.scaling import units
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +118,9 @@ class LiveForecast:
 
 
 AXES = ("flops", "hours")
-UNITS = {"flops": "FLOPs", "hours": "h"}
-# The metrics.jsonl column of each axis.
+# The metrics.jsonl column of each axis, and the unit a compute on it prints with.
 COLUMNS = {"flops": "flops", "hours": "compute_hours"}
+UNITS = {axis: units.unit_of(column) for axis, column in COLUMNS.items()}
 
 
 def cutoff(compute, hours, min_hours: float) -> float:
@@ -298,7 +299,8 @@ class LiveForecaster:
         pass_rate=np.asarray(([self._r0_stream] if start else []) + self._rate, np.float64),
         line=np.arange(len(x)), r0=self._r0_stream,
         is_start=np.arange(len(x)) < int(start),
-        eval_size=np.asarray(([self._r0_size] if start else []) + self._size, np.float64))
+        eval_size=np.asarray(([self._r0_size] if start else []) + self._size, np.float64),
+        column=self.column)
 
   @property
   def column(self) -> str:
@@ -338,7 +340,7 @@ class LiveForecaster:
     well, messages = report.well_determined, report.messages
     if was_well and not well and not report.declining:  # hysteresis of the flag only
       well, messages = forecast.assess(sig, report.samples, report.max_fit_compute,
-                                       self.level, was_well=True)
+                                       self.level, was_well=True, unit=UNITS[self.axis])
       if report.extrapolation_half_width > forecast.HYSTERESIS * boot_lib.PAPER_A_MARGIN:
         well = False
         messages += tuple(m for m in report.messages if "own backtests" in m)

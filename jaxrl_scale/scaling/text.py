@@ -1,7 +1,7 @@
 """Human-readable report of `jaxrl-scale fit` (the `--json` output carries the same facts).
 
 Every number carries its unit (issue 67 item 7): compute in the unit of the `--x` column
-(`UNITS`: FLOPs, accelerator-hours, else the column's name), pass rates named as such,
+(`units.UNITS`: FLOPs, accelerator-hours, else the column's name), pass rates named as such,
 intervals with their level.
 """
 
@@ -14,39 +14,11 @@ import numpy as np
 from jaxrl_scale.scaling import bootstrap as boot_lib
 from jaxrl_scale.scaling import compare as compare_lib
 from jaxrl_scale.scaling import forecast
-
-
-def num(v: float | None, digits: int = 3) -> str:
-  """Compact number: fixed for pass rates and exponents, scientific for large compute."""
-  if v is None or (isinstance(v, float) and math.isnan(v)):
-    return "-"
-  if math.isinf(v):
-    return "never" if v > 0 else "-inf"
-  if v != 0 and (abs(v) >= 1e4 or abs(v) < 1e-2):
-    return f"{v:.{max(digits - 1, 1)}e}"
-  if abs(v) >= 100:
-    return f"{v:.0f}"
-  return f"{v:.{digits}f}" if abs(v) < 10 else f"{v:.1f}"
+from jaxrl_scale.scaling import units
 
 
 def span(p: tuple[float, float] | None, digits: int = 3) -> str:
-  return "" if p is None else f"[{num(p[0], digits)}, {num(p[1], digits)}]"
-
-
-# The unit of each compute column `jaxrl-scale fit --x` reads (another column: its name).
-UNITS = {"flops": "FLOPs", "compute_hours": "h"}
-
-
-def unit_of(column: str | None) -> str:
-  """The unit printed after a compute read from `column` (None: the default column)."""
-  column = column or "compute_hours"
-  return UNITS.get(column, f"({column})")
-
-
-def at(v: float | None, unit: str, digits: int = 3) -> str:
-  """A compute with its unit: `5.73e+11 FLOPs`, `2542 h`, `never`."""
-  text = num(v, digits)
-  return text if text in ("-", "never", "-inf") else f"{text} {unit}"
+  return "" if p is None else f"[{units.num(p[0], digits)}, {units.num(p[1], digits)}]"
 
 
 def table(rows: list[list[str]], indent: str = "  ") -> str:
@@ -63,8 +35,8 @@ def render_run(r: forecast.RunReport, unit: str = "h") -> str:
   s = r.sigmoid
   x_fit = r.curve.compute[r.fit_mask]
   lines = [f"{r.name}  ({r.curve.path})",
-           f"  fitted {s.n_points} eval points, compute {num(float(x_fit.min()))} .. "
-           f"{at(float(x_fit.max()), unit)}; pass rate R0 = {s.r0:.3f} "
+           f"  fitted {s.n_points} eval points, compute {units.num(float(x_fit.min()))} .. "
+           f"{units.at(float(x_fit.max()), unit)}; pass rate R0 = {s.r0:.3f} "
            f"({_R0_SOURCE[r.r0_source]}); residual sd {r.residual_sd:.4f} (pass rate)"]
   if r.noise is not None:
     m = r.noise
@@ -83,14 +55,14 @@ def render_run(r: forecast.RunReport, unit: str = "h") -> str:
   rows = [["sigmoid", head, level, ""],
           ["A", a_txt, span(r.interval("a")),
            f"plateau pass rate; paper's noise margin on A: +-{boot_lib.PAPER_A_MARGIN}"],
-          ["B", num(s.b), span(r.interval("b")), "steepness (an exponent, no unit)"],
-          [f"C_mid ({unit})", num(s.c_mid), span(r.interval("c_mid")),
+          ["B", units.num(s.b), span(r.interval("b")), "steepness (an exponent, no unit)"],
+          [f"C_mid ({unit})", units.num(s.c_mid), span(r.interval("c_mid")),
            "compute of half the gain"]]
   lines += [table(rows), "  R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B)",
-            f"  power law R(C) = A - D / C^B: A = {r.power.a:.3f}, B = {num(r.power.b)}, "
-            f"D = {num(r.power.d)} (for comparison; unbounded forms over-predict A)", ""]
-  lines.append(f"  forecast pass rate at C = {at(r.target_compute, unit)} ({r.target_source}): "
-               f"{r.forecast:.3f}"
+            f"  power law R(C) = A - D / C^B: A = {r.power.a:.3f}, B = {units.num(r.power.b)}, "
+            f"D = {units.num(r.power.d)} (for comparison; unbounded forms over-predict A)", ""]
+  lines.append(f"  forecast pass rate at C = {units.at(r.target_compute, unit)} "
+               f"({r.target_source}): {r.forecast:.3f}"
                + (f" ({r.level:.0%} interval {span(r.forecast_interval)})"
                   if r.forecast_interval is not None else "")
                + f", power law {r.power_forecast:.3f}")
@@ -108,7 +80,7 @@ def render_run(r: forecast.RunReport, unit: str = "h") -> str:
           f"(eval noise alone {span(r.forecast_interval_noise)})")
   if r.target_pass_rate is not None:
     lines.append(f"  compute to reach pass rate {r.target_pass_rate:.3f}: "
-                 f"{at(r.compute_to_target, unit)} {span(r.compute_to_target_interval)}")
+                 f"{units.at(r.compute_to_target, unit)} {span(r.compute_to_target_interval)}")
   if r.backtest is not None:
     b = r.backtest
     inside = ""
@@ -116,20 +88,21 @@ def render_run(r: forecast.RunReport, unit: str = "h") -> str:
       inside = (f"; a new eval falls in {span(b.final_prediction_interval)}: "
                 + ("inside" if b.final_inside else "OUTSIDE"))
     lines.append(
-        f"  backtest (fit on compute <= {at(b.fit_until, unit)}, {b.n_heldout} points held "
+        f"  backtest (fit on compute <= {units.at(b.fit_until, unit)}, {b.n_heldout} points held "
         f"out): mean |error| {b.mean_abs_error:.4f}, max {b.max_abs_error:.4f} (pass rate)")
     lines.append(
-        f"    final point C = {at(b.final_compute, unit)}: pass rate {b.final_actual:.3f}, forecast "
-        f"{b.final_forecast:.3f} {span(b.final_interval)}, power law "
+        f"    final point C = {units.at(b.final_compute, unit)}: pass rate "
+        f"{b.final_actual:.3f}, forecast {b.final_forecast:.3f} {span(b.final_interval)}, "
+        f"power law "
         f"{b.final_power_law:.3f}{inside}")
   if r.declining:
-    lines.append(f"  DECLINING: {r.decline.message()}")
+    lines.append(f"  DECLINING: {r.decline.message(unit)}")
   if r.well_determined:
     lines.append("  well determined: yes")
   else:
     lines.append("  well determined: NO" + (" (declining, above)" if r.declining else ""))
     lines += [f"    - {m}" for m in r.messages
-              if not (r.declining and m == r.decline.message())]
+              if not (r.declining and m == r.decline.message(unit))]
   return "\n".join(lines)
 
 
@@ -139,14 +112,14 @@ def render_domains(overall: forecast.RunReport, domains: dict[str, forecast.RunR
   reasons a domain's fit is not well determined below the table."""
   target = overall.target_compute
   rows = [["domain", "points", "R0", f"A [{overall.level:.0%} interval]", "B [interval]",
-           f"C_mid ({unit})", f"pass rate at {at(target, unit)}", "well determined",
+           f"C_mid ({unit})", f"pass rate at {units.at(target, unit)}", "well determined",
            "declining"]]
   notes = []
   for name, r in domains.items():
     s = r.sigmoid
     a_txt = f"{s.a:.3f}" if r.well_determined else f"~{s.a:.3f}"
     rows.append([name, str(s.n_points), f"{s.r0:.3f}", f"{a_txt} {span(r.interval('a'))}",
-                 f"{num(s.b)} {span(r.interval('b'))}", num(s.c_mid),
+                 f"{units.num(s.b)} {span(r.interval('b'))}", units.num(s.c_mid),
                  f"{r.forecast:.3f} {span(r.forecast_interval)}",
                  "yes" if r.well_determined else "NO", "YES" if r.declining else "no"])
     notes += [f"    - {name}: {m}" for m in r.messages]
@@ -160,12 +133,12 @@ def render_comparison(reports: list[forecast.RunReport],
                       c: compare_lib.Comparison, unit: str = "h") -> str:
   level = f"{reports[0].level:.0%}"
   rows = [["run", "points", "R0", "A", f"A {level} interval", "B", "B interval",
-           f"C_mid ({unit})", f"pass rate at {at(reports[0].target_compute, unit)}",
+           f"C_mid ({unit})", f"pass rate at {units.at(reports[0].target_compute, unit)}",
            "well determined"]]
   for r in reports:
     s = r.sigmoid
     rows.append([r.name, str(s.n_points), f"{s.r0:.3f}", f"{s.a:.3f}", span(r.interval("a")),
-                 num(s.b), span(r.interval("b")), num(s.c_mid),
+                 units.num(s.b), span(r.interval("b")), units.num(s.c_mid),
                  f"{r.forecast:.3f} {span(r.forecast_interval)}",
                  "yes" if r.well_determined else "NO"])
   lines = ["runs", table(rows), "",
@@ -174,7 +147,7 @@ def render_comparison(reports: list[forecast.RunReport],
            f"({'within' if c.similar_a else 'beyond'} the +-{boot_lib.PAPER_A_MARGIN} margin)"]
   rows = [["run", "B at shared A", "B interval", f"C_mid ({unit})", ""]]
   by_name = {s.name: s for s in c.shared}
-  rows += [[n, num(by_name[n].b), span(by_name[n].b_interval), num(by_name[n].c_mid),
+  rows += [[n, units.num(by_name[n].b), span(by_name[n].b_interval), units.num(by_name[n].c_mid),
             "" if by_name[n].well_determined else "(not well determined)"]
            for n in c.ranking]
   lines.append(table(rows))
@@ -205,7 +178,7 @@ def render(reports: list[forecast.RunReport], comparison: compare_lib.Comparison
   """The full human report: each run (and its domains' table, `domains` holding a
   `domains.DomainAnalysis` per run), then the comparison, then where the plot went; `x`
   is the compute column read (`--x`), whose unit every compute carries."""
-  unit = unit_of(x)
+  unit = units.unit_of(x)
   parts = []
   for i, r in enumerate(reports):
     parts.append(render_run(r, unit))

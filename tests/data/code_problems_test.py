@@ -2,7 +2,9 @@
 
 import base64
 import json
+import pathlib
 import pickle
+import re
 import zlib
 
 import pytest
@@ -146,3 +148,16 @@ def test_tfds_builders_match_the_direct_reads(tmp_path):
 def test_a_builtin_task_without_a_tfds_builder_is_a_one_line_error(tmp_path):
   with pytest.raises(UserError, match="data.data_dir: the built-in task 'multiply' has no TFDS"):
     sources.load_records(_Cfg("multiply/d3x1", task="multiply", data_dir=str(tmp_path)))
+
+
+def test_the_records_docs_data_md_shows_are_read_and_judged(tmp_path):
+  # docs/data.md opens with a code task's own records: they must stay what the reader takes.
+  page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
+  opening = "\n".join(page.splitlines()[:40])
+  block = re.search(r"```text\n(.*?)```", opening, re.S).group(1)
+  (tmp_path / "problems.jsonl").write_text(block)
+  stdio, call = code_problems.read_local(str(tmp_path / "problems.jsonl"))
+  assert code.judge(f"```python\n{ADD}```", stdio["answer"], limits=LIMITS).status == "pass"
+  adder = "```python\ndef add(a, b):\n  return a + b\n```"
+  assert code.judge(adder, call["answer"], limits=LIMITS).status == "pass"
+  assert code.judge(adder.replace("+", "-"), call["answer"], limits=LIMITS).status == "wrong"

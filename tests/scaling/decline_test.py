@@ -1,6 +1,7 @@
 """Tests for the decline detector and its report in `fit`, the live forecast and the plot."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -81,6 +82,14 @@ def _declining_file(tmp_path, drop):
   path.parent.mkdir()
   synthetic.write_metrics_jsonl(str(path), x, y)
   return x, y, str(path)
+
+
+def test_the_decline_message_names_the_computes_unit():
+  d = _detect(100, 0.03)
+  assert d.declining
+  assert re.search(r"\(compute > \d+(\.\d+)?(e[+-]\d+)? FLOPs\) the pass rate falls",
+                   d.message("FLOPs")), d.message("FLOPs")
+  assert re.search(r"\(compute > \S+ h\)", d.message()), d.message()
 
 
 def test_fit_says_the_run_is_declining(tmp_path, capsys):

@@ -15,6 +15,7 @@ from jaxrl_scale import cli
 from jaxrl_scale.scaling import curves
 from jaxrl_scale.scaling import live
 from jaxrl_scale.scaling import synthetic
+from jaxrl_scale.scaling import units
 
 MATH, CODE = synthetic.TABLE1[-2], synthetic.TABLE1[-1]
 TRUE = {"math": MATH, "code": CODE}
@@ -254,7 +255,7 @@ def test_run_summary_prints_a_fitted_curve_per_domain(tmp_path, monkeypatch):
     f = saved["final_forecast_domains"][domain]
     assert abs(f["A"] - true.a) < 0.03 and f["R0"] == rows[0][f"val/{domain}/pass_rate"]
     (line,) = [ln for ln in text.splitlines() if ln.startswith(f"  {domain}: A")]
-    assert f"B={f['B']:.2f} C_mid={f['C_mid']:.3g}" in line, line
+    assert f"B={f['B']:.2f} C_mid={units.at(f['C_mid'], 'h')} R0=" in line, line  # hours axis
   assert out["forecast_plot"] == str(tmp_path / "forecast.png")
   (reports,) = drawn
   assert sorted(r.name for r in reports) == ["all domains", "code", "math"]

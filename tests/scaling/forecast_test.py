@@ -1,6 +1,7 @@
 """Tests for run analysis: forecasts, compute-to-target, backtest, JSON summary."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from jaxrl_scale.scaling import synthetic
 
 ROW = synthetic.TABLE1[0]
 OPTS = forecast.AnalysisOptions(n_boot=200)
+# A compute as a message prints it: 1.66e+11, 2542, 0.059.
+_COMPUTE = r"(?:\d+(?:\.\d+)?e[+-]\d+|\d+(?:\.\d+)?)"
 
 
 def _curve(compute, rate, name="run", with_start=True):
@@ -92,3 +95,34 @@ def test_to_dict_is_strict_json_with_the_contract_keys():
     assert key in d
   assert d["forecast"]["compute"] == compute.max()
   assert len(d["intervals"]["A"]) == 2
+
+
+def test_every_compute_in_a_fits_messages_carries_its_columns_unit():
+  # Issue 67 item 7: "the forecast beyond C=4.81e+12" named no unit; a message's compute
+  # carries the unit of the column the curve was read from (FLOPs, h, else the column).
+  compute, noisy, _ = synthetic.make_curve(ROW, seed=0)
+  early = compute < 0.6 * ROW.c_mid  # still rising: C_mid beyond the data, no saturation
+  for column, unit in (("flops", "FLOPs"), ("compute_hours", "h"), ("gpu_hours", "(gpu_hours)")):
+    curve = io.Curve(name="run", path="run.jsonl", compute=compute[early],
+                     pass_rate=noisy[early], line=np.arange(int(early.sum())),
+                     r0=float(noisy[0]), is_start=compute[early] == 0, column=column)
+    r = forecast.analyse(curve, forecast.AnalysisOptions(n_boot=100, seed=0))
+    text = "\n".join(r.messages)
+    u = re.escape(unit)
+    assert re.search(rf"the midpoint C_mid={_COMPUTE} {u} lies beyond the last fitted point "
+                     rf"\({_COMPUTE} {u}\)", text), text
+    assert re.search(rf"the forecast beyond C={_COMPUTE} {u} and A reach down to", text), text
+    with pytest.raises(UserError, match=rf">= --min-compute 1\.00e\+30 {u}\)"):
+      forecast.analyse(curve, forecast.AnalysisOptions(min_compute=1e30, n_boot=0))
+
+
+def test_read_curve_and_pool_keep_the_compute_column(tmp_path):
+  compute, noisy, _ = synthetic.make_curve(ROW, seed=0)
+  path = str(tmp_path / "metrics.jsonl")
+  synthetic.write_metrics_jsonl(path, compute, noisy)
+  rows = [json.loads(l) for l in open(path, encoding="utf-8")]
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(json.dumps({"flops": r["compute_hours"], **r}) + "\n" for r in rows)
+  assert io.read_curve(path).column == "compute_hours"
+  curve = io.read_curve(path, x_key="flops")
+  assert curve.column == "flops" and io.pool([curve, curve], "both").column == "flops"
