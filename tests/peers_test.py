@@ -34,6 +34,32 @@ def test_ratios_by_hand():
   assert got["per_round"] == pytest.approx([3.0, 1.0, 4.0])
 
 
+def test_train_comparison_by_hand():
+  # Steps of 2 s and 4 s against 1 s and 8 s: rates 0.5, 0.25 against 1, 0.125.
+  got = peers.compare_steps([2.0, 4.0], [1.0, 8.0], [1.0, -0.5, 0.0], [1.1, -0.5, 0.0])
+  assert got["ratio"]["median"] == pytest.approx(0.375 / 0.5625)
+  assert got["ratio"]["per_round"] == pytest.approx([0.5, 2.0])
+  assert got["loss_rel_diff"] == pytest.approx([0.1 / 1.1, 0.0, 0.0])
+
+
+def test_trl_side_helpers():
+  assert peer_sides.cut_at_eos([5, 7, 0, 0], {7, 9}) == [5, 7]
+  assert peer_sides.cut_at_eos([5, 6], {7}) == [5, 6]
+  assert peer_sides.cut_at_eos([9, 7], {7, 9}) == [9]
+  if importlib.util.find_spec("tokenizers") and importlib.util.find_spec("transformers"):
+    tok = peer_sides.id_tokenizer_hf(50, eos_id=2)
+    assert tok("17 4 49")["input_ids"] == [17, 4, 49]
+    assert tok.pad_token_id == 0 and tok.eos_token_id == 2 and tok.padding_side == "left"
+
+
+def test_peers_flag():
+  assert peers.parse_args([]).peer_names == ["tunix", "trl"]
+  assert peers.parse_args(["--peers", "trl"]).peer_names == ["trl"]
+  with pytest.raises(SystemExit):
+    peers.parse_args(["--peers", "vllm"])
+  assert set(peers.SAMPLE_UNEQUAL) == set(peers.TRAIN_UNEQUAL) == {"tunix", "trl"}
+
+
 def test_eos_marking_and_lengths():
   eos = [7, 9]
   assert peers.mark_eos([[1, 7], [1, 2], [9], []], eos) == [[1, -1], [1, 2], [-1], []]
@@ -62,10 +88,11 @@ def test_missing_peer_is_one_line():
   assert missing.absent.startswith("no Python at /nonexistent/bin/python")
   assert "\n" not in missing.absent
   assert missing.call("sample")["ok"] is False
-  if importlib.util.find_spec("tunix") is None:
-    here = peers.Side("tunix", sys.executable)  # a Python without google-tunix
-    assert here.absent == f"google-tunix is not installed in {sys.executable}"
-    assert here.proc is None  # closed
+  for peer, dist, module in (("tunix", "google-tunix", "tunix"), ("trl", "trl", "trl")):
+    if importlib.util.find_spec(module) is None:
+      here = peers.Side(peer, sys.executable)  # a Python without the peer
+      assert here.absent == f"{dist} is not installed in {sys.executable}"
+      assert here.proc is None  # closed
 
 
 def test_bad_requests_answer_one_line():
@@ -92,17 +119,20 @@ def test_our_side_on_a_tiny_checkpoint(tmp_path):
                            str(tmp_path / "no_python")])
   res = peers.run(args, log=lambda _: None)
   assert res["absent"]["tunix"].startswith("no Python at")
+  assert res["absent"]["trl"].startswith("no Python at")
   assert set(res["versions"]) == {"ours"} and "jax" in res["versions"]["ours"]
+  assert res["packages"][sys.executable]["jax"] == res["versions"]["ours"]["jax"]
   sampling = {s["name"]: s for s in res["sampling"]}
   uniform, rl = sampling["uniform_b4"], sampling["rl_b4"]
   assert uniform["runs"]["ours"][0]["tokens"] == 4 * args.new  # EOS off: every token
   assert uniform["lengths"]["ours"]["capped"] == 1.0
   assert 0 < rl["runs"]["ours"][0]["tokens"] <= 2 * 4 * args.new
-  assert "ratio" not in uniform  # nothing to compare against
+  assert uniform["vs"] == {} and res["train"]["vs"] == {}  # nothing to compare against
   train = res["train"]
   losses = train["runs"]["ours"][0]["losses"]
   assert len(losses) == args.train_steps and all(abs(x) < 10 for x in losses)
   assert losses[0] != losses[1]  # the update moved the weights
   text = peers.render(res)
-  assert "tunix: absent (no Python at" in text and "Traceback" not in text
+  assert "tunix: absent (no Python at" in text and "trl: absent (no Python at" in text
+  assert "Traceback" not in text and "not equal" not in text
   assert peer_sides.versions()["python"]

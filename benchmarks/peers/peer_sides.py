@@ -28,10 +28,12 @@ import numpy as np
 
 # The packages whose versions each side reports (absent ones are left out).
 VERSIONED = ("jax", "jaxlib", "flax", "optax", "numpy", "torch", "transformers",
-             "safetensors", "google-tunix", "trl", "accelerate", "datasets", "jaxrl-scale")
+             "safetensors", "google-tunix", "trl", "accelerate", "datasets", "tokenizers",
+             "jaxrl-scale")
 
 # The package each side needs, by import name and distribution name.
-NEEDS = {"ours": ("jaxrl_scale", "jaxrl-scale"), "tunix": ("tunix", "google-tunix")}
+NEEDS = {"ours": ("jaxrl_scale", "jaxrl-scale"), "tunix": ("tunix", "google-tunix"),
+         "trl": ("trl", "trl")}
 
 
 def versions() -> dict[str, str]:
@@ -42,6 +44,12 @@ def versions() -> dict[str, str]:
     except importlib.metadata.PackageNotFoundError:
       pass
   return out
+
+
+def all_packages() -> dict[str, str]:
+  """Every distribution installed in this Python, name to version (a venv's pip freeze)."""
+  return dict(sorted((d.metadata["Name"].lower(), d.version)
+                     for d in importlib.metadata.distributions() if d.metadata["Name"]))
 
 
 def hf_config(path: str) -> dict:
@@ -277,7 +285,141 @@ class Tunix:
     return {"losses": losses, "seconds": seconds}
 
 
-SIDES = {"ours": Ours, "tunix": Tunix}
+# ----------------------------------------------------------------------------------- TRL
+
+
+def cut_at_eos(row: list[int], eos: set[int]) -> list[int]:
+  """A generated row up to and with its first EOS (generate pads the rows that ended
+  before the batch did; GRPOTrainer masks after the first EOS the same way)."""
+  cut = next((k for k, t in enumerate(row) if t in eos), None)
+  return row if cut is None else row[:cut + 1]
+
+
+def id_tokenizer_hf(vocab: int, eos_id: int, pad_id: int = 0):
+  """The IdTokenizer as a transformers tokenizer (TRL's trainer takes one): a word-level
+  vocabulary "0".."vocab-1" split on whitespace, so text of ids maps to the same ids."""
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+
+  tok = Tokenizer(models.WordLevel({str(i): i for i in range(vocab)}, unk_token=str(pad_id)))
+  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=str(pad_id),
+                                 eos_token=str(eos_id), padding_side="left")
+
+
+class Trl:
+  """TRL's paths without vLLM: sampling is transformers' `generate` as GRPOTrainer calls it
+  (`_generate_single_turn`: a left-padded batch, its GenerationConfig, no compile), the
+  train step GRPOTrainer's own `compute_loss` on a batch in its layout, then backward and
+  the optimizer the trainer builds (torch AdamW)."""
+
+  name = "trl"
+
+  def __init__(self):
+    self.model = None
+
+  def load(self, model: str, dtype: str = "float32") -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    self.path, self.hf, self.dtype = model, hf_config(model), getattr(torch, dtype)
+    self.model = AutoModelForCausalLM.from_pretrained(model, dtype=self.dtype).eval()
+    return {"threads": torch.get_num_threads()}
+
+  def sample(self, prompts, max_new: int, eos, slots: int, buckets) -> dict:
+    """The prompts in batches of `slots` rows, each one `generate` call, left-padded to the
+    batch's longest prompt (TRL's tokenizer padding), greedy, stopping at `eos` (none: EOS
+    off); cut after the first EOS as GRPOTrainer does, the EOS kept."""
+    del buckets
+    import torch
+    from transformers import GenerationConfig
+
+    gen = GenerationConfig(max_new_tokens=max_new, do_sample=False, pad_token_id=0,
+                           bos_token_id=None, eos_token_id=[int(e) for e in eos] or None,
+                           disable_compile=True)
+    eos_set = {int(e) for e in eos}
+    tokens = []
+    start = time.perf_counter()
+    with torch.no_grad():
+      for i in range(0, len(prompts), slots):
+        rows = prompts[i:i + slots]
+        width = max(len(p) for p in rows)
+        ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in rows])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
+        out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
+        tokens.extend(cut_at_eos(row, eos_set) for row in out[:, width:].tolist())
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens": tokens}
+
+  def trainer(self, rows: int, group: int, completion_len: int, lr: float,
+              dtype: str = "float32", **config):
+    """A GRPOTrainer on a fresh copy of the checkpoint: loss "grpo" (a sequence's token
+    mean, averaged: our sample average), beta 0, epsilon 0.2, float32 (bf16 off: TRL's
+    default is on), the optimizer with eps 1e-15 and decay 0.01, a constant rate."""
+    import tempfile
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+    model = AutoModelForCausalLM.from_pretrained(self.path, dtype=getattr(torch, dtype))
+    tok = id_tokenizer_hf(self.hf["vocab_size"], int(self.hf.get("eos_token_id") or 2))
+    args = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl_side_"), report_to=[], use_cpu=True,
+        bf16=False, loss_type="grpo", beta=0.0, epsilon=0.2, learning_rate=lr,
+        adam_epsilon=1e-15, weight_decay=0.01, lr_scheduler_type="constant",
+        warmup_steps=0, max_grad_norm=None, per_device_train_batch_size=rows,
+        num_generations=group, max_completion_length=completion_len, logging_steps=1,
+        save_strategy="no", **config)
+    data = Dataset.from_dict({"prompt": ["3 4 5"] * rows})
+    return GRPOTrainer(model=model, reward_funcs=lambda completions, **_: [0.0] * len(
+        completions), args=args, train_dataset=data, processing_class=tok)
+
+  def train(self, batch: dict, steps: int, lr: float, remat: str = "none",
+            dtype: str = "float32") -> dict:
+    """`steps` updates on one batch: GRPOTrainer.compute_loss (its loss "grpo", the
+    recorded log-probs as old_per_token_logps), backward, optimizer step, from the
+    checkpoint's weights each call. No gradient clipping (TRL's default clips at 1.0; ours
+    and Tunix's do not)."""
+    del remat  # gradient checkpointing off: TRL's default
+    import torch
+
+    lp, lc = batch["prompt_len"], batch["completion_len"]
+    group = len(batch["completions"][0])
+    rows = len(batch["prompts"]) * group
+    trainer = self.trainer(rows, group, lc, lr, dtype)
+    pids, pmask, cids, cmask, old, adv = [], [], [], [], [], []
+    for i, prompt in enumerate(batch["prompts"]):
+      for j, comp in enumerate(batch["completions"][i]):
+        pids.append([0] * (lp - len(prompt)) + list(prompt))  # left-padded, as TRL's
+        pmask.append([0] * (lp - len(prompt)) + [1] * len(prompt))
+        cids.append(list(comp) + [0] * (lc - len(comp)))
+        cmask.append([1] * len(comp) + [0] * (lc - len(comp)))
+        old.append(list(batch["gen_logp"][i][j]) + [0.0] * (lc - len(comp)))
+        adv.append(batch["advantages"][i][j])
+    inputs = {"prompt_ids": torch.tensor(pids), "prompt_mask": torch.tensor(pmask),
+              "completion_ids": torch.tensor(cids), "completion_mask": torch.tensor(cmask),
+              "old_per_token_logps": torch.tensor(old, dtype=trainer.model.dtype),
+              "advantages": torch.tensor(adv, dtype=torch.float32)}
+    model = trainer.model
+    trainer.create_optimizer_and_scheduler(num_training_steps=steps)
+    opt = trainer.optimizer
+    trainer.current_gradient_accumulation_steps = 1  # what Trainer's loop sets per step
+    model.train()
+    losses, seconds = [], []
+    for _ in range(steps):
+      start = time.perf_counter()
+      loss = trainer.compute_loss(model, inputs)
+      trainer.accelerator.backward(loss)
+      opt.step()
+      trainer.lr_scheduler.step()
+      opt.zero_grad(set_to_none=True)
+      losses.append(float(loss))
+      seconds.append(time.perf_counter() - start)
+    return {"losses": losses, "seconds": seconds}
+
+
+SIDES = {"ours": Ours, "tunix": Tunix, "trl": Trl}
 
 
 def absent(name: str) -> str | None:
@@ -302,7 +444,8 @@ def serve(side) -> None:
     cmd = req.pop("cmd")
     try:
       if cmd == "hello":
-        answer = {"versions": versions(), "pid": os.getpid(), "absent": absent(side.name)}
+        answer = {"versions": versions(), "packages": all_packages(), "pid": os.getpid(),
+                  "absent": absent(side.name), "python": sys.executable}
       else:
         answer = getattr(side, cmd)(**req)
       answer["ok"] = True

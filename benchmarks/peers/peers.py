@@ -1,16 +1,17 @@
-"""Side by side with Tunix on the same Hugging Face checkpoint: sampling and a GRPO step.
+"""Side by side with Tunix and TRL on the same Hugging Face checkpoint: sampling, GRPO step.
 
     python benchmarks/peers/peers.py                        # a random Qwen3, written locally
     python benchmarks/peers/peers.py --model DIR --json benchmarks/results/peers_cpu_X.json
     python benchmarks/peers/peers.py --quick                # tiny shapes, a smoke run
+    python benchmarks/peers/peers.py --peers trl            # one peer only
 
 Installs nothing: each peer runs in `--peers-python` (default $JAXRL_PEERS_PYTHON, else
 /work/peers-venv/bin/python; `pip install -e .[peers]` there brings google-tunix and trl)
 when that Python can import it, else it is reported absent in one line. Each side runs in
 its own process (`peer_sides.py`, one JSON object a line), and the timed calls alternate
-ours, theirs, ours, theirs (`--rounds`), so only one side computes at a time and both see
-the same drift of a shared machine's load. Every call is preceded by one untimed warm-up
-call of the same shape (compiles).
+ours, Tunix, TRL, ours, Tunix, TRL (`--rounds`), so only one side computes at a time and
+all see the same drift of a shared machine's load. Every call is preceded by one untimed
+warm-up call of the same shape (compiles).
 
 Sampling (greedy, float32): generated tokens per second of the library call, at each
 `--batches` size, with
@@ -28,9 +29,11 @@ Train step: `--train-steps` GRPO updates (clip 0.2, no KL, sample average, AdamW
 (so the clip is active), from the checkpoint's weights on both sides: seconds per step
 after the first (compile) and the losses step by step.
 
+TRL's side is its path without vLLM: transformers' `generate` as GRPOTrainer calls it, and
+GRPOTrainer's own `compute_loss` (loss "grpo") with backward and the trainer's optimizer.
+
 Not built: the whole-loop comparison (our `train` against Tunix's GRPOLearner and TRL's
-GRPOTrainer) and a TRL side (TRL samples with transformers' generate or vLLM; its train
-step is not wired here). Each comparison prints what is not equal between the sides.
+GRPOTrainer). Each comparison prints what is not equal between the sides.
 """
 
 from __future__ import annotations
@@ -66,26 +69,56 @@ QUICK_SHAPE = dict(SHAPE, vocab_size=1024, hidden_size=64, intermediate_size=128
                    head_dim=32, max_position_embeddings=256)
 
 # Differences between the sides that the numbers carry (printed with each comparison).
-SAMPLE_UNEQUAL = (
-    "Tunix's sampler takes text: ids go through a whitespace 'tokenizer' (ids written out), "
-    "inside its timed call",
-    "Tunix runs the requests in static batches of `batch` rows, each decoding until all its "
-    "rows end or the cap; ours keeps `batch` slots busy (continuous batching)",
-    "Tunix left-pads every prompt to the largest bucket (prompt-len); ours pads each prompt "
-    "to its own bucket (16/32/64...)",
-    "ours records per-token logprobs and policy versions (an RL rollout's); Tunix's call "
-    "returns tokens only",
-    "ours: paged KV cache, decode_chunk steps per jitted call; Tunix: dense KV cache of "
-    "prompt-len + cap, one while_loop",
-)
-TRAIN_UNEQUAL = (
-    "ours: rl.train_step.Trainer (float32 masters, jitted step, NaN skip, diagnostics); "
-    "Tunix: tunix.rl.trainer.Trainer + its registered 'grpo' loss, not its GRPOLearner's "
-    "rollout/advantage orchestration",
-    "batch layout: ours prompt+completion packed from position 0; Tunix left-padded "
-    "prompts and right-padded completions (positions from the mask)",
-    "remat: none on both (Tunix's default; ours defaults to full in a run)",
-)
+SAMPLE_UNEQUAL = {
+    "tunix": (
+        "Tunix's sampler takes text: ids go through a whitespace 'tokenizer' (ids written "
+        "out), inside its timed call",
+        "Tunix runs the requests in static batches of `batch` rows, each decoding until all "
+        "its rows end or the cap; ours keeps `batch` slots busy (continuous batching)",
+        "Tunix left-pads every prompt to the largest bucket (prompt-len); ours pads each "
+        "prompt to its own bucket (16/32/64...)",
+        "ours records per-token logprobs and policy versions (an RL rollout's); Tunix's call "
+        "returns tokens only",
+        "ours: paged KV cache, decode_chunk steps per jitted call; Tunix: dense KV cache of "
+        "prompt-len + cap, one while_loop",
+    ),
+    "trl": (
+        "TRL: transformers' generate in eager PyTorch (CPU torch, its default threads), as "
+        "GRPOTrainer calls it without vLLM (disable_compile, default dynamic KV cache); "
+        "ours: XLA-compiled JAX",
+        "TRL runs the requests in static batches of `batch` rows (GRPOTrainer generates its "
+        "whole generation batch in one call), each decoding until all its rows end or the "
+        "cap; ours keeps `batch` slots busy (continuous batching)",
+        "TRL left-pads each batch to its longest prompt; ours pads each prompt to its own "
+        "bucket",
+        "TRL's call returns tokens only (GRPOTrainer without vLLM recomputes log-probs in a "
+        "forward pass later, not timed here); ours records per-token logprobs",
+        "greedy here (do_sample off); GRPOTrainer samples at temperature 1",
+    ),
+}
+TRAIN_UNEQUAL = {
+    "tunix": (
+        "ours: rl.train_step.Trainer (float32 masters, jitted step, NaN skip, diagnostics); "
+        "Tunix: tunix.rl.trainer.Trainer + its registered 'grpo' loss, not its "
+        "GRPOLearner's rollout/advantage orchestration",
+        "batch layout: ours prompt+completion packed from position 0; Tunix left-padded "
+        "prompts and right-padded completions (positions from the mask)",
+        "remat: none on both (Tunix's default; ours defaults to full in a run)",
+    ),
+    "trl": (
+        "TRL: GRPOTrainer.compute_loss (loss_type 'grpo', beta 0, epsilon 0.2), backward and "
+        "the trainer's torch AdamW, in eager PyTorch, outside Trainer's loop (no dataloader, "
+        "no generation, no reward); ours: one jitted step",
+        "TRL's loss also computes per-token entropies and logs clip fractions (host syncs), "
+        "as it does in every step; ours computes its diagnostics in the jitted step",
+        "settings moved off TRL's defaults to match ours: bf16 off (default on), "
+        "max_grad_norm None (default 1.0), loss_type grpo (default dapo), beta 0, "
+        "adam_epsilon 1e-15 (default 1e-8), constant rate (default linear decay)",
+        "batch layout: TRL left-padded prompts and right-padded completions to prompt-len and "
+        "the cap, positions from the mask; ours packed from position 0",
+        "gradient checkpointing off on both (TRL's default; ours defaults to full in a run)",
+    ),
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -108,6 +141,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--train-group", type=int, default=4)
   p.add_argument("--train-steps", type=int, default=3)
   p.add_argument("--lr", type=float, default=1e-4)
+  p.add_argument("--peers", default="tunix,trl", help="peer sides to run, comma-separated")
   p.add_argument("--skip-sample", action="store_true")
   p.add_argument("--skip-train", action="store_true")
   p.add_argument("--note", default="", help="recorded in the JSON (e.g. the machine's load)")
@@ -119,6 +153,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.eos_every, args.rounds, args.train_steps = 4, 1, 2
     args.train_prompts, args.train_group = 1, 2
   args.batch_sizes = [int(b) for b in args.batches.split(",") if b.strip()]
+  args.peer_names = [x.strip() for x in args.peers.split(",") if x.strip()]
+  if set(args.peer_names) - {"tunix", "trl"}:
+    p.error(f"--peers: tunix and/or trl, not {args.peers}")
   if not args.batch_sizes or min(args.batch_sizes) < 1 or args.rounds < 1:
     p.error("--batches needs sizes >= 1 and --rounds >= 1")
   if args.prompt_len < 16:
@@ -219,6 +256,7 @@ class Side:
     self.proc = None
     self.absent: str | None = None
     self.versions: dict = {}
+    self.packages: dict = {}
     if not os.path.exists(python):
       self.absent = f"no Python at {python} (set --peers-python or JAXRL_PEERS_PYTHON)"
       return
@@ -234,6 +272,7 @@ class Side:
       self.absent = hello.get("error", "no answer")
     else:
       self.versions, self.absent = hello["versions"], hello.get("absent")
+      self.packages = {"python": hello.get("python"), **hello.get("packages", {})}
     if self.absent:
       self.close()
 
@@ -282,11 +321,13 @@ def compare_sampling(sides: dict, work: dict, args, log) -> dict:
           f"{n / ans['seconds']:.1f} tok/s")
   res = {"name": work["name"], "kind": work["kind"], "batch": work["batch"],
          "prompts": len(work["prompts"]), "eos_ids": len(work["eos"]), "runs": runs,
-         "lengths": {n: lengths_summary(t, args.new) for n, t in tokens.items()}}
-  if "tunix" in runs:
-    res["ratio"] = ratios([x["tok_s"] for x in runs["ours"]],
-                          [x["tok_s"] for x in runs["tunix"]])
-    res["agreement"] = agreement(tokens["ours"], tokens["tunix"])
+         "lengths": {n: lengths_summary(t, args.new) for n, t in tokens.items()},
+         "vs": {}}
+  for peer in runs:
+    if peer != "ours":
+      res["vs"][peer] = {"ratio": ratios([x["tok_s"] for x in runs["ours"]],
+                                         [x["tok_s"] for x in runs[peer]]),
+                         "agreement": agreement(tokens["ours"], tokens[peer])}
   return res
 
 
@@ -305,12 +346,19 @@ def compare_train(sides: dict, batch: dict, args, log) -> dict:
          "completion_tokens": sum(len(c) for cs in batch["completions"] for c in cs),
          "runs": runs, "median_step_s": {n: statistics.median(s) if s else None
                                          for n, s in step_s.items()}}
-  if "tunix" in runs and step_s["ours"] and step_s["tunix"]:
-    # A rate is 1 / seconds: ours over theirs is their seconds over ours.
-    res["ratio"] = ratios([1 / s for s in step_s["ours"]], [1 / s for s in step_s["tunix"]])
-    a, b = runs["ours"][0]["losses"], runs["tunix"][0]["losses"]
-    res["loss_rel_diff"] = [abs(x - y) / max(abs(x), abs(y), 1e-12) for x, y in zip(a, b)]
+  res["vs"] = {peer: compare_steps(step_s["ours"], step_s[peer], runs["ours"][0]["losses"],
+                                   runs[peer][0]["losses"])
+               for peer in runs if peer != "ours" and step_s["ours"] and step_s[peer]}
   return res
+
+
+def compare_steps(ours_s: list[float], theirs_s: list[float], ours_loss: list[float],
+                  theirs_loss: list[float]) -> dict:
+  """Steps per second ours over theirs (a rate is 1 / seconds: their seconds over ours) and
+  the losses' relative difference step by step."""
+  return {"ratio": ratios([1 / s for s in ours_s], [1 / s for s in theirs_s]),
+          "loss_rel_diff": [abs(x - y) / max(abs(x), abs(y), 1e-12)
+                            for x, y in zip(ours_loss, theirs_loss)]}
 
 
 # ------------------------------------------------------------------------------- the run
@@ -354,18 +402,19 @@ def run(args, log=print) -> dict:
   sides = {"ours": Side("ours", sys.executable)}
   if sides["ours"].absent:
     raise RuntimeError(f"ours: {sides['ours'].absent}")
-  tunix = Side("tunix", args.peers_python)
   result["absent"] = {}
-  if tunix.absent:
-    result["absent"]["tunix"] = tunix.absent
-    log(f"tunix: absent ({tunix.absent})")
-  else:
-    sides["tunix"] = tunix
-  result["absent"]["trl"] = "no TRL side is built (see the module docstring)"
+  for peer in args.peer_names:
+    side = Side(peer, args.peers_python)
+    if side.absent:
+      result["absent"][peer] = side.absent
+      log(f"{peer}: absent ({side.absent})")
+    else:
+      sides[peer] = side
   result["versions"] = {n: s.versions for n, s in sides.items()}
+  # Every package of each Python (the peers share one venv: recorded once per Python).
+  result["packages"] = {s.packages["python"]: s.packages for s in sides.values()}
   try:
-    for side in sides.values():
-      side.must("load", model=model)
+    result["loaded"] = {n: side.must("load", model=model) for n, side in sides.items()}
     if not args.skip_sample:
       result["sampling"] = []
       for work in sample_workloads(hf["vocab_size"], args):
@@ -373,12 +422,12 @@ def run(args, log=print) -> dict:
         log(f"=== sampling {work['name']}: {len(work['prompts'])} prompts, batch "
             f"{work['batch']}, {eos}, {args.new} new tokens{' (cap)' if work['eos'] else ''}")
         result["sampling"].append(compare_sampling(sides, work, args, log))
-      result["sampling_unequal"] = list(SAMPLE_UNEQUAL)
+      result["sampling_unequal"] = {n: list(SAMPLE_UNEQUAL[n]) for n in sides if n != "ours"}
     if not args.skip_train:
       log(f"=== train step: {args.train_prompts} x {args.train_group} rows, "
           f"{args.train_steps} steps a call")
       result["train"] = compare_train(sides, train_batch(hf["vocab_size"], args), args, log)
-      result["train_unequal"] = list(TRAIN_UNEQUAL)
+      result["train_unequal"] = {n: list(TRAIN_UNEQUAL[n]) for n in sides if n != "ours"}
   finally:
     for side in sides.values():
       side.close()
@@ -392,27 +441,29 @@ def render(res: dict) -> str:
     lines.append(f"{name}: absent ({why})")
   for s in res.get("sampling", []):
     med = {n: statistics.median(x["tok_s"] for x in v) for n, v in s["runs"].items()}
-    line = f"sampling {s['name']:<12} " + ", ".join(f"{n} {v:.1f} tok/s" for n, v in med.items())
-    if "ratio" in s:
-      line += (f"; ours/tunix {s['ratio']['median']:.2f}x (rounds: "
-               f"{', '.join(f'{r:.2f}' for r in s['ratio']['per_round'])}); greedy tokens "
-               f"agree {s['agreement']['tokens']:.1%}, rows identical "
-               f"{s['agreement']['rows']:.0%}")
-    lines.append(line)
+    lines.append(f"sampling {s['name']:<12} " + ", ".join(
+        f"{n} {v:.1f} tok/s" for n, v in med.items()))
+    for peer, vs in s.get("vs", {}).items():
+      lines.append(f"    ours/{peer} {vs['ratio']['median']:.2f}x (rounds: "
+                   f"{', '.join(f'{r:.2f}' for r in vs['ratio']['per_round'])}); greedy "
+                   f"tokens agree {vs['agreement']['tokens']:.1%}, rows identical "
+                   f"{vs['agreement']['rows']:.0%}")
     lines.append("    lengths: " + "; ".join(
         f"{n} mean {v['mean']:.1f} max {v['max']} capped {v['capped']:.0%}"
         for n, v in s["lengths"].items()))
-  if res.get("sampling"):
-    lines += ["  not equal between the sides:"] + [f"    - {x}" for x in SAMPLE_UNEQUAL]
+  for peer, why in res.get("sampling_unequal", {}).items():
+    lines += [f"  sampling, not equal between ours and {peer}:"] + [f"    - {x}" for x in why]
   t = res.get("train")
   if t:
-    line = (f"train step ({t['rows']} rows x {t['seq_len']}): " + ", ".join(
+    lines.append(f"train step ({t['rows']} rows x {t['seq_len']}): " + ", ".join(
         f"{n} {v:.2f} s" for n, v in t["median_step_s"].items() if v is not None))
-    if "ratio" in t:
-      line += (f"; ours/tunix {t['ratio']['median']:.2f}x steps/s; loss relative "
-               f"difference by step {', '.join(f'{d:.1e}' for d in t['loss_rel_diff'])}")
-    lines.append(line)
-    lines += ["  not equal between the sides:"] + [f"    - {x}" for x in TRAIN_UNEQUAL]
+    for peer, vs in t.get("vs", {}).items():
+      lines.append(f"    ours/{peer} {vs['ratio']['median']:.2f}x steps/s (rounds: "
+                   f"{', '.join(f'{r:.2f}' for r in vs['ratio']['per_round'])}); loss "
+                   f"relative difference by step "
+                   f"{', '.join(f'{d:.1e}' for d in vs['loss_rel_diff'])}")
+  for peer, why in res.get("train_unequal", {}).items():
+    lines += [f"  train step, not equal between ours and {peer}:"] + [f"    - {x}" for x in why]
   return "\n".join(lines)
 
 
