@@ -5,11 +5,14 @@ judged here (the benchmark prints its ratio; a loaded machine must pass this tes
 import pathlib
 import sys
 
+import pytest
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from benchmarks.sampler import episode_overlap  # pylint: disable=wrong-import-position
 
 
+@pytest.mark.slow  # 17 s on 2 cores; the overlap itself is tests/generation/episodes_test.py's
 def test_quick_run_compares_equal_work():
   res = episode_overlap.run(episode_overlap.parse_args(["--quick"]))
   assert res["same_tokens"]
@@ -24,6 +27,5 @@ def test_quick_run_compares_equal_work():
 
 
 def test_bad_flags_are_one_line():
-  import pytest  # pylint: disable=g-import-not-at-top
   with pytest.raises(SystemExit):
     episode_overlap.parse_args(["--turns", "0"])

@@ -38,6 +38,8 @@ class _H100Stand_in:
     return {"bytes_in_use": 1, "peak_bytes_in_use": self.peak}
 
 
+# Slow-only (33 s on 2 cores): the GPU bench's machinery; the loop itself is tests/train_test.py's.
+@pytest.mark.slow
 def test_the_bench_runs_the_loop_in_both_modes(capsys, monkeypatch):
   init = rl_loop_bench.Probe.__init__
 

@@ -127,6 +127,7 @@ def test_triton_config_sets_what_the_decode_traces(monkeypatch):
   assert sampler_bench.triton_config(None) == {}
 
 
+@pytest.mark.slow  # 15 s on 2 cores: a benchmark's error path
 def test_a_transformers_failure_is_reported_and_our_decode_still_measured(tmp_path, monkeypatch,
                                                                          capsys):
   """The transformers side failing (on a GPU: out of memory beside JAX) costs the comparison,

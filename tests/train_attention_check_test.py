@@ -8,6 +8,7 @@ import sys
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the repository root: benchmarks.* by package name
@@ -16,6 +17,7 @@ from benchmarks.gpu import train_attention_check as check  # noqa: E402
 from jaxrl_scale.models import attention  # noqa: E402
 
 
+@pytest.mark.slow  # 22 s on 2 cores: a GPU check's machinery; the verdict is tested by hand below
 def test_an_attention_off_by_one_position_fails_the_check(monkeypatch, capsys):
   """The "cudnn" way with its output shifted one position (the kind of bug a kernel's
   masking or layout gets wrong) is far outside the bf16 einsum path's error: the check
