@@ -39,6 +39,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -133,6 +134,102 @@ class EnvCalls:
     if self._pool is not None:
       self._pool.shutdown(wait=False, cancel_futures=True)
       self._pool = None
+
+
+class EpisodeSlots:
+  """The Sampler's side of episodes (a mixin of engine.Sampler, which holds the state it
+  uses: the page pool `_pool`, the calls `_env`, the answered episodes waiting for a slot
+  `_answered`, the parked ones `_parked_eps` in parking order, the shards `_blocked` for
+  new requests while an answered episode there waits for pages)."""
+
+  def _env_answers(self, owners: list[records.TokenBuffer | None], admitted_at: list[int],
+                   ) -> Iterator[tuple[records.Request, records.Completion]]:
+    """Ends the episodes whose environment answered with the end, and continues the others
+    in free slots, before any new request takes one. A continued episode
+    that lacks pages waits out of a slot, and no new request starts on its shard meanwhile.
+    """
+    pool = self._pool
+    if self._env:
+      vocab = self.model_cfg.vocab_size
+      for buf, step in self._env.ready(self.stats):
+        if buf.done:  # abandoned meanwhile
+          continue
+        reason = buf.last_reason if step.done else apply_step(
+            buf, step, vocab, self._think_end)
+        if reason is None:
+          self._answered.append(buf)
+          continue
+        if step.done:
+          buf.end = step
+        # The end, or no room left for the policy (truncated).
+        self._unpark(buf)
+        self.stats.sequences += 1
+        yield buf.request, buf.finish(reason, self._decode_text)
+    self._blocked.clear()
+    if not self._answered:
+      return
+    free = [s for s, o in enumerate(owners) if o is None or o.surely_done]
+    waiting = []
+    for buf in self._answered:
+      shard = None if buf.parked is None else pool.parked_shard(buf.parked)
+      slot = next((s for s in free if shard in (None, pool.shard_of(s))), None)
+      if slot is None:  # every slot is busy: it goes first when one frees
+        waiting.append(buf)
+        continue
+      cached = buf.parked is not None
+      self._unpark(buf, slot)
+      need = self._positions_after_chunk(buf)
+      while not pool.grow(slot, need):
+        if not self._evict(pool.shard_of(slot)):
+          break
+      else:
+        free.remove(slot)
+        self.stats.moved_resumes += slot != buf.slot
+        owners[slot], admitted_at[slot], buf.slot = buf, buf.order, slot
+        self._resume(slot, buf, cached)
+        continue
+      # Too few pages: it waits with what it holds, first in line on its shard.
+      if pool.held(slot):
+        buf.parked = pool.park(slot)
+        self._parked_eps.append(buf)
+      self._blocked.add(pool.shard_of(slot))
+      waiting.append(buf)
+    self._answered = waiting
+
+  def _unpark(self, buf: records.TokenBuffer, slot: int | None = None) -> None:
+    """Puts a parked episode's pages into `slot`, or lets go of them (slot None)."""
+    if buf.parked is None:
+      return
+    if slot is None:
+      self._pool.drop_parked(buf.parked)
+    else:
+      self._pool.unpark(buf.parked, slot)
+    buf.parked = None
+    self._parked_eps.remove(buf)
+
+  def _evict(self, shard: int) -> bool:
+    """Drops the pages of the most recently parked episode on `shard` (it prefills its
+    history again when it continues: no work is lost); False when there is none."""
+    for buf in reversed(self._parked_eps):
+      if self._pool.parked_shard(buf.parked) == shard:
+        self._unpark(buf)
+        self.stats.evictions += 1
+        return True
+    return False
+
+  def _resume(self, slot: int, buf: records.TokenBuffer, cached: bool = True) -> None:
+    """Continues `buf` in its slot: prefills only the positions its cache lacks (the whole
+    history when its pages were evicted: `cached` False)."""
+    adm, start, n = resume_admission(slot, buf, self.cfg, cached)
+    if self._resume_fn is None:
+      self._resume_fn = decode.resume_program(self._graphdef, self._param_treedef,
+                                              self._state_shardings)
+    self._state = self._resume_fn(self._param_leaves, self._state, adm, self._device_table(),
+                                  np.int32(start))
+    buf.prefilled = True
+    self.stats.resumes += 1
+    self.stats.resume_tokens += n
+    self.stats.reprefill_tokens += 0 if cached else n
 
 
 def apply_step(buf: records.TokenBuffer, step: records.EnvStep, vocab: int,
