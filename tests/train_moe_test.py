@@ -11,25 +11,17 @@ from jaxrl_scale import checkpoint
 from jaxrl_scale import config
 from jaxrl_scale import metrics
 from jaxrl_scale.pipeline import wiring
+from tests import train_setup
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _overrides(data: pathlib.Path, run_dir: pathlib.Path, steps: int) -> list[str]:
-  # train_test.tiny_overrides' shapes and budgets on the MoE demo (layer 0 sparse, 1 dense).
-  return [
-      f"run.steps={steps}", "run.tensorboard=false", "run.progress=false",
-      f"run.output_dir={run_dir}", "model.hidden_size=32", "model.num_layers=2",
-      f"data.source={data}", "data.task=arithmetic", "data.id_field=id",
-      "data.solution_field=solution", "data.num_validation=8", "data.max_prompt_tokens=8",
-      "sft.steps=15", "sft.lr=1e-2", "sft.batch_size=16", "run.sft_stop_pass_rate=null",
-      "rl.prompts_per_step=4", "rl.generations_per_prompt=4", "optim.lr=1e-3",
-      "optim.warmup_steps=0", "sampler.num_slots=16", "sampler.max_new_tokens=4",
-      "sampler.decode_chunk=4", "sampler.prompt_buckets=[8]",
-      "eval.every=2", "eval.samples_per_prompt=2", "checkpoint.every=2",
-      "checkpoint.async_save=false", "forecast.n_boot=0", "pipeline.max_staleness=2",
-      "pipeline.mode=sync",
-  ]
+  """train_setup.tiny_overrides' shapes and budgets on the MoE demo (layer 0 sparse, 1
+  dense; the demo's own expert width)."""
+  keep = [o for o in train_setup.tiny_overrides(data, steps)
+          if not o.startswith(("model.num_layers=", "model.intermediate_size="))]
+  return keep + [f"run.output_dir={run_dir}", "model.num_layers=2"]
 
 
 @pytest.mark.slow  # two runs of a warm start and RL steps: about a minute on 2 cores
