@@ -73,17 +73,24 @@ def parse_seeds(text: str) -> list[int]:
   return seeds
 
 
+def seed_run_arguments(p: argparse.ArgumentParser, *, seeds: str, out_dir: str,
+                       config: str | None = None, set_help: str = "every seed") -> None:
+  """The flags every seed-running benchmark shares: --seeds, --config, --set, --out-dir."""
+  p.add_argument("--seeds", type=parse_seeds, default=parse_seeds(seeds))
+  p.add_argument("--config", default=config,
+                 help=f"a config file (default: {config or 'the embedded demo'})")
+  p.add_argument("--set", dest="overrides", action="append", default=[],
+                 metavar="KEY=VALUE", help=f"a config override for {set_help} (repeatable)")
+  p.add_argument("--out-dir", default=str(ROOT / "runs" / out_dir),
+                 help=f"where the runs and their logs go (default runs/{out_dir})")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("0-4"))
+  seed_run_arguments(p, seeds="0-4", out_dir="demo_seeds")
   p.add_argument("--mode", choices=("sync", "pipeline"), default=None,
                  help="override pipeline.mode (default: the config's)")
   p.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
-  p.add_argument("--config", default=None, help="a config file (default: the embedded demo)")
-  p.add_argument("--set", dest="overrides", action="append", default=[],
-                 metavar="KEY=VALUE", help="a config override for every seed (repeatable)")
-  p.add_argument("--out-dir", default=str(ROOT / "runs" / "demo_seeds"),
-                 help="where the runs and their logs go (default runs/demo_seeds)")
   p.add_argument("--check-repeat", action="store_true",
                  help="run the first seed twice and compare its evaluations")
   p.add_argument("--n-boot", type=int, default=1000, help="bootstrap refits of the pooled fit")

@@ -29,7 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 # pylint: disable-next=wrong-import-position
-from benchmarks.demos.demo_seeds import parse_seeds, run_seed  # noqa: E402
+from benchmarks.demos.demo_seeds import run_seed, seed_run_arguments  # noqa: E402
 
 CONFIG = "configs/cpu_tool.yaml"
 NO_TOOL = ("data.source=multiply/d3x4_answer", "env.name=", "sampler.stop_strings=[]")
@@ -41,12 +41,8 @@ GAP_MIN = 0.3
 
 def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("0-2"))
-  p.add_argument("--config", default=CONFIG, help=f"the tool config (default {CONFIG})")
-  p.add_argument("--set", dest="overrides", action="append", default=[],
-                 metavar="KEY=VALUE", help="a config override for both variants (repeatable)")
-  p.add_argument("--out-dir", default=str(ROOT / "runs" / "tool_demo"),
-                 help="where the runs and their logs go (default runs/tool_demo)")
+  seed_run_arguments(p, seeds="0-2", out_dir="tool_demo", config=CONFIG,
+                     set_help="both variants")
   p.add_argument("--no-baseline", action="store_true",
                  help="only the tool variant (no gap is checked)")
   p.add_argument("--json", action="store_true", help="print one JSON object instead of text")

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 # One seed-list syntax for both benches.
 # pylint: disable-next=wrong-import-position
-from benchmarks.demos.demo_seeds import parse_seeds, train_subprocess  # noqa: E402
+from benchmarks.demos.demo_seeds import seed_run_arguments, train_subprocess  # noqa: E402
 
 # Issue 37's targets.
 HOLD_FRAC = 0.8  # the interval holds the plateau on >= 4 of 5 seeds
@@ -70,15 +70,10 @@ def parse_fractions(text: str) -> list[float]:
 
 def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--seeds", type=parse_seeds, default=parse_seeds("0-4"))
+  seed_run_arguments(p, seeds="0-4", out_dir="extension")
   p.add_argument("--multiple", type=float, default=3.0,
                  help="run to this multiple of the config's run.steps (default 3)")
   p.add_argument("--jobs", type=int, default=1, help="runs at once (default 1)")
-  p.add_argument("--config", default=None, help="a config file (default: the embedded demo)")
-  p.add_argument("--set", dest="overrides", action="append", default=[],
-                 metavar="KEY=VALUE", help="a config override for every seed (repeatable)")
-  p.add_argument("--out-dir", default=str(ROOT / "runs" / "extension"),
-                 help="where the runs and their logs go (default runs/extension)")
   p.add_argument("--replay", nargs="+", default=None, metavar="DIR",
                  help="only re-fit these run directories (no training)")
   p.add_argument("--fractions", type=parse_fractions, default=parse_fractions("1/3,1/2"),
