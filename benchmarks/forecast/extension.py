@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 # One seed-list syntax for both benches.
 # pylint: disable-next=wrong-import-position
-from benchmarks.demos.demo_seeds import seed_run_arguments, train_subprocess  # noqa: E402
+from benchmarks.demos.demo_seeds import parse_seeds, seed_run_arguments, train_subprocess  # noqa: E402
 
 # Issue 37's targets.
 HOLD_FRAC = 0.8  # the interval holds the plateau on >= 4 of 5 seeds
