@@ -8,7 +8,9 @@ example, `jaxrl-scale fit` never pays for importing the model code.
 from __future__ import annotations
 
 import argparse
+import glob
 import importlib
+import os
 import sys
 from importlib import metadata
 
@@ -52,6 +54,27 @@ def version_line() -> str:
           f"(jax {version('jax')}, jaxlib {version('jaxlib')})")
 
 
+# Device files of the accelerators JAX's plugins drive: an NVIDIA driver, a TPU VM's chips
+# (/dev/accel* on v4/v5p, VFIO groups on v5e/v6e), AMD's kernel driver.
+ACCELERATOR_PATHS = ("/proc/driver/nvidia", "/dev/nvidia[0-9]*", "/dev/accel[0-9]*",
+                     "/dev/vfio/[0-9]*", "/dev/kfd")
+
+
+def default_platform(environ=os.environ, paths=ACCELERATOR_PATHS) -> str | None:
+  """On a host with no accelerator, makes the CPU JAX's only runtime platform; returns it.
+
+  The test and plan extras install libtpu and JAX's CUDA plugin, which compile for TPUs and
+  GPUs without one. Asked for devices on a bare host, both still try to start: the CUDA
+  plugin logs a traceback and libtpu a screen of warnings on every command. Compiling for a
+  topology (`plan`) does not need them as runtime platforms. A JAX_PLATFORMS the user set is
+  kept, and a host with any accelerator device file is left to JAX.
+  """
+  if "JAX_PLATFORMS" in environ or any(glob.glob(p) for p in paths):
+    return None
+  environ["JAX_PLATFORMS"] = "cpu"
+  return "cpu"
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog="jaxrl-scale",
@@ -72,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     # Answered before build_parser, which imports every command's module (and so jax).
     print(version_line())
     return 0
+  default_platform()  # before build_parser imports jax: it reads JAX_PLATFORMS once
   parser = build_parser()
   args = parser.parse_args(argv)
   module = importlib.import_module(args._module)

@@ -1,6 +1,8 @@
 """`jaxrl-scale --version`: the package, jax and jaxlib versions, without importing jax."""
 
+import glob
 import importlib.metadata
+import os
 import pathlib
 import subprocess
 import sys
@@ -41,3 +43,32 @@ def test_help_lists_version_flag(capsys):
     cli.main(["--help"])
   assert exit_info.value.code == 0
   assert "--version" in capsys.readouterr().out
+
+
+def test_a_bare_host_runs_on_the_cpu_and_a_users_platform_is_kept(tmp_path):
+  environ = {}
+  assert cli.default_platform(environ, paths=(str(tmp_path / "nvidia"),)) == "cpu"
+  assert environ == {"JAX_PLATFORMS": "cpu"}
+  environ = {"JAX_PLATFORMS": "tpu"}
+  assert cli.default_platform(environ, paths=()) is None
+  assert environ == {"JAX_PLATFORMS": "tpu"}
+  (tmp_path / "accel0").touch()
+  environ = {}
+  assert cli.default_platform(environ, paths=(str(tmp_path / "accel[0-9]*"),)) is None
+  assert environ == {}
+
+
+@pytest.mark.skipif(any(glob.glob(p) for p in cli.ACCELERATOR_PATHS),
+                    reason="this host has an accelerator: JAX picks its platform")
+def test_a_command_on_a_bare_host_prints_no_plugin_traceback():
+  # Without JAX_PLATFORMS, JAX's CUDA plugin (the test extra installs it) logs a traceback
+  # and libtpu its warnings when a command asks for devices on a host with neither.
+  code = ("import sys; from jaxrl_scale import cli; cli.default_platform(); import jax; "
+          "print(jax.devices()[0].platform)")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120, env=env)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.strip() == "cpu"
+  assert "Traceback" not in proc.stderr, proc.stderr
+  assert "plugin configuration error" not in proc.stderr, proc.stderr
