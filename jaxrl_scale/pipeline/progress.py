@@ -6,8 +6,9 @@
 val: validation pass rate (last eval; a mixed-domain run adds each domain's, "val 0.62
 (math 0.70 code 0.54)"); rollouts: pass rate of the step's training samples;
 gen / train: generated and trained tokens per second; stale: mean / max token staleness.
-    forecast: A=0.871 [0.840, 0.900] B=1.90 C_mid=2.1e+14; at 6.1e+14 FLOPs (~0.0061 h):
-      0.852 [0.830, 0.870]
+    forecast: plateau A=0.871 [0.840, 0.900], steepness B=1.90, half-gain at C_mid=2.10e+14
+      FLOPs (~0.021 h); pass rate at 6.10e+14 FLOPs (~0.061 h): 0.852 [0.830, 0.870]; 95%
+      intervals
 
 A long eval (the paper's 1,000 prompts x 16 samples) prints where it is while it runs,
 first after 10 s, then every minute (`eval_progress`); so do the downstream benchmarks

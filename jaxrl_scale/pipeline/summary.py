@@ -186,7 +186,8 @@ def render(summary: dict[str, Any]) -> str:
   if half is not None:
     lines.append(
         f"forecast made at half the budget (step {half['made_at_step']}, "
-        f"{half['made_at_compute_hours']:.4g} h, {half['n_points']} points): A={half['A']:.3f} "
+        f"{units.at(half['made_at_compute_hours'], units.unit_of('compute_hours'))}, "
+        f"{half['n_points']} points): A={half['A']:.3f} "
         f"B={half['B']:.2f} C_mid={_compute(half, 'C_mid')}"
         + ("" if half.get("well_determined", True) else
            " (not well determined: the data did not pin A down yet; read the interval)"))

@@ -109,11 +109,13 @@ class LiveForecast:
     return line
 
   def at(self, compute: float) -> str:
-    """`compute` with its unit, and on the FLOPs axis its hours at the FLOPs per hour so far."""
-    text = f"{compute:.3g} {UNITS[self.axis]}"
+    """`compute` with its unit, and on the FLOPs axis its hours at the FLOPs per hour so far,
+    each as `jaxrl-scale fit` prints a compute (`units.at`), so the two read alike."""
+    text = units.at(compute, UNITS[self.axis])
     if (self.axis != "hours" and self.target_hours is not None and self.target_compute
         and self.target_compute > 0):
-      text += f" (~{compute * self.target_hours / self.target_compute:.3g} h)"
+      hours = compute * self.target_hours / self.target_compute
+      text += f" (~{units.at(hours, UNITS['hours'])})"
     return text
 
 

@@ -12,6 +12,7 @@ from jaxrl_scale.scaling import fit
 from jaxrl_scale.scaling import forecast
 from jaxrl_scale.scaling import live
 from jaxrl_scale.scaling import synthetic
+from jaxrl_scale.scaling import units
 
 ROW = synthetic.TABLE1[0]
 
@@ -46,7 +47,7 @@ def test_as_metrics_and_summary():
               "pass_rate_hi", "target_compute", "well_determined", "n_points"):
     assert isinstance(m[f"forecast/{key}"], float)
   assert m["forecast/A_lo"] <= m["forecast/A"] <= m["forecast/A_hi"]
-  assert "forecast:" in f.summary() and "at 2e+04" in f.summary()
+  assert "forecast:" in f.summary() and "at 2.00e+04 h" in f.summary()
 
 
 def test_non_finite_points_are_ignored_and_replays_rewind():
@@ -123,6 +124,27 @@ def test_live_line_is_fits_line_on_the_same_data(tmp_path, capsys, sized):
   assert half.well_determined == d["well_determined"]
 
 
+def test_live_line_prints_each_compute_as_fit_does(tmp_path, capsys):
+  # Issue 67: the live line printed hours as 0.0592 h (its own "%.3g") where `fit` printed
+  # 0.059 h. Both go through units.at, so the same compute reads the same in both.
+  compute, noisy, _ = synthetic.simulate_evals(ROW, n_evals=30, seed=4)
+  compute = compute / compute[-1] * 0.05  # hours, so that the target 0.0592 h is past them
+  path = tmp_path / "metrics.jsonl"
+  synthetic.write_metrics_jsonl(str(path), compute, noisy)
+  fc = live.LiveForecaster(target_compute=0.0592, n_boot=0)
+  for i, (c, r) in enumerate(zip(compute, noisy)):
+    fc.update(c, r, step=100 * i)
+  line = fc.latest.summary()
+  assert cli.main(["fit", str(path), "--target", "0.0592", "--bootstrap", "0"]) == 0
+  report = capsys.readouterr().out
+  assert "forecast pass rate at C = 0.059 h " in report, report
+  assert "pass rate at 0.059 h: " in line and "0.0592" not in line, line
+  # On the FLOPs axis the hours beside each compute read as fit's hours too.
+  on_flops = dataclasses.replace(fc.latest, axis="flops", target_compute=2e12,
+                                 target_hours=0.0592)
+  assert on_flops.at(2e12) == "2.00e+12 FLOPs (~0.059 h)"
+
+
 def _loaded_run(load, seed=12, n_evals=40):
   """One run's evals: FLOPs per eval fixed by the config (1e13 per step), hours per eval
   scaled by `load(i)` (another job on the machine, a slower node)."""
@@ -165,8 +187,9 @@ def test_default_axis_is_flops_so_load_leaves_the_forecast_alone():
   line = b.summary()
   ratio = b.target_hours / b.target_compute
   assert "plateau A" in line and f"steepness B={b.b:.2f}" in line
-  assert f"half-gain at C_mid={b.c_mid:.3g} FLOPs (~{b.c_mid * ratio:.3g} h)" in line
-  assert (f"pass rate at {b.target_compute:.3g} FLOPs (~{b.target_hours:.3g} h): "
+  at = lambda flops: f"{units.at(flops, 'FLOPs')} (~{units.at(flops * ratio, 'h')})"
+  assert f"half-gain at C_mid={at(b.c_mid)}" in line
+  assert (f"pass rate at {at(b.target_compute)}: "
           f"{b.forecast:.3f} [{b.forecast_interval[0]:.3f}, {b.forecast_interval[1]:.3f}]; "
           "95% intervals") in line
   # No bare number is left: each one follows its name (A=, B=, C_mid=, "at", ": ", "[")
@@ -183,7 +206,7 @@ def test_default_axis_is_flops_so_load_leaves_the_forecast_alone():
       b, a_interval=None, forecast_interval=None).summary()
   # On hours the slowed run's curve is another one (the old default).
   h1, h2 = outs["hours", "steady"], outs["hours", "slowed"]
-  assert f"C_mid={h1.c_mid:.3g} h;" in h1.summary() and "FLOPs" not in h1.summary()
+  assert f"C_mid={units.at(h1.c_mid, 'h')};" in h1.summary() and "FLOPs" not in h1.summary()
   assert abs(h2.b - h1.b) > 0.05, (h1.b, h2.b)
 
 
