@@ -544,3 +544,66 @@ def test_the_plan_table_check_catches_a_stale_row():
   decode = "| `scalerl_scout_shaped` decode (4): {}x the minimum bytes | 68.87 | 28% | 5.49x | 0.02 |\n"
   assert _unheld_plan_rows(f"## P\n{link}\n\n" + decode.format("1.05")) == []
   assert len(_unheld_plan_rows(f"## P\n{link}\n\n" + decode.format("1.50"))) == 1
+
+
+# --- A new user's five tasks (issue 67 targets): each is answered in the first 40 lines of
+# the page the README's "Where to go next" table points to, commands first. A task: the
+# README row that sends the reader, and what the page's opening must hold (a ```bash line
+# for a command, else a line of the page).
+
+FIRST_LINES = 40
+NEW_USER_TASKS = {
+    "install on one GPU and run": ("run on an NVIDIA GPU", [
+        r'pip install .*"\.\[cuda\]" && jaxrl-scale train \S+\.yaml']),
+    "plan a v5p-128 run": ("know before renting whether a run fits", [
+        r"^jaxrl-scale plan \S+\.yaml --topology v5p-128$"]),
+    "bring my own math dataset": ("bring prompts, code problems", [
+        r"^jaxrl-scale train \S+\.yaml data\.source=\S+\.jsonl .*data\.task=math\b"]),
+    "add a code task with my own tests": ("bring prompts, code problems", [
+        r"^jaxrl-scale train \S+\.yaml data\.source=\S+\.jsonl .*data\.task=code\b",
+        r'page:^\{"prompt": .*"tests": \{"inputs"', r'page:"fn_name"']),
+    "should I stop this run": ("decide whether to stop a run", [
+        r"^jaxrl-scale fit \S+metrics\.jsonl", r"page:^## Continue or stop\?",
+        r"page:stop and change the recipe", r"page:DECLINING\*\*: .*\n.*likely wasted"]),
+}
+
+
+def _readme_row_page(fragment: str) -> pathlib.Path:
+  section = (ROOT / "README.md").read_text().split("## Where to go next", 1)[1]
+  rows = [r for r in section.splitlines() if r.startswith("|") and fragment in r]
+  assert len(rows) == 1, f"README's table: {len(rows)} rows name {fragment!r}"
+  target = re.search(r"\]\(([^)#\s]+)", rows[0].split("|")[2]).group(1)
+  return ROOT / target
+
+
+def _unanswered(path: pathlib.Path, needs: list[str]) -> list[str]:
+  """The needs of `needs` that the first FIRST_LINES lines of `path` do not meet."""
+  opening = "\n".join(path.read_text().splitlines()[:FIRST_LINES])
+  commands = [line for n, lines in _bash_blocks(path) if n <= FIRST_LINES for line in lines]
+  missing = []
+  for need in needs:
+    if need.startswith("page:"):
+      found = re.search(need[len("page:"):], opening, re.M)
+    else:
+      found = any(re.search(need, c) for c in commands)
+    if not found:
+      missing.append(need)
+  return missing
+
+
+@pytest.mark.parametrize("task", NEW_USER_TASKS)
+def test_a_new_users_task_is_answered_in_the_first_lines(task):
+  fragment, needs = NEW_USER_TASKS[task]
+  page = _readme_row_page(fragment)
+  missing = _unanswered(page, needs)
+  assert not missing, f"{task!r}: the README sends the reader to {page.name}, whose first " \
+      f"{FIRST_LINES} lines lack {missing}"
+
+
+def test_the_first_lines_check_catches_a_late_answer(tmp_path):
+  page = tmp_path / "p.md"
+  page.write_text("# P\n\n```bash\njaxrl-scale fit runs/x/metrics.jsonl\n```\n")
+  assert _unanswered(page, [r"^jaxrl-scale fit \S+metrics\.jsonl"]) == []
+  page.write_text("# P\n" + "words\n" * FIRST_LINES + "```bash\njaxrl-scale fit m/metrics.jsonl\n```\n")
+  assert _unanswered(page, [r"^jaxrl-scale fit \S+metrics\.jsonl", "page:^## Stop"]) == [
+      r"^jaxrl-scale fit \S+metrics\.jsonl", "page:^## Stop"]
