@@ -53,12 +53,16 @@ class RunConfig:
   progress: bool = True  # print progress lines to stdout
   # End the SFT warm start (sft.steps at most) once the policy's sampled pass rate on
   # `sft_dev_prompts` training prompts held out of SFT reaches this, checked every
-  # `sft_check_every` steps (every step once half the target is reached): RL then starts
+  # `sft_check_every` steps (every `sft_check_every_near` once half the target is reached): RL then starts
   # from a known level of skill rather than wherever a fixed step count lands (small models
   # learn in sudden jumps). None = all sft.steps.
   sft_stop_pass_rate: float | None = None
   sft_dev_prompts: int = 64  # training prompts held out of SFT to measure that pass rate
   sft_check_every: int = 5  # SFT steps between those measurements
+  # ... once a check has passed half the target: 1 stops within a step of it; a run whose
+  # checks cost many SFT steps (an environment's tool calls) and whose rate climbs slowly
+  # saves most of them with a few steps.
+  sft_check_every_near: int = 1
 
   def __post_init__(self):
     _check(self.steps >= 0, "run.steps", f"must be >= 0, got {self.steps}")
@@ -67,6 +71,7 @@ class RunConfig:
            "run.sft_stop_pass_rate", f"must be in (0, 1] or null, got {self.sft_stop_pass_rate}")
     _check(self.sft_dev_prompts >= 1, "run.sft_dev_prompts", "must be >= 1")
     _check(self.sft_check_every >= 1, "run.sft_check_every", "must be >= 1")
+    _check(self.sft_check_every_near >= 1, "run.sft_check_every_near", "must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -122,7 +122,15 @@ def test_a_long_eval_prints_its_progress_before_its_step_line(task_file, tmp_pat
     assert max(reports) < row, out.getvalue()
 
 
-def test_sft_stops_at_the_dev_pass_rate_target(task_file, tmp_path, monkeypatch):
+@pytest.mark.parametrize("target,near_every,checked", [
+    # Checked after steps 2 and 4 (every 2), then after every step once 0.2 >= 0.3 / 2: the
+    # check after step 5 reaches the target and stops the warm start there.
+    (0.3, 1, {2: 0.1, 4: 0.2, 5: 0.3}),
+    # Past half of 0.4 after step 4, then every 3 steps: 6 and 9, which reaches it.
+    (0.4, 3, {2: 0.1, 4: 0.2, 6: 0.3, 9: 0.4}),
+])
+def test_sft_stops_at_the_dev_pass_rate_target(task_file, tmp_path, monkeypatch, target,
+                                                near_every, checked):
   from jaxrl_scale import eval as eval_lib
   checks = []
 
@@ -139,15 +147,14 @@ def test_sft_stops_at_the_dev_pass_rate_target(task_file, tmp_path, monkeypatch)
 
   monkeypatch.setattr(eval_lib.Evaluator, "__init__", capture)
   monkeypatch.setattr(eval_lib.Evaluator, "run", fake_run)
-  cfg = run_cfg(task_file, tmp_path / "run", "run.sft_stop_pass_rate=0.3", "run.sft_dev_prompts=8",
-             "run.sft_check_every=2", "eval.every=0", steps=1)
+  cfg = run_cfg(task_file, tmp_path / "run", f"run.sft_stop_pass_rate={target}",
+             "run.sft_dev_prompts=8", "run.sft_check_every=2",
+             f"run.sft_check_every_near={near_every}", "eval.every=0", steps=1)
   wiring.train(cfg, cfg.run.output_dir)
   sft_rows = [json.loads(line) for line in (tmp_path / "run" / "sft.jsonl").read_text().splitlines()]
-  # Checked after steps 2 and 4 (every 2), then after every step once 0.2 >= 0.3 / 2: the
-  # check after step 5 reaches the target and stops the warm start there.
-  assert len(checks) == 3 and len(sft_rows) == 5
+  assert len(checks) == len(checked) and len(sft_rows) == max(checked)
   rates = {i + 1: r["dev/pass_rate"] for i, r in enumerate(sft_rows) if "dev/pass_rate" in r}
-  assert rates == pytest.approx({2: 0.1, 4: 0.2, 5: 0.3})
+  assert rates == pytest.approx(checked)
   assert dev_sizes[0] == 8  # the warm start's dev prompts (eval is off)
 
 

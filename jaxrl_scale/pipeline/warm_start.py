@@ -8,8 +8,8 @@ anywhere between 0.02 and 0.9. With `run.sft_stop_pass_rate` the warm start inst
 a few training prompts held out of SFT (never the validation prompts) every
 `run.sft_check_every` steps, exactly as the eval does, and stops once their pass rate
 reaches the target. Once a check has passed half the target the jump is under way, so it
-checks after every step from then on: the warm start stops close to the target instead of
-overshooting it by a whole interval.
+checks every `run.sft_check_every_near` steps (default every step) from then on: the warm
+start stops close to the target instead of overshooting it by a whole interval.
 
 A stop request (SIGTERM, `jaxrl_scale.preempt`) ends the warm start after the SFT step in
 flight, or abandons a dev check mid-way; its state (params, optimizer, steps done, the last
@@ -213,7 +213,8 @@ def run(cfg: Config, tok: Any, model: nnx.Module, mesh, seq_len: int, run_dir: p
         m, pending = pending, None
       dev_rate, dev_domains = None, None
       near = info["dev_pass_rate"] >= target / 2 if target is not None else False
-      if checker is not None and (near or step % cfg.run.sft_check_every == 0):
+      every = cfg.run.sft_check_every_near if near else cfg.run.sft_check_every
+      if checker is not None and step % every == 0:
         try:
           out = checker.run(trainer.params, 0)
         except preempt.Interrupted:
