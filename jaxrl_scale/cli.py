@@ -23,7 +23,7 @@ COMMANDS = {
     "fit": ("jaxrl_scale.scaling.command", "fit the sigmoid scaling curve to metrics and forecast"),
     "generate": ("jaxrl_scale.envs.command",
                  "sample from a Hugging Face-format checkpoint (--env: multi-turn episodes)"),
-    "plan": ("jaxrl_scale.plan.command", "compile a run's programs for a Cloud TPU topology (no TPU needed): HBM, FLOPs, roofline"),
+    "plan": ("jaxrl_scale.plan.command", "compile a run's programs for a Cloud TPU slice or NVIDIA GPUs (none needed): HBM, FLOPs, roofline"),
     "reward": ("jaxrl_scale.rewards.command", "score one response with a verifier, showing the extracted answer"),
     "eval": ("jaxrl_scale.downstream.command", "mean@k and unbiased pass@k of a checkpoint on benchmark files (math, code)"),
     "export": ("jaxrl_scale.export", "write a run's trained policy as a Hugging Face directory"),

@@ -29,7 +29,7 @@ $JR_COMMON_HELP
 
 example:
   $JR_SCRIPT --name rl-v5p --gcs gs://my-bucket/jaxrl --run-name qwen3-8b-a -- \\
-      configs/scalerl_8b.yaml run.steps=2000
+      configs/scalerl_qwen3_8b.yaml run.steps=2000
 EOF
 }
 

@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                       help="dotted overrides of the config, as for train")
   parser.add_argument("--topology", required=True,
-                      help="Cloud TPU accelerator type (v5p-128, v6e-64, v5litepod-256, v4-64) "
-                      "or chip topology (v5p:4x4x4)")
+                      help="Cloud TPU accelerator type (v5p-128, v6e-64, v5litepod-256, v4-64), "
+                      "chip topology (v5p:4x4x4), or NVIDIA GPUs (h100, h200, a100, h100-8)")
   parser.add_argument("--programs", metavar="NAME,...",
                       help="compile only these programs (train_step, sft_step, weight_cast, "
                       "prefill, decode), e.g. prefill,decode while sizing the generator")
