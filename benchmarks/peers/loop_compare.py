@@ -59,7 +59,7 @@ LOOP_UNEQUAL = {
         "ours' loss and batch: CISPO (eps_max 5), prompt-average, batch-level advantage "
         "normalisation, zero-variance filter, No-Positive-Resampling (ScaleRL, our "
         "defaults); the peers' GRPO defaults below",
-        "ours: continuous batching with a paged KV cache (256 slots, decode_chunk 4, "
+        "ours: continuous batching with a paged KV cache (P x G slots, decode_chunk 4, "
         "prompt bucket 8), per-token logprobs recorded by the sampler (no recompute)",
         "ours writes metrics.jsonl, TensorBoard and one checkpoint at the end (orbax, "
         "async; its time is in the last step's row as time/checkpoint_s)",

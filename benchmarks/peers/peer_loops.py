@@ -35,8 +35,9 @@ BASE_CONFIG = os.path.join(ROOT, "configs", "cpu_tiny.yaml")
 
 def ours_overrides(spec: dict) -> list[str]:
   """Our run: configs/cpu_tiny.yaml (our shipped config for this task on a CPU: PipelineRL-2,
-  8 simulated devices split 4 + 4, remat off) with the task's shape and the optimizer of
-  the spec; no SFT (the checkpoint is warm-started), no eval, no forecast."""
+  8 simulated devices split 4 + 4, remat off) with the task's shape (P x G sampler slots)
+  and the optimizer of the spec; no SFT (the checkpoint is warm-started), no eval, no
+  forecast."""
   steps, per_step = len(spec["prompts"]), len(spec["prompts"][0])
   return [
       f"run.steps={steps}", "run.log_every=1", "run.sft_stop_pass_rate=null", "sft.steps=0",
@@ -47,6 +48,8 @@ def ours_overrides(spec: dict) -> list[str]:
       f"data.max_prompt_tokens={spec['prompt_len']}", f"data.seed={spec['seed']}",
       f"sampler.max_new_tokens={spec['cap']}", f"sampler.temperature={spec['temperature']}",
       f"sampler.prompt_buckets=[{spec['prompt_len']}]",
+      # As many slots as a step has completions: the peers' static batch is P x G rows.
+      f"sampler.num_slots={per_step * spec['group']}",
       f"rl.prompts_per_step={per_step}", f"rl.generations_per_prompt={spec['group']}",
       f"optim.lr={spec['lr']}", "optim.warmup_steps=0", "optim.schedule=constant",
       f"optim.eps={spec['eps']}", f"optim.weight_decay={spec['weight_decay']}",

@@ -32,8 +32,8 @@ after the first (compile) and the losses step by step.
 TRL's side is its path without vLLM: transformers' `generate` as GRPOTrainer calls it, and
 GRPOTrainer's own `compute_loss` (loss "grpo") with backward and the trainer's optimizer.
 
-Not built: the whole-loop comparison (our `train` against Tunix's GRPOLearner and TRL's
-GRPOTrainer). Each comparison prints what is not equal between the sides.
+The whole loop (our `train` against Tunix's GRPOLearner and TRL's GRPOTrainer) is
+`loop_compare.py`. Each comparison prints what is not equal between the sides.
 """
 
 from __future__ import annotations
