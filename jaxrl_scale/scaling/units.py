@@ -1,9 +1,9 @@
 """Numbers as the forecasts print them, each compute with its unit (issue 67 item 7).
 
 One formatter for every place a forecast prints: `jaxrl-scale fit`'s report (text.py), the
-messages of a fit (forecast.py) and the end-of-run summary (pipeline/summary.py). A compute
-carries the unit of the column it was read from (`UNITS`: FLOPs, accelerator-hours, else
-the column's name).
+messages of a fit (forecast.py), the live forecast line (live.py) and the end-of-run summary
+(pipeline/summary.py), so a compute reads the same in each. A compute carries the unit of
+the column it was read from (`UNITS`: FLOPs, accelerator-hours, else the column's name).
 """
 
 from __future__ import annotations
