@@ -316,22 +316,7 @@ def render(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-  args = parse_args(argv)
-  start = time.perf_counter()
-  try:
-    res = run(args, log=lambda m: print(m, flush=True))
-  except RuntimeError as e:
-    print(f"loop_compare: {e}", file=sys.stderr)
-    return 1
-  res["wall_s"] = round(time.perf_counter() - start, 1)
-  res["machine"]["load_avg_at_end"] = os.getloadavg()
-  print(render(res))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(res, f, indent=1)
-      f.write("\n")
-    print(f"wrote {args.json}")
-  return 0
+  return peers.run_main("loop_compare", parse_args, run, render, argv)
 
 
 if __name__ == "__main__":

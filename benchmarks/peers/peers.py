@@ -468,16 +468,22 @@ def render(res: dict) -> str:
 
 
 def main(argv=None) -> int:
-  args = parse_args(argv)
+  return run_main("peers", parse_args, run, render, argv)
+
+
+def run_main(prog: str, parse, run_fn, render_fn, argv=None) -> int:
+  """A comparison's command line (this file's, loop_compare.py's): parse, run (a
+  RuntimeError is one line on stderr), print the rendering, write `--json`."""
+  args = parse(argv)
   start = time.perf_counter()
   try:
-    res = run(args, log=lambda m: print(m, flush=True))
+    res = run_fn(args, log=lambda m: print(m, flush=True))
   except RuntimeError as e:
-    print(f"peers: {e}", file=sys.stderr)
+    print(f"{prog}: {e}", file=sys.stderr)
     return 1
   res["wall_s"] = round(time.perf_counter() - start, 1)
   res["machine"]["load_avg_at_end"] = os.getloadavg()
-  print(render(res))
+  print(render_fn(res))
   if args.json:
     with open(args.json, "w") as f:
       json.dump(res, f, indent=1)
