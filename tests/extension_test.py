@@ -87,13 +87,14 @@ def test_seeds_are_reused_and_split_into_tuning_and_checking(bench, tmp_path, ca
   args = bench.parse_args(["--seeds", "7"])
   assert bench.train_seed(7, 600, args, d)["reused"] is True
   assert bench.seed_of("seed12") == 12 and bench.seed_of(3) == 3 and bench.seed_of("x") is None
-  assert not bench.is_checking("seed3") and bench.is_checking("seed7")
-  # Replayed directories: seeds 0-4 tune, the others check; the targets count only these.
-  runs = [_run_dir(tmp_path, f"seed{i}", seed=60 + i)[0] for i in (1, 6, 8)]
+  assert not bench.is_checking("seed3") and not bench.is_checking("seed14")
+  assert bench.is_checking("seed15")
+  # Replayed directories: seeds 0-14 tune, the others check; the targets count only these.
+  runs = [_run_dir(tmp_path, f"seed{i}", seed=60 + i % 10)[0] for i in (1, 16, 18)]
   assert bench.main(["--replay", *runs, "--x", "compute_hours", "--n-boot", "50",
                      "--json"]) == 0
   out = json.loads(capsys.readouterr().out)
-  assert out["checking"]["checking"]["seeds"] == ["seed6", "seed8"]
+  assert out["checking"]["checking"]["seeds"] == ["seed16", "seed18"]
   assert out["checking"]["tuning"]["seeds"] == ["seed1"]
   half = out["checking"]["checking"]["by_fraction"]["0.5"]
   fits = [s["fits"][1] for s in out["seeds"] if s["seed"] != "seed1"]
@@ -112,23 +113,23 @@ def test_seeds_are_reused_and_split_into_tuning_and_checking(bench, tmp_path, ca
 
 
 def test_merge_adds_an_earlier_results_seeds_and_counts_them(bench, tmp_path, capsys):
-  first = [_run_dir(tmp_path, f"seed{i}", seed=70 + i)[0] for i in (5, 6)]
+  first = [_run_dir(tmp_path, f"seed{i}", seed=70 + i % 10)[0] for i in (15, 16)]
   assert bench.main(["--replay", *first, "--x", "compute_hours", "--n-boot", "50",
                      "--json"]) == 0
   earlier = json.loads(capsys.readouterr().out)
   path = tmp_path / "earlier.json"
   path.write_text(json.dumps(earlier))
-  # Seed 6 again (this run's row wins) and a new seed 7.
+  # Seed 16 again (this run's row wins) and a new seed 17.
   (tmp_path / "again").mkdir()
-  second = [_run_dir(tmp_path / "again", f"seed{i}", seed=80 + i)[0] for i in (6, 7)]
+  second = [_run_dir(tmp_path / "again", f"seed{i}", seed=80 + i % 10)[0] for i in (16, 17)]
   assert bench.main(["--replay", *second, "--x", "compute_hours", "--n-boot", "50",
                      "--merge", str(path), "--json"]) == 0
   out = json.loads(capsys.readouterr().out)
-  assert [s["seed"] for s in out["seeds"]] == ["seed5", "seed6", "seed7"]
-  assert out["seeds"][1]["run_dir"].endswith("again/seed6")  # this run's, not the earlier
+  assert [s["seed"] for s in out["seeds"]] == ["seed15", "seed16", "seed17"]
+  assert out["seeds"][1]["run_dir"].endswith("again/seed16")  # this run's, not the earlier
   assert out["seeds"][0] == earlier["seeds"][0]  # merged rows as recorded
-  assert out["merged"]["seeds"] == ["seed5"] and out["pooled"]["n_seeds"] == 2
+  assert out["merged"]["seeds"] == ["seed15"] and out["pooled"]["n_seeds"] == 2
   half = out["checking"]["checking"]["by_fraction"]["0.5"]
-  assert out["checking"]["checking"]["seeds"] == ["seed5", "seed6", "seed7"]
+  assert out["checking"]["checking"]["seeds"] == ["seed15", "seed16", "seed17"]
   assert half["fits"] == 3
   assert half["held"] == sum(s["fits"][1]["holds_plateau"] for s in out["seeds"])
