@@ -138,6 +138,9 @@ def test_bad_input_is_one_line_and_writes_nothing(hf_run, tmp_path, capsys):
   assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 
+# 60 s on 2 cores (a whole run): slow. tests/models/tokenizer_test.py checks the exported
+# byte tokenizer's files against transformers by default.
+@pytest.mark.slow
 def test_a_byte_tokenizer_run_exports_a_tokenizer_that_reads_as_it_trained(tmp_path, capsys):
   # The CPU demo's policy (a preset on the built-in byte tokenizer) leaves the run with
   # tokenizer files: transformers and `jaxrl-scale generate` read it and agree.

@@ -106,7 +106,7 @@ class Transformer(nnx.Module):
                     *, remat: str = "none",
                     activation_sharding: jax.sharding.NamedSharding | None = None,
                     residual_sharding: jax.sharding.NamedSharding | None = None,
-                    ) -> jax.Array:
+                    unroll_layers: bool = False) -> jax.Array:
     """Final-norm hidden states h_BTD.
 
     Args:
@@ -120,17 +120,22 @@ class Transformer(nnx.Module):
         `activation_sharding` (rows only; its attention, MLP and MoE see exactly what they
         see without it) and its output is split again. None: the carry is pinned to
         `activation_sharding`.
+      unroll_layers: run the layers as an unrolled loop over the stacked weights instead
+        of one scan (the same computation). On XLA:CPU the scan's backward pass copies
+        each layer's weights and residuals in and out of the stacks; the trainer unrolls
+        there (`train_step.Trainer`). The program then grows with the depth.
     """
     return self.hidden_states_with_stats(tokens_BT, positions_BT, mask_BT, remat=remat,
                                          activation_sharding=activation_sharding,
-                                         residual_sharding=residual_sharding)[0]
+                                         residual_sharding=residual_sharding,
+                                         unroll_layers=unroll_layers)[0]
 
   def hidden_states_with_stats(
       self, tokens_BT: jax.Array, positions_BT: jax.Array, mask_BT: jax.Array, *,
       remat: str = "none", activation_sharding: jax.sharding.NamedSharding | None = None,
       residual_sharding: jax.sharding.NamedSharding | None = None,
       recorded_BTLK: jax.Array | None = None, recorded_BT: jax.Array | None = None,
-      replay: bool = False,
+      replay: bool = False, unroll_layers: bool = False,
   ) -> tuple[jax.Array, moe.RouterStats | None]:
     """`hidden_states` and the router stats of the sparse layers over the real tokens,
     summed (None for a dense model): `stats.load_balancing_loss()` is the auxiliary loss a
@@ -141,7 +146,7 @@ class Transformer(nnx.Module):
     each sparse layer in order (L = len(`sparse_layers()`)), valid where `recorded_BT`
     (None: everywhere). `stats.routing_mismatch()` is how often this model's own top-k
     differs from them; with `replay` the tokens go to the recorded experts
-    (`moe.MoE.apply`)."""
+    (`moe.MoE.apply`). unroll_layers: see `hidden_states`."""
     policy = _remat_policy(remat)
     pin = _pinner(activation_sharding)
     mask_BT = mask_BT.astype(jnp.bool_)
@@ -159,7 +164,7 @@ class Transformer(nnx.Module):
                                         activation_sharding, recorded_L=recorded_L,
                                         recorded_BT=recorded_BT, replay=replay,
                                         residual_sharding=residual_sharding,
-                                        right_padded=align)
+                                        right_padded=align, unroll=unroll_layers)
     # The final norm runs on the split sequence; the LM head gets whole rows again.
     h_BTD = self.norm(x_BTD)
     if residual_sharding is not None:
@@ -338,7 +343,7 @@ class Transformer(nnx.Module):
             recorded_L: jax.Array | None = None, recorded_BT: jax.Array | None = None,
             replay: bool = False, record: bool = False,
             residual_sharding: jax.sharding.NamedSharding | None = None,
-            right_padded: bool = False) -> tuple[Any, Any]:
+            right_padded: bool = False, unroll: bool = False) -> tuple[Any, Any]:
     """Runs the stacked layers with one scanned (optionally remat'd) layer body. The carry
     is x_BTD, or (x_BTD, pool) with `write` (see `prefill_into`); the stacked outputs are
     (each layer's keys and values when keep_kv, else None; router stats or None; each
@@ -346,7 +351,9 @@ class Transformer(nnx.Module):
     `record`, else None). recorded_L [L, B, T, K], recorded_BT, replay: routing replay
     (`hidden_states_with_stats`). residual_sharding: where the carry x_BTD lives between
     layers (sequence parallelism, `hidden_states`); None: `activation_sharding`.
-    right_padded: no row of mask_BT is left-padded (`attention.causal_attention`)."""
+    right_padded: no row of mask_BT is left-padded (`attention.causal_attention`).
+    unroll: the same body applied layer by layer in Python (static slices of the stacked
+    weights, the outputs stacked after) instead of `jax.lax.scan`."""
     graphdef, state_L = nnx.split(self.layers)
     pin = _pinner(activation_sharding)
     gather = lambda x: x  # noqa: E731
@@ -397,8 +404,14 @@ class Transformer(nnx.Module):
       # prevent_cse=False: inside a scan the loop already keeps XLA from merging the
       # recomputation into the forward pass (the JAX docs' advice for remat under scan).
       body = jax.checkpoint(body, policy=policy, prevent_cse=False)
-    return jax.lax.scan(body, carry,
-                        (state_L, jnp.arange(self.cfg.num_layers), prefix_L, recorded_L))
+    xs = (state_L, jnp.arange(self.cfg.num_layers), prefix_L, recorded_L)
+    if not unroll:
+      return jax.lax.scan(body, carry, xs)
+    outs = []
+    for i in range(self.cfg.num_layers):
+      carry, out = body(carry, jax.tree.map(lambda a, i=i: a[i], xs))
+      outs.append(out)
+    return carry, jax.tree.map(lambda *a: jnp.stack(a), *outs)
 
   def head(self) -> tuple[jax.Array, str]:
     """The LM head's weights as the model computes with them, and its einsum spec.

@@ -299,7 +299,7 @@ def token_logprobs(model: nnx.Module, tokens_BS: jax.Array, positions_BS: jax.Ar
                    remat: str = "none",
                    activation_sharding: NamedSharding | None = None,
                    residual_sharding: NamedSharding | None = None,
-                   ) -> tuple[jax.Array, jax.Array]:
+                   unroll_layers: bool = False) -> tuple[jax.Array, jax.Array]:
   """log pi_T(tokens[s] | tokens[<s]) at every position s >= 1, and whether it was the argmax.
 
   pi_T is the policy at temperature T: softmax(logits / T). The LM head runs in float32
@@ -321,13 +321,15 @@ def token_logprobs(model: nnx.Module, tokens_BS: jax.Array, positions_BS: jax.Ar
     residual_sharding: sequence parallelism: where the residual stream lives between
       decoder layers (e.g. S over 'tp'; `Transformer.hidden_states`); None: as
       `activation_sharding`.
+    unroll_layers: the layers as an unrolled loop, not a scan (`Transformer.hidden_states`).
 
   Returns:
     (logp_BS float32, top1_BS bool); position 0 has no prediction and holds 0 / False.
   """
   logp_BS, top1_BS, _ = token_logprobs_and_stats(
       model, tokens_BS, positions_BS, mask_BS, chunk, temperature=temperature, remat=remat,
-      activation_sharding=activation_sharding, residual_sharding=residual_sharding)
+      activation_sharding=activation_sharding, residual_sharding=residual_sharding,
+      unroll_layers=unroll_layers)
   return logp_BS, top1_BS
 
 
@@ -336,7 +338,8 @@ def token_logprobs_and_stats(model: nnx.Module, tokens_BS: jax.Array, positions_
                              remat: str = "none",
                              activation_sharding: NamedSharding | None = None,
                              residual_sharding: NamedSharding | None = None,
-                             routing_BSLK: jax.Array | None = None, replay: bool = False):
+                             routing_BSLK: jax.Array | None = None, replay: bool = False,
+                             unroll_layers: bool = False):
   """`token_logprobs` and the router stats of an MoE policy (`moe.RouterStats`, None for
   a dense one): (logp_BS, top1_BS, stats).
 
@@ -350,7 +353,8 @@ def token_logprobs_and_stats(model: nnx.Module, tokens_BS: jax.Array, positions_
   recorded_BS = None if routing_BSLK is None else batch_lib.recorded_mask(mask_BS)
   h_BSD, stats = model.hidden_states_with_stats(
       tokens_BS, positions_BS, mask_BS, remat=remat, activation_sharding=activation_sharding,
-      residual_sharding=residual_sharding, recorded_BTLK=routing_BSLK, recorded_BT=recorded_BS, replay=replay)
+      residual_sharding=residual_sharding, recorded_BTLK=routing_BSLK, recorded_BT=recorded_BS,
+      replay=replay, unroll_layers=unroll_layers)
   # The last position predicts past the sequence: never a target, so skip its logits.
   h_BTD, targets_BT = h_BSD[:, :-1], tokens_BS[:, 1:]
   b, t = targets_BT.shape

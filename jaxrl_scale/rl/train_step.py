@@ -70,6 +70,7 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -202,6 +203,17 @@ def micro_batches_for(optim: OptimConfig, num_prompts: int, rows_per_prompt: int
   return placement.shardable_micro_batches(num_prompts, rows_per_prompt, m, mesh)
 
 
+def unrolls_layers(mesh: Mesh) -> bool:
+  """Whether the step on `mesh` runs the layers unrolled (`Transformer.hidden_states`):
+  on XLA:CPU, where the layer scan's backward pass spent 15-25% of the step copying weights
+  and residuals in and out of the layer stacks (benchmarks/peers/profile_loop.py,
+  2026-12-07). On TPUs and GPUs (and for `plan`'s compiles for them) one scanned body
+  keeps compiles short and the program the size of one layer."""
+  if isinstance(mesh, jax.sharding.AbstractMesh):  # no devices (it raises on .devices)
+    return False
+  return all(d.platform == "cpu" for d in np.ravel(mesh.devices))
+
+
 # --------------------------------------------------------------------------------------
 # The trainer.
 
@@ -242,6 +254,7 @@ class Trainer:
     self._compute_dtypes = _compute_dtypes(params, getattr(getattr(model, "cfg", None),
                                                            "dtype", None))
     self.abstract = _is_abstract((params, self._rest))
+    self.unroll_layers = unrolls_layers(mesh)
     self._replicated = NamedSharding(mesh, PartitionSpec())
     self.param_shardings = _array_shardings(params, mesh)
     self._rest_shardings = _array_shardings(self._rest, mesh)
@@ -361,7 +374,8 @@ class Trainer:
           activation_sharding=self.activation_sharding(tokens_R.shape[0]),
           residual_sharding=self.residual_sharding(*tokens_R.shape),
           routing_BSLK=None if routing is None else _rows(routing, dims),
-          replay=getattr(self.objective, "replay_routing", False))
+          replay=getattr(self.objective, "replay_routing", False),
+          unroll_layers=self.unroll_layers)
       logp = logp_R.reshape(tokens.shape)
       top1 = top1_R.reshape(tokens.shape)
       zero = jnp.zeros((), jnp.float32)

@@ -305,6 +305,50 @@ def test_the_layer_scan_compiles_one_layer_body(remat):
   assert _count_dots(two, remat) == _count_dots(six, remat) > 0
 
 
+# The MoE case without gradients (their compile took 18 s on 2 cores): its router stats are
+# what it adds.
+@pytest.mark.parametrize("name,grads", [("tiny_llama", True), ("tiny_qwen3_moe", False)])
+def test_unrolled_layers_give_the_scans_states_gradients_and_router_stats(tiny_model, name,
+                                                                           grads):
+  """`unroll_layers` (what the trainer runs on CPU) is the scan's computation layer by
+  layer: the same hidden states, gradients and (MoE) router stats. A loop that fed every
+  layer the same slice of the stacks, or dropped a layer's stats, fails it."""
+  model = tiny_model(name)
+  cfg = model.cfg
+  tokens = jnp.asarray(_seqs(cfg, 3, 8))
+  mask = jnp.asarray(np.arange(8)[None] >= np.array([[0], [3], [5]]))  # left padding
+  pos = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+  probe = jnp.asarray(np.random.default_rng(3).normal(size=(3, 8, cfg.hidden_size)),
+                      jnp.float32)
+  graphdef, state = nnx.split(model)
+
+  def run(unroll):
+    def loss(st):
+      h, stats = nnx.merge(graphdef, st).hidden_states_with_stats(
+          tokens, pos, mask, remat="full", unroll_layers=unroll)
+      value = jnp.sum(jnp.where(mask[:, :, None], h.astype(jnp.float32) * probe, 0.0))
+      return value, (h, stats)
+    if not grads:
+      return jax.jit(loss)(state)[1], {}
+    (_, aux), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(state)
+    return aux, g
+
+  (h_scan, stats_scan), g_scan = run(False)
+  (h_loop, stats_loop), g_loop = run(True)
+  real = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(h_loop)[real], np.asarray(h_scan)[real], atol=1e-5,
+                             rtol=1e-5)
+  assert (stats_scan is None) == (stats_loop is None) == (not any(cfg.moe_layers()))
+  for a, b in zip(jax.tree.leaves(stats_loop), jax.tree.leaves(stats_scan)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(g_loop), jax.tree.leaves(g_scan)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
+  # The unrolled program holds each layer's matmuls (the scan one body: the test above).
+  lowered = jax.jit(lambda st: nnx.merge(graphdef, st).hidden_states(
+      tokens, pos, mask, unroll_layers=True)).lower(state).as_text()
+  assert "while" not in lowered.replace("while_", "")
+
+
 def _fsdp_mesh():
   return jax.make_mesh((4, 2), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 

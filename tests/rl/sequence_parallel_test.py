@@ -42,9 +42,13 @@ def _model(cfg, mesh, scale):
 def _trainer(cfg, mesh, sequence_parallel, scale=0.1):
   opt = config.OptimConfig(lr=1e-3, warmup_steps=0, remat="full", logits_chunk=8,
                            sequence_parallel=sequence_parallel)
-  return train_step.Trainer(_model(cfg, mesh, scale), mesh, opt,
-                            train_step.RLObjective(config.RLConfig(), temperature=1.0),
-                            micro_batches=MICRO, compiler_options=FAST_COMPILE)
+  trainer = train_step.Trainer(_model(cfg, mesh, scale), mesh, opt,
+                               train_step.RLObjective(config.RLConfig(), temperature=1.0),
+                               micro_batches=MICRO, compiler_options=FAST_COMPILE)
+  # The layer scan, as on TPUs (where sequence parallelism matters): its stacked residual
+  # is what the HLO checks below look for; on CPU the trainer would unroll the layers.
+  trainer.unroll_layers = False
+  return trainer
 
 
 def _batch(seed=1):
