@@ -74,6 +74,14 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   if not os.path.isdir(args.model):
     loop_task.build_checkpoint(args.model)
+  from jaxrl_scale import config as config_lib  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.parallel import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+
+  # Before anything starts a JAX backend (as `jaxrl-scale train` does first): the run's
+  # simulated CPU devices.
+  first = config_lib.load(peer_loops.BASE_CONFIG, (loop_compare.COLOCATED if args.colocated
+                                                   else []) + args.set)
+  mesh_lib.simulate_cpu_devices(first.mesh.simulated_cpu_devices)
   spec = loop_compare.make_spec(loop_compare.parse_args(["--steps", str(args.steps)]),
                                 args.model, workdir="")
   overrides = peer_loops.ours_overrides(spec)
@@ -82,7 +90,6 @@ def main(argv=None) -> int:
   overrides += args.set
 
   import jax  # pylint: disable=g-import-not-at-top
-  from jaxrl_scale import config as config_lib  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.pipeline import loop as loop_lib  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.pipeline import rollouts  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.pipeline import wiring  # pylint: disable=g-import-not-at-top
@@ -141,7 +148,9 @@ def main(argv=None) -> int:
     values = values[1:]  # the first step compiles
     return statistics.median(values) if values else float("nan")
 
-  out = {"model": args.model, "steps": args.steps, "overrides": overrides,
+  out = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+         "load_average_at_end": os.getloadavg(), "commit": _commit(),
+         "model": args.model, "steps": args.steps, "overrides": overrides,
          "devices": len(jax.devices()), "jax": jax.__version__,
          "loop_median_s": {k: med([r[k] for r in rows]) for k in rows[0]},
          "train_phase_median_s": {n: med(timers.parts[n]) for n in names},
@@ -175,6 +184,15 @@ def main(argv=None) -> int:
 
 
 _TRACED = 3
+
+
+def _commit() -> str | None:
+  import subprocess  # pylint: disable=g-import-not-at-top
+  try:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                          capture_output=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return None
 
 
 def _trace_ops(trainer, batch, work: str, top: int = 25) -> dict[str, tuple[float, int]]:

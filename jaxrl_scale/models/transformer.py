@@ -10,7 +10,8 @@ Full-sequence path (trainer)
   positions = max(cumsum(mask) - 1, 0) and right padding with positions = arange(T).
   Outputs at padding positions are finite garbage; ignore them.
   The layers are stacked and run by one `jax.lax.scan`, so a program holds one compiled
-  layer body whatever the depth. Attention goes through `attention.causal_attention`
+  layer body whatever the depth (`unroll_layers=True`: the same body unrolled over the
+  stacks, which the trainer runs on XLA:CPU). Attention goes through `attention.causal_attention`
   (cfg.attention_impl: the Pallas kernel on TPU, an einsum elsewhere); no [B, T, T] mask is
   ever built. For training, `hidden_states(..., remat="full")` (see `REMAT_POLICIES`)
   recomputes layers in the backward pass, `activation_sharding` pins the [B, T, D]
