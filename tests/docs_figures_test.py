@@ -194,15 +194,15 @@ def test_the_accuracy_check_catches_an_unheld_figure():
   """Held figures pass; a wrong count, interval, pairing or median fails."""
   both = "## Runs\n\n`extension_cpu_tiny_3x.json`, `extension_cpu_math_code_3x.json`:\n"
   held = lambda text: [f for f, ok in _accuracy_figures(both + text) if not ok]
-  assert held("held on 18 of 20 and 16 of 20; 9 of 10; median width 0.088\n") == []
+  assert held("held on 25 of 30 and 24 of 30; 11 of 15; median width 0.092\n") == []
   assert held("0.899 against [0.940, 0.994]; 0.930 [0.901, 0.958], plateau 0.943\n") == []
-  assert held("held on 17 of 20; 0.899 against [0.941, 0.994]; 0.979 against [0.940, 0.994];"
+  assert held("held on 23 of 30; 0.899 against [0.941, 0.994]; 0.979 against [0.940, 0.994];"
               " 0.931 [0.901, 0.958]; median width 0.089\n") == \
       ["0.899 against [0.941, 0.994]", "0.979 against [0.940, 0.994]", "0.931 [0.901, 0.958]",
-       "17 of 20", "0.089"]
+       "23 of 30", "0.089"]
   # One config's section does not hold the pooled counts; a printed line holds its figures.
-  assert [f for f, ok in _accuracy_figures("`extension_cpu_tiny_3x.json`: 18 of 20\n") if not ok]\
-      == ["18 of 20"]
+  assert [f for f, ok in _accuracy_figures("`extension_cpu_tiny_3x.json`: 25 of 30\n") if not ok]\
+      == ["25 of 30"]
   assert held("```text\n  0.930 [0.902, 0.953]\n```\nit read 0.930 [0.902, 0.953]\n") == []
   assert _accuracy_figures("# No results cited\n\n17 of 20, 0.123 [0.1, 0.2]\n") == []
 
