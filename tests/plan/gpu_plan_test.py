@@ -342,3 +342,20 @@ def test_xla_keeps_a_programs_peak_under_jaxs_share_of_the_gpu(monkeypatch):
   monkeypatch.setattr(chips, "gpu_target", lambda chip, cudnn, usable=None: whole(chip, cudnn))
   n_whole, temp_whole, _, _ = _tanh_mlp_grad_at(0.75, monkeypatch)
   assert n_whole < n75 and temp_whole > temp75, (n_whole, n75)
+
+
+@needs_cuda_plugin
+def test_the_float32_demo_plans_on_an_h100_with_cublas_where_xla_finds_no_tile():
+  """The CPU demo as shipped (float32, hidden 64) on an H100: compiled without a GPU, XLA's
+  Triton GEMM emitter found no tiling for a float32 weight-gradient matmul ([1792, 64])
+  and `plan` said "fits: NO" with XLA's INTERNAL error, for a run that fits (it ran on an
+  H100, benchmarks/results/gpu_h100_2026-11-28_demo). The program is compiled again with
+  cuBLAS for the matmuls, and the row says so."""
+  from jaxrl_scale import config  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.pipeline import wiring  # pylint: disable=g-import-not-at-top
+  cfg = config.load(ROOT / "configs" / "cpu_tiny.yaml")
+  plan = report.run_plan(cfg, wiring.model_config_for(cfg, None), chips.resolve("h100"),
+                         only=["sft_step"])
+  row = plan["programs"]["sft_step"]
+  assert not row.get("error") and row["fits"], row.get("error")
+  assert any("xla_gpu_enable_triton_gemm=false" in n for n in row["notes"]), row.get("notes")
