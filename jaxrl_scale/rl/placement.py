@@ -1,14 +1,17 @@
 """Where the trainer's arrays live: the batch's data axes, the parameters' shardings, the
-float32 masters made from the model's weights, and host batches placed across processes.
+float32 masters made from the model's weights and the dtypes of their compute copy, host
+batches placed across processes, and how the step runs its layers on the mesh's platform.
 Used by `train_step.Trainer` (and re-exported there)."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = "fsdp"  # batch rows are split over the trainer mesh's fsdp axis
@@ -159,3 +162,32 @@ def put_global(tree, shardings):
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
   return jax.tree.unflatten(treedef, [one(x, s) for x, s in zip(leaves, targets)])
+
+
+def unrolls_layers(mesh: Mesh) -> bool:
+  """Whether the step on `mesh` runs the layers unrolled (`Transformer.hidden_states`):
+  on XLA:CPU, where the layer scan's backward pass spent 15-25% of the step copying weights
+  and residuals in and out of the layer stacks (benchmarks/peers/profile_loop.py,
+  2026-12-07). On TPUs and GPUs (and for `plan`'s compiles for them) one scanned body
+  keeps compiles short and the program the size of one layer."""
+  if isinstance(mesh, jax.sharding.AbstractMesh):  # no devices (it raises on .devices)
+    return False
+  return all(d.platform == "cpu" for d in np.ravel(mesh.devices))
+
+
+def _compute_dtypes(params: nnx.State, compute_dtype: Any) -> list[Any]:
+  """Per leaf of `params` (as `jax.tree.leaves` orders them): the dtype of the trainer's
+  compute copy of that master, or None to read the float32 master itself. A copy is made
+  of a float parameter held in the model's compute dtype (so its master is wider) and not
+  marked `float32_grad` (`models.layers.param`)."""
+  variables = jax.tree.leaves(params, is_leaf=lambda v: isinstance(v, nnx.Variable))
+  if len(variables) != len(jax.tree.leaves(params)):
+    raise ValueError("every parameter must be an nnx.Variable holding one array")
+  out = []
+  for var in variables:
+    dtype = jnp.dtype(var.get_value().dtype)
+    copy = (compute_dtype is not None and dtype == jnp.dtype(compute_dtype)
+            and master_dtype(dtype) != dtype
+            and not var.get_metadata().get("float32_grad", False))
+    out.append(dtype if copy else None)
+  return out

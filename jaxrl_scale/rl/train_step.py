@@ -70,7 +70,6 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -83,9 +82,10 @@ from jaxrl_scale.rl import logprobs as logprobs_lib
 from jaxrl_scale.rl import losses
 from jaxrl_scale.rl import optimizer as optimizer_lib
 from jaxrl_scale.rl import placement
-from jaxrl_scale.rl.placement import (DATA_AXIS, _array_shardings, _data_axes, _data_spec,  # noqa: F401
-                                      _has_router, _is_abstract, _structs, _to_master,
-                                      master_dtype, put_global)
+from jaxrl_scale.rl.placement import (DATA_AXIS, _array_shardings, _compute_dtypes,  # noqa: F401
+                                      _data_axes, _data_spec, _has_router, _is_abstract,
+                                      _structs, _to_master, master_dtype, put_global,
+                                      unrolls_layers)
 
 log = logging.getLogger(__name__)
 
@@ -201,17 +201,6 @@ def micro_batches_for(optim: OptimConfig, num_prompts: int, rows_per_prompt: int
   if mesh is None:
     return m
   return placement.shardable_micro_batches(num_prompts, rows_per_prompt, m, mesh)
-
-
-def unrolls_layers(mesh: Mesh) -> bool:
-  """Whether the step on `mesh` runs the layers unrolled (`Transformer.hidden_states`):
-  on XLA:CPU, where the layer scan's backward pass spent 15-25% of the step copying weights
-  and residuals in and out of the layer stacks (benchmarks/peers/profile_loop.py,
-  2026-12-07). On TPUs and GPUs (and for `plan`'s compiles for them) one scanned body
-  keeps compiles short and the program the size of one layer."""
-  if isinstance(mesh, jax.sharding.AbstractMesh):  # no devices (it raises on .devices)
-    return False
-  return all(d.platform == "cpu" for d in np.ravel(mesh.devices))
 
 
 # --------------------------------------------------------------------------------------
@@ -579,24 +568,6 @@ def _donating_optimizer_state(step_fn):
     return step_fn(TrainState(step=step, params=params, opt_state=opt_state), rest, batch)
 
   return fn
-
-
-def _compute_dtypes(params: nnx.State, compute_dtype: Any) -> list[Any]:
-  """Per leaf of `params` (as `jax.tree.leaves` orders them): the dtype of the trainer's
-  compute copy of that master, or None to read the float32 master itself. A copy is made
-  of a float parameter held in the model's compute dtype (so its master is wider) and not
-  marked `float32_grad` (`models.layers.param`)."""
-  variables = jax.tree.leaves(params, is_leaf=lambda v: isinstance(v, nnx.Variable))
-  if len(variables) != len(jax.tree.leaves(params)):
-    raise ValueError("every parameter must be an nnx.Variable holding one array")
-  out = []
-  for var in variables:
-    dtype = jnp.dtype(var.get_value().dtype)
-    copy = (compute_dtype is not None and dtype == jnp.dtype(compute_dtype)
-            and master_dtype(dtype) != dtype
-            and not var.get_metadata().get("float32_grad", False))
-    out.append(dtype if copy else None)
-  return out
 
 
 def _shapes(batch) -> list[tuple[tuple[int, ...], str]]:

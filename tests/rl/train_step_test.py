@@ -502,15 +502,15 @@ def _abstract_model(mesh, dtype="float32"):
 
 
 def test_the_step_unrolls_the_layers_on_cpu_only():
-  """The trainer's layer loop by platform (`train_step.unrolls_layers`): unrolled on CPU
+  """The trainer's layer loop by platform (`placement.unrolls_layers`): unrolled on CPU
   devices (the tests' meshes), one scan on TPUs and GPUs (what `plan` compiles for them) and
   for a mesh without devices."""
   import types  # pylint: disable=g-import-not-at-top
-  assert train_step.unrolls_layers(mesh_8())
+  assert placement.unrolls_layers(mesh_8())
   for platform in ("tpu", "gpu"):
     fake = types.SimpleNamespace(devices=np.array([[types.SimpleNamespace(platform=platform)]]))
-    assert not train_step.unrolls_layers(fake)
-  assert not train_step.unrolls_layers(jax.sharding.AbstractMesh((2,), ("fsdp",)))
+    assert not placement.unrolls_layers(fake)
+  assert not placement.unrolls_layers(jax.sharding.AbstractMesh((2,), ("fsdp",)))
   assert train_step.Trainer(fresh_model(mesh_8(), "float32"), mesh_8(),
                             config.OptimConfig(lr=1e-3, warmup_steps=0),
                             train_step.RLObjective(config.RLConfig(), temperature=1.0)
