@@ -243,7 +243,7 @@ def admit(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   # The full-sequence pass (the TPU attention kernel where there is one).
   out = model.prefill_into(adm.tokens_uT, positions_uT, mask_uT, pool, write,
                            activation_sharding=act_sharding, prefix=prefix,
-                           prefix_in_loop=not _on_cpu(mesh), record_routing=record_routing)
+                           prefix_in_loop=not on_cpu(mesh), record_routing=record_routing)
   pool = out[1]
   cache = kv_cache.PagedKVCache(kv=pool)
 
@@ -351,12 +351,12 @@ def decode_chunk(graphdef: nnx.GraphDef, params: nnx.State, state: SlotState,
   # The GPU and TPU kernels page through the pool every step, holding no copy of every
   # layer's pages at once (as does a GPU told to gather: it gathers every step).
   layer_states = None
-  if layer_leaves is not None or _on_cpu(mesh):
+  if layer_leaves is not None or on_cpu(mesh):
     layer_states = model.split_layers()  # only traced for its structure when given
     if layer_leaves is not None:
       layer_states = jax.tree.unflatten(jax.tree.structure(layer_states), layer_leaves)
   impl = paged_attention.paged_impl(mesh, model.cfg.head_dim, state.cache.page_size)
-  if _on_cpu(mesh) and impl == "gather":
+  if on_cpu(mesh) and impl == "gather":
     state = dataclasses.replace(
         state, cache=model.with_views(state.cache, table_SM, view_pages, mesh=mesh))
 
@@ -468,7 +468,7 @@ def splits_layers(mesh: Mesh | None) -> bool:
   return bool(platforms) and platforms <= {"cpu", "gpu"}
 
 
-def _on_cpu(mesh: Mesh | None) -> bool:
+def on_cpu(mesh: Mesh | None) -> bool:
   """Whether programs for `mesh` (None: the default devices) run on XLA:CPU."""
   return "cpu" in _platforms(mesh)
 

@@ -2,7 +2,8 @@
 
 Which version a token is from: an update posted after chunk c has been read back (the
 `on_chunk(c)` callback) is swapped in before the next chunk is dispatched, so with
-pipeline_depth 1 chunks 0..c+1 run on the old weights and chunk c+2 on the new; a token
+pipeline_depth 1 chunks 0..c+1 run on the old weights and chunk c+2 on the new (depth 0,
+CPU's default: chunk c+1 on the new); a token
 records the version of the chunk that sampled it, and its log-prob is that version's. Its
 sequence's keys and values written before the swap stay (the old weights'), so the new
 weights continue from a cache the old ones built. The double buffer does the same once the
@@ -27,9 +28,9 @@ from tests.generation import engine_test as et
 _WAIT_S = 60.0  # generous: only guards against a hang
 
 
-def _sampler(model, buffers, **overrides):
+def _sampler(model, buffers, depth=1, **overrides):
   cfg = SamplerConfig(**{**et.SAMPLER.__dict__, "weight_buffers": buffers, **overrides})
-  return engine.Sampler(model, cfg, eos_ids=())
+  return engine.Sampler(model, cfg, eos_ids=(), pipeline_depth=depth)
 
 
 def _live_bytes() -> int:
@@ -66,25 +67,26 @@ def _check_against_reference(model_a, model_b, prompts, outs, n):
   return switch
 
 
-def test_single_buffer_swap_matches_the_double_buffer(loaded, prompts):
+@pytest.mark.parametrize("depth", [1, 0])
+def test_single_buffer_swap_matches_the_double_buffer(loaded, prompts, depth):
   """An update posted mid-generation: the same tokens, log-probs and versions as the double
   buffer, the tokens after the swap from the new weights on the old cache; posted while
-  idle, the next run is all new weights."""
+  idle, the next run is all new weights. The swap lands `depth` chunks after the next."""
   model_a, _ = loaded["qwen2"]
   model_b = et._perturbed(model_a, seed=1)
   params_b = nnx.split(model_b)[1]
   n = et.SAMPLER.max_new_tokens
-  single = _sampler(model_a, 1)
+  single = _sampler(model_a, 1, depth)
   got = single.generate(prompts[:4], on_chunk=_post_after_chunk_0(params_b, 7, False))
-  want = _sampler(model_a, 2).generate(prompts[:4],
+  want = _sampler(model_a, 2, depth).generate(prompts[:4],
                                        on_chunk=_post_after_chunk_0(params_b, 7, True))
   for g, w in zip(got, want):
     assert g.tokens.tolist() == w.tokens.tolist()
     np.testing.assert_array_equal(g.versions, w.versions)
     np.testing.assert_allclose(g.logprobs, w.logprobs, rtol=0, atol=1e-6)
-  # The first chunk after the one read back before the post: chunk 2 (of 4 tokens each).
+  # The first chunk dispatched after the post: chunk 1 + depth (of 4 tokens each).
   assert _check_against_reference(model_a, model_b, prompts, got, n) == {
-      2 * et.SAMPLER.decode_chunk}
+      (1 + depth) * et.SAMPLER.decode_chunk}
   assert single.version == 7 and not single.update_pending
   # Posted with no generation running: swapped at once, every later token is version 9.
   single.update_params(nnx.split(model_a)[1], version=9)

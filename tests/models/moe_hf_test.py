@@ -78,7 +78,7 @@ def test_greedy_on_the_accelerator_layer_paths_matches_transformers(moe_model, g
   # The accelerator paths: per-layer weight copies, and the scan over the stacked weights.
   model, eos = moe_model[0], greedy_refs[1]
   _forget_programs()
-  monkeypatch.setattr(decode, "_on_cpu", lambda mesh: False)
+  monkeypatch.setattr(decode, "on_cpu", lambda mesh: False)
   try:
     copies = engine.Sampler(model, SAMPLER, eos_ids=[eos])
     assert copies._layer_leaves is not None
