@@ -117,7 +117,7 @@ class Sampler(weights.WeightSwap, episodes.EpisodeSlots):
     pipeline_depth: chunks in flight before the host reads one back (0 = synchronous).
       Default: 0 on CPU, where the host's work between chunks runs on the cores the chunk
       needs and a chunk in flight only delays refilling the slots a finished sequence frees
-      (mixed-length batches: 10-15% fewer tokens/s at depth 1, benchmarks/peers), else 1.
+      (mixed-length batches: 1.11-1.24x the tokens/s of depth 1, benchmarks/peers), else 1.
     record_routing: an MoE model's routing records: every Completion carries the experts
       each of its positions went to (`Completion.routing`, for routing replay in the
       trainer). Costs L_sparse * K bytes per position on the host (uint8 up to 256
