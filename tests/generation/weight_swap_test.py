@@ -78,8 +78,8 @@ def test_single_buffer_swap_matches_the_double_buffer(loaded, prompts, depth):
   n = et.SAMPLER.max_new_tokens
   single = _sampler(model_a, 1, depth)
   got = single.generate(prompts[:4], on_chunk=_post_after_chunk_0(params_b, 7, False))
-  want = _sampler(model_a, 2, depth).generate(prompts[:4],
-                                       on_chunk=_post_after_chunk_0(params_b, 7, True))
+  want = _sampler(model_a, 2, depth).generate(
+      prompts[:4], on_chunk=_post_after_chunk_0(params_b, 7, True))
   for g, w in zip(got, want):
     assert g.tokens.tolist() == w.tokens.tolist()
     np.testing.assert_array_equal(g.versions, w.versions)
