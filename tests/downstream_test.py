@@ -253,6 +253,57 @@ def test_seeds_depend_on_the_problem_not_its_place(tmp_path):
   assert [r.seed for r in alone] == [r.seed for r in mixed[2:]]
 
 
+def test_episodes_are_scored_by_their_environment_or_by_their_last_turn(tmp_path):
+  """With an environment: a reward it gave decides (its own verdict, else reward >= the
+  correct reward; NaN: invalid); without one, only the last model turn is verified. Here
+  an earlier turn holds the right answer and the last none: scoring the whole episode
+  would call it correct."""
+  tok = tokenizer_lib.load_tokenizer("byte")
+  bench = benchmarks.read_benchmark(_jsonl(tmp_path / "aime.jsonl", MATH_ROWS[:1]))
+  enc = lambda text: np.array(tok.encode(text, add_special_tokens=False), np.int32)  # noqa: E731
+  first, tool, last = enc("\\boxed{5}"), enc(" [tool] 5 "), enc("no idea")
+  made, seen = [], []
+
+  def episode_for(b, record, ids):
+    made.append((b.name, record["answer"], list(ids)))
+    return lambda: None  # never called: the fake generate plays the episodes
+
+  def completion(r, tokens, **kw):
+    n = len(tokens)
+    return records.Completion(r.prompt_id, r.sample_index, np.asarray(r.prompt_tokens, np.int32),
+                              tokens, np.zeros(n, np.float32), np.zeros(n, np.int32),
+                              np.zeros(n, bool), records.EOS, False, **kw)
+
+  def generate(requests):
+    seen.extend(requests)
+    r = requests
+    two_turns = np.concatenate([first, tool, last])
+    mask = np.r_[np.zeros(len(first), bool), np.ones(len(tool), bool), np.zeros(len(last), bool)]
+    return [
+        completion(r[0], two_turns, env_mask=mask, turns=2, answer_start=len(first) + len(tool),
+                   env_stats={"tool_calls": 1.0}),
+        completion(r[1], first, env_mask=np.zeros(len(first), bool)),  # one turn: verified
+        completion(r[2], last, reward=1.0, env_stats={"tool_calls": 2.0}),
+        completion(r[3], last, reward=-1.0, env_stats={"tool_errors": 0.0}),
+        completion(r[4], last, reward=0.25, correct=True),
+        completion(r[5], last, reward=float("nan")),
+    ]
+
+  (out,) = benchmarks.evaluate(generate, tok, [bench], samples=6, ks=[1], temperature=1.0,
+                               timeout_s=30.0, episode_for=episode_for)
+  assert made == [("aime", "5", seen[0].prompt_tokens)]  # once per problem, its record
+  assert all(q.episode is seen[0].episode is not None for q in seen)
+  # Correct: sample 1 (verified), 2 (reward 1.0) and 4 (the environment's verdict);
+  # wrong: 0 (its last turn has no answer: no_answer) and 3; 5 has no verdict.
+  assert (out["correct"], out["invalid"]) == (3, 1)
+  assert out["mean@6"] == pytest.approx(3 / 5)
+  assert out["verdicts"]["no_answer"] == 1 and out["verdicts"]["errors"] == 1
+  assert (out["verdicts"]["correct"], out["verdicts"]["wrong"]) == (3, 1)
+  assert out["turns_mean"] == pytest.approx(7 / 6) and out["env_stats"] == {"tool_calls": 3.0, "tool_errors": 0.0}
+  assert benchmarks.format_result(out).endswith(  # counters that stayed 0 are left out
+      "episodes: 1.17 model turns per sample; tool_calls 3")
+
+
 # ---------------------------------------------------------------------------------------
 # `jaxrl-scale eval` end to end.
 
@@ -293,6 +344,35 @@ def test_eval_command_end_to_end(tiny_hf, tmp_path, capsys):
 
 
 
+def test_eval_command_runs_episodes_of_an_environment(tiny_hf, tmp_path, capsys, monkeypatch):
+  """`eval --env retry`: a wrong first answer gets the feedback and a second turn (the
+  random policy's turns end quickly: a third of the byte ids end one); python_tool's stop
+  string reaches the sampler."""
+  from jaxrl_scale.generation import engine  # pylint: disable=g-import-not-at-top
+  init, stops = engine.Sampler.__init__, []
+
+  def patched(self, model, cfg, **k):
+    stops.append(cfg.stop_strings)
+    k["eos_ids"] = tuple(range(0, 256, 3)) + (257,)
+    init(self, model, cfg, **k)
+
+  monkeypatch.setattr(engine.Sampler, "__init__", patched)
+  aime = _jsonl(tmp_path / "aime.jsonl", MATH_ROWS[:2])
+  base = ["eval", "--model", tiny_hf, "--benchmark", aime, "--samples", "4",
+          "--max-new-tokens", "128", "--json"]
+  assert cli.main(base + ["--env", "retry", "--max-turns", "2"]) == 0
+  captured = capsys.readouterr()
+  out = json.loads(captured.out)
+  assert (out["env"], out["max_turns"]) == ("retry", 2)
+  (b,) = out["benchmarks"]
+  assert sum(b["verdicts"].values()) == b["samples"] == 8
+  assert 1 < b["turns_mean"] <= 2, b  # some episode got the feedback and a second turn
+  assert cli.main(base + ["--env", "python_tool", "--samples", "1", "--max-new-tokens", "4",
+                          "--limit", "1"]) == 0
+  capsys.readouterr()
+  assert stops == [(), ("</python>",)]
+
+
 def test_eval_command_errors_are_one_line(tmp_path, capsys):
   model = str(tmp_path)  # checked as a directory only: every error comes before loading
   aime = _jsonl(tmp_path / "aime.jsonl", MATH_ROWS)
@@ -302,7 +382,10 @@ def test_eval_command_errors_are_one_line(tmp_path, capsys):
       (["--benchmark", odd], "unknown field layout"),
       (["--benchmark", aime, "--samples", "4", "--k", "8"], "--k 8: larger than --samples 4"),
       (["--benchmark", aime, "--benchmark", aime], "name 'aime' given twice"),
-      (["--benchmark", aime, "--samples", "0"], "--samples: invalid value 0")):
+      (["--benchmark", aime, "--samples", "0"], "--samples: invalid value 0"),
+      (["--benchmark", aime, "--env", "retyr"], "did you mean 'retry'"),
+      (["--benchmark", aime, "--env", "retry", "--max-turns", "0"], "--max-turns must be >= 1"),
+      (["--benchmark", aime, "--env", "retry", "--env-option", "x"], "--env-option: entries")):
     assert cli.main(["eval", "--model", model, *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
@@ -377,6 +460,43 @@ def test_with_downstream_reports_its_sampling_progress_for_its_step(tmp_path):
   for step in range(7):
     wrapped.run(None, step)
   assert reports == [(s, d, 4) for s in (0, 4, 6) for d in range(1, 5)]
+
+
+def test_downstream_evals_of_a_run_with_an_environment_are_its_episodes(tmp_path):
+  """A run with `env.name`: each benchmark problem gets an episode maker of the run's
+  environment, with the problem's answer and task; its reward decides at rl.reward_correct."""
+  from jaxrl_scale import config
+  from jaxrl_scale.downstream import training
+  from jaxrl_scale.pipeline import environment
+
+  train_setup = _load("train_setup_helpers", TESTS / "train_setup.py")
+  tok = tokenizer_lib.load_tokenizer("byte")
+  bench = _jsonl(tmp_path / "aime.jsonl", MATH_ROWS[:2])
+  cfg = config.load(train_setup.ROOT / "configs" / "cpu_tiny.yaml", [
+      f"eval.downstream=[{bench}]", "eval.every=5", "eval.downstream_every=5",
+      "eval.downstream_samples=2", "env.name=retry", "rl.reward_correct=2.0",
+      "data.max_prompt_tokens=64"])
+  made = []
+
+  def generate(requests):
+    out = []
+    for r in requests:
+      episode = r.episode()  # what the sampler does when the first turn ends
+      made.append((r.prompt_id, episode.ctx.record["answer"], episode.ctx.record["reward"]))
+      n = 1
+      out.append(records.Completion(
+          r.prompt_id, r.sample_index, np.asarray(r.prompt_tokens, np.int32),
+          np.zeros(n, np.int32), np.zeros(n, np.float32), np.zeros(n, np.int32),
+          np.zeros(n, bool), records.EOS, False, reward=1.0 + r.sample_index))
+    return out
+
+  wrapped = training.from_config(cfg, _FakeEvaluator(), types.SimpleNamespace(
+      generate=generate, version=0), tok, episode_for=environment.episodes(cfg, tok))
+  m = wrapped.run_downstream(0)
+  assert made == [("aime/aime-1", "5", "math")] * 2 + [("aime/aime-2", "42", "math")] * 2
+  # Rewards 1 and 2 per problem: only 2 reaches rl.reward_correct.
+  assert m["downstream/aime/mean@2"] == pytest.approx(0.5)
+  assert m["downstream/aime/pass@2"] == pytest.approx(1.0)
 
 
 def test_downstream_config_is_checked():

@@ -204,7 +204,9 @@ def evaluate(generate: Callable[[list[records.Request]], list[records.Completion
              template: templates.PromptTemplate = templates.PromptTemplate(),
              timeout_s: float = 5.0, num_threads: int = 4,
              progress: Callable[[str], None] | None = None,
-             stop: preempt.StopRequest | None = None) -> list[dict[str, Any]]:
+             stop: preempt.StopRequest | None = None,
+             episode_for: Callable[[Benchmark, Mapping[str, Any], list[int]], Any] | None = None,
+             correct_reward: float = 1.0) -> list[dict[str, Any]]:
   """Samples `samples` completions per problem of every benchmark and scores them.
 
   Args:
@@ -220,9 +222,18 @@ def evaluate(generate: Callable[[list[records.Request]], list[records.Completion
     num_threads: verifier threads.
     progress: called with a progress line now and then.
     stop: a run's stop request: the scoring raises Interrupted within 0.1 s of it.
+    episode_for: (benchmark, problem record, prompt ids) -> the problem's episode maker
+      (`records.Request.episode`; its n samples share it): every sample is an episode of
+      an environment (a tool, feedback). An episode whose environment gave a reward is
+      scored by it: correct when the environment says so (`Completion.correct`), else
+      when the reward reaches `correct_reward`; NaN is no verdict (invalid). The others'
+      last model turn goes to the benchmark's verifier, as in training
+      (`pipeline.rollouts`). None: single-turn completions.
+    correct_reward: see `episode_for`.
 
   Returns:
-    One `summarize` dict per benchmark, in order.
+    One `summarize` dict per benchmark, in order; with `episode_for` each also has
+    turns_mean (model turns per sample) and env_stats (the episodes' counters, summed).
   """
   say = progress or (lambda _: None)
   base = (seed ^ _SEED_SALT) & 0x7FFFFFFF
@@ -230,32 +241,57 @@ def evaluate(generate: Callable[[list[records.Request]], list[records.Completion
   for bench in benchmarks:
     for r, ids in zip(bench.records, prompt_ids(tokenizer, bench, template)):
       key = f"{bench.name}/{r['id']}"  # the seed depends on the problem, not on its place
+      episode = episode_for(bench, r, ids) if episode_for is not None else None
       requests.extend(records.Request(ids, prompt_id=key, sample_index=j,
                                       seed=records.sequence_seed(base, key, j),
-                                      temperature=temperature) for j in range(samples))
+                                      temperature=temperature, episode=episode)
+                      for j in range(samples))
   completions = generate(requests)
   results, offset = [], 0
   for bench in benchmarks:
     size = len(bench.records) * samples
     mine = completions[offset:offset + size]
     offset += size
-    pairs = [(tokenizer.decode(c.tokens.tolist(), skip_special_tokens=True),
-              bench.records[i // samples]["answer"]) for i, c in enumerate(mine)]
-    cut = [bool(c.truncated) for c in mine]
-    correct, judged, counts = [], [], dict.fromkeys(scorer_lib.COUNT_KEYS, 0)
+    correct, judged = np.zeros(size, bool), np.zeros(size, bool)
+    counts = dict.fromkeys(scorer_lib.COUNT_KEYS, 0)
+    verify = []  # samples for the verifier: all but those an environment scored
+    for i, c in enumerate(mine):
+      if c.reward is None:
+        verify.append(i)
+        continue
+      counts["total"] += 1
+      if not np.isfinite(c.reward):
+        counts["errors"] += 1
+        continue
+      judged[i] = True
+      correct[i] = c.reward >= correct_reward if c.correct is None else bool(c.correct)
+      counts["correct" if correct[i] else "wrong"] += 1
+    # The last model turn (the whole completion of a single-turn sample): an episode's
+    # earlier turns and its environment's tokens are history, not the answer.
+    pairs = [(tokenizer.decode(mine[i].tokens[mine[i].answer_start:].tolist(),
+                               skip_special_tokens=True),
+              bench.records[i // samples]["answer"]) for i in verify]
+    cut = [bool(mine[i].truncated) for i in verify]
     with scorer_lib.Scorer(bench.task, timeout_s=timeout_s, num_threads=num_threads) as scorer:
-      for start in range(0, size, _SCORE_CHUNK):
+      for start in range(0, len(verify), _SCORE_CHUNK):
         result = scorer.score(pairs[start:start + _SCORE_CHUNK], cut[start:start + _SCORE_CHUNK],
                               stop=stop)
-        correct.extend(v is not None and v.correct for v in result.verdicts)
-        judged.extend(v is not None for v in result.verdicts)
+        for i, v in zip(verify[start:start + _SCORE_CHUNK], result.verdicts):
+          judged[i], correct[i] = v is not None, v is not None and v.correct
         for key, value in result.counts.items():
           counts[key] += value
-        say(f"{bench.name}: scored {len(correct)}/{size} samples")
-    results.append(summarize(bench, np.array(correct, bool).reshape(-1, samples), ks,
-                             counts=counts, truncated=sum(cut),
+        say(f"{bench.name}: scored {start + len(result.verdicts)}/{len(verify)} samples")
+    results.append(summarize(bench, correct.reshape(-1, samples), ks, counts=counts,
+                             truncated=sum(bool(c.truncated) for c in mine),
                              tokens=sum(c.num_tokens for c in mine),
-                             judged_PN=np.array(judged, bool).reshape(-1, samples)))
+                             judged_PN=judged.reshape(-1, samples)))
+    if episode_for is not None:
+      stats: dict[str, float] = {}
+      for c in mine:
+        for key, value in c.env_stats.items():
+          stats[key] = stats.get(key, 0) + value
+      results[-1]["turns_mean"] = sum(c.turns for c in mine) / max(size, 1)
+      results[-1]["env_stats"] = stats
   return results
 
 
@@ -267,6 +303,15 @@ def format_result(result: Mapping[str, Any]) -> str:
                                     if key + "_problems" in result else "")
       for key in result if key.startswith(("mean@", "pass@")) and not key.endswith("_problems"))
   verdicts = ", ".join(f"{k} {v}" for k, v in result["verdicts"].items())
+  episodes = ""
+  if "turns_mean" in result:  # an environment's episodes
+    # (Counters of the episodes that reached their environment: "turns" is left out, the
+    # mean over every sample stands before it.)
+    stats = ", ".join(f"{k} {v:.4g}" for k, v in sorted(result["env_stats"].items())
+                      if v and k != "turns")
+    episodes = (f"\n  episodes: {result['turns_mean']:.2f} model turns per sample"
+                + (f"; {stats}" if stats else ""))
   return (f"{result['name']} ({result['task']}, {result['problems']} problems x {n} "
           f"samples): {scores}\n  verdicts: {verdicts}; invalid {result['invalid']}; "
-          f"truncated {result['truncated']}; mean length {result['length_mean']:.1f} tokens")
+          f"truncated {result['truncated']}; mean length {result['length_mean']:.1f} tokens"
+          + episodes)

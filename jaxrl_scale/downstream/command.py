@@ -19,6 +19,7 @@ import sys
 import time
 
 from jaxrl_scale import errors
+from jaxrl_scale.envs import command as env_command
 from jaxrl_scale.errors import UserError
 
 
@@ -50,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="verifier deadline per sample in seconds; past it the sample is "
                            "invalid (default 10; the code sandbox's own limit is 4 s)")
   parser.add_argument("--json", action="store_true", help="print one JSON object")
+  parser.set_defaults(stop=[])
+  env_command.add_env_arguments(parser)
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -61,6 +64,8 @@ def _check_args(args: argparse.Namespace) -> None:
                       ("--limit", args.limit, args.limit >= 0),
                       ("--temperature", args.temperature, args.temperature >= 0),
                       ("--reward-timeout", args.reward_timeout, args.reward_timeout > 0)))
+  if args.env:  # an unknown environment or option: one line, before anything loads
+    args.episode_setup = env_command.env_setup(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,7 +101,15 @@ def run(args: argparse.Namespace) -> int:
   sampler = gen_command.make_sampler(model, model_cfg, mesh, tokenizer, num_sequences=total,
                                      longest_prompt=longest, max_new_tokens=args.max_new_tokens,
                                      slots=args.slots, temperature=args.temperature,
-                                     seed=args.seed)
+                                     seed=args.seed, stop_strings=args.stop)
+  episode_for = None
+  if args.env:
+    from jaxrl_scale.envs import registry  # pylint: disable=g-import-not-at-top
+    limits, options = args.episode_setup
+
+    def episode_for(bench, record, ids):
+      env_record = {**record, "task": bench.task, "reward": bench.task}
+      return registry.episode_maker(args.env, env_record, ids, tokenizer, limits, **options)
 
   def generate(requests):
     sampler.reset_stats()
@@ -109,12 +122,14 @@ def run(args: argparse.Namespace) -> int:
   results = bench_lib.evaluate(generate, tokenizer, benches, samples=args.samples, ks=ks,
                                temperature=args.temperature, seed=args.seed,
                                template=template, timeout_s=args.reward_timeout,
-                               num_threads=max(os.cpu_count() or 1, 1), progress=say)
+                               num_threads=max(os.cpu_count() or 1, 1), progress=say,
+                               episode_for=episode_for)
   seconds = time.perf_counter() - start
   if args.json:
     print(json.dumps({"model": args.model, "samples_per_problem": args.samples, "k": ks,
                       "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                       "seed": args.seed, "seconds": round(seconds, 2),
+                      **({"env": args.env, "max_turns": args.max_turns} if args.env else {}),
                       "benchmarks": results}))
     return 0
   for result in results:

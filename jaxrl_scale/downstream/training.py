@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxrl_scale.config import Config
+from jaxrl_scale.data import sources
 from jaxrl_scale.data import templates
 from jaxrl_scale.downstream import benchmarks
 from jaxrl_scale.errors import UserError
@@ -46,6 +47,8 @@ class WithDownstream:
     temperature, seed, template, timeout_s, num_threads: as `benchmarks.evaluate`.
     progress_for: step -> `on_progress(done, total)` for that step's downstream sampling
       (the run's console reporter); None for none.
+    episode_for, correct_reward: the run's environment, as `benchmarks.evaluate` takes
+      them (None: single-turn samples).
   """
 
   def __init__(self, evaluator: Any, sampler: Any, tokenizer: Any,
@@ -53,7 +56,8 @@ class WithDownstream:
                samples: int, temperature: float, seed: int = 0,
                template: templates.PromptTemplate = templates.PromptTemplate(),
                timeout_s: float = 5.0, num_threads: int = 4,
-               progress_for: Callable[[int], Callable[[int, int], None]] | None = None):
+               progress_for: Callable[[int], Callable[[int, int], None]] | None = None,
+               episode_for: Callable[..., Any] | None = None, correct_reward: float = 1.0):
     self.evaluator = evaluator
     self.sampler = sampler
     self.tokenizer = tokenizer
@@ -68,6 +72,8 @@ class WithDownstream:
     self.timeout_s = timeout_s
     self.num_threads = num_threads
     self.progress_for = progress_for
+    self.episode_for = episode_for
+    self.correct_reward = correct_reward
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self.evaluator, name)
@@ -91,7 +97,8 @@ class WithDownstream:
         generate, self.tokenizer, self.benches, samples=self.samples, ks=self.ks,
         temperature=self.temperature, seed=self.seed ^ _DOWNSTREAM_SALT, template=self.template,
         timeout_s=self.timeout_s, num_threads=self.num_threads,
-        stop=getattr(self.evaluator, "stop", None))  # SIGTERM: abandoned like the eval
+        stop=getattr(self.evaluator, "stop", None),  # SIGTERM: abandoned like the eval
+        episode_for=self.episode_for, correct_reward=self.correct_reward)
     out = {}
     for result in results:
       prefix = f"downstream/{result['name']}"
@@ -105,9 +112,13 @@ class WithDownstream:
 
 def from_config(cfg: Config, evaluator: Any, sampler: Any, tokenizer: Any, *,
                 processes: int = 1,
-                progress_for: Callable[[int], Callable[[int, int], None]] | None = None
-                ) -> WithDownstream:
-  """Reads cfg.eval.downstream and wraps `evaluator` (UserError naming the key on bad input)."""
+                progress_for: Callable[[int], Callable[[int, int], None]] | None = None,
+                episode_for: Callable[[Any], Any] | None = None) -> WithDownstream:
+  """Reads cfg.eval.downstream and wraps `evaluator` (UserError naming the key on bad input).
+
+  `episode_for`: the run's environment (`pipeline.environment.episodes`: a prompt's
+  episode maker); each benchmark problem then runs as an episode of it, as the validation
+  eval's prompts do, its correct reward rl.reward_correct."""
   if processes > 1:
     raise UserError(f"config key 'eval.downstream': not supported in multi-process runs "
                     f"({processes} processes); run `jaxrl-scale eval` on a checkpoint instead")
@@ -132,4 +143,18 @@ def from_config(cfg: Config, evaluator: Any, sampler: Any, tokenizer: Any, *,
                         last_step=cfg.run.steps, samples=cfg.eval.downstream_samples,
                         temperature=cfg.eval.temperature, seed=cfg.run.seed,
                         template=template, timeout_s=cfg.pipeline.reward_timeout_s,
-                        num_threads=cfg.pipeline.reward_workers, progress_for=progress_for)
+                        num_threads=cfg.pipeline.reward_workers, progress_for=progress_for,
+                        episode_for=None if episode_for is None else functools.partial(
+                            _problem_episode, episode_for, template, tokenizer),
+                        correct_reward=cfg.rl.reward_correct)
+
+
+def _problem_episode(episode_for: Callable[[Any], Any], template: templates.PromptTemplate,
+                     tokenizer: Any, bench: benchmarks.Benchmark, record: dict[str, str],
+                     ids: list[int]) -> Any:
+  """A benchmark problem's episode maker from the run's `episode_for` (which takes the
+  prompts of the run's own data: `data.sources.Prompt`)."""
+  return episode_for(sources.Prompt(
+      id=f"{bench.name}/{record['id']}", task=bench.task, prompt=record["prompt"],
+      text=templates.render(tokenizer, record["prompt"], template), token_ids=tuple(ids),
+      answer=record["answer"], solution=""))

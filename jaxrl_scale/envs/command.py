@@ -25,25 +25,33 @@ from jaxrl_scale.generation import command as generation_command
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
   generation_command.add_arguments(parser)
-  env = parser.add_argument_group("environment (multi-turn episodes)")
-  env.add_argument("--env", metavar="NAME", default="",
-                   help="run each sample as an episode of this environment (python_tool, "
-                        "retry, or one registered with envs.registry.register_env)")
+  env = add_env_arguments(parser)
   env.add_argument("--answer", default="", metavar="TEXT",
                    help="the ground truth an environment checks the policy against (retry)")
   env.add_argument("--task", default="arithmetic", metavar="REWARD",
                    help="the verifier that scores an episode's answer (a reward name, e.g. "
                         "arithmetic, math, code; default arithmetic)")
+
+
+def add_env_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+  """--env, --max-turns, --tool-call-s, --env-option (`generate` and `eval` share them);
+  returns their group."""
+  env = parser.add_argument_group("environment (multi-turn episodes)")
+  env.add_argument("--env", metavar="NAME", default="",
+                   help="run each sample as an episode of this environment (python_tool, "
+                        "retry, or one registered with envs.registry.register_env)")
   env.add_argument("--max-turns", type=int, default=4, help="model turns (default 4)")
   env.add_argument("--tool-call-s", type=float, default=2.0,
                    help="seconds one tool call may run (default 2)")
   env.add_argument("--env-option", action="append", default=[], metavar="KEY=VALUE",
                    help="an option of the environment (repeatable; the value read as YAML)")
+  return env
 
 
-def run(args: argparse.Namespace) -> int:
-  if not args.env:
-    return generation_command.run(args)
+def env_setup(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+  """Checks `add_env_arguments`' flags (an unknown environment or option, --max-turns:
+  one line each) and adds the environment's stop strings to `args.stop`. Returns
+  (the episodes' `envs.base.Limits`, the environment's options)."""
   from jaxrl_scale.envs import base, registry  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.errors import UserError  # pylint: disable=g-import-not-at-top
 
@@ -55,6 +63,15 @@ def run(args: argparse.Namespace) -> int:
   limits = base.Limits(max_turns=args.max_turns, max_tokens=args.max_new_tokens,
                        tool_call_s=args.tool_call_s,
                        tool_episode_s=max(args.tool_call_s, 10.0))
+  return limits, options
+
+
+def run(args: argparse.Namespace) -> int:
+  if not args.env:
+    return generation_command.run(args)
+  from jaxrl_scale.envs import registry  # pylint: disable=g-import-not-at-top
+
+  limits, options = env_setup(args)
 
   def episode_for(i: int, prompt_ids: list[int], tokenizer: Any):
     record = {"id": str(i), "task": args.task, "reward": args.task, "answer": args.answer}

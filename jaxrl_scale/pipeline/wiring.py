@@ -320,7 +320,8 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
     evaluator = downstream.from_config(
         cfg, evaluator, eval_sampler, tok, processes=shard.count,
         progress_for=lambda step: progress_lib.eval_progress(progress, step,
-                                                             what="downstream eval"))
+                                                             what="downstream eval"),
+        episode_for=episode_for)
   if distributed.is_primary():
     writer = cleanup.enter_context(metrics_lib.MetricsWriter(
         run_dir, resume_step=host.metrics_rows if resume else 0,
