@@ -136,3 +136,30 @@ def test_our_side_on_a_tiny_checkpoint(tmp_path):
   assert "tunix: absent (no Python at" in text and "trl: absent (no Python at" in text
   assert "Traceback" not in text and "not equal" not in text
   assert peer_sides.versions()["python"]
+
+
+def test_profile_call_shares_the_wall_time_among_the_ops_running():
+  """Two ops overlapping on two threads split the overlap; a gap counts as idle; the
+  executor's own spans are no op; rows are named by the HLO's op_name."""
+  import types
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "peers"))
+  from benchmarks.peers import profile_call  # pylint: disable=g-import-not-at-top
+
+  def ev(name, start, end, program="6"):
+    return types.SimpleNamespace(name=name, start_ns=start, duration_ns=end - start,
+                                 stats=[("program_id", program)])
+
+  ms = 1_000_000
+  a = [ev("ThunkExecutor::Execute", 0, 10 * ms), ev("ynn_fusion.3", 0, 4 * ms),
+       ev("gather_fusion", 6 * ms, 8 * ms, "4")]
+  b = [ev("ynn_fusion.7", 2 * ms, 4 * ms)]
+  trace = types.SimpleNamespace(planes=[types.SimpleNamespace(lines=[
+      types.SimpleNamespace(name="tf_XLAEigen/1", events=a),
+      types.SimpleNamespace(name="tf_XLAEigen/2", events=b),
+      types.SimpleNamespace(name="python", events=[ev("device_get", 0, 10 * ms)])])])
+  lines = profile_call.wall_split(trace, {("6", "ynn_fusion.3"): "jit(run)/BTD,VD->BTV/dot_general"}, 5)
+  assert lines[0].startswith("span 0.01 s, idle (no op running) 0.00 s; per program: 6 0.00 s")
+  assert lines[1].split()[:2] == ["0.003", "s"] and lines[1].endswith("BTD,VD->BTV/dot_general")
+  # ynn_fusion.3 2 ms alone + half of the 2 ms beside ynn_fusion.7; the gather 2 ms alone.
+  assert [ln.split()[0] for ln in lines[1:]] == ["0.003", "0.002", "0.001"]
+  assert "program 4" in lines[2] and "gather_fusion" in lines[2] and "ynn_fusion" in lines[3]
