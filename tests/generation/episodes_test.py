@@ -208,7 +208,9 @@ def test_small_pool_preempts_episodes_and_restarts_them_to_the_same_tokens(loade
   big = _sampler(model).generate(_requests(batch, [_Factory() for _ in batch]))
   small = _sampler(model, kv_cache_tokens=80, page_size=8)  # 10 pages per shard
   got = small.generate(_requests(batch, [_Factory() for _ in batch]))
-  assert small.stats.preemptions > 0
+  # The pool ran short: an episode was preempted, or parked and evicted (whichever the
+  # environment threads' timing made it); either way its history prefilled again.
+  assert small.stats.preemptions + small.stats.evictions > 0, small.stats
   for a, b in zip(big, got):
     assert a.tokens.tolist() == b.tokens.tolist()
     assert a.env_mask.tolist() == b.env_mask.tolist()
