@@ -260,12 +260,9 @@ def evaluate(generate: Callable[[list[records.Request]], list[records.Completion
         verify.append(i)
         continue
       counts["total"] += 1
-      if not np.isfinite(c.reward):
-        counts["errors"] += 1
-        continue
-      judged[i] = True
-      correct[i] = c.reward >= correct_reward if c.correct is None else bool(c.correct)
-      counts["correct" if correct[i] else "wrong"] += 1
+      correct[i], key = scorer_lib.environment_verdict(c.reward, c.correct, correct_reward)
+      judged[i] = key != "errors"
+      counts[key] += 1
     # The last model turn (the whole completion of a single-turn sample): an episode's
     # earlier turns and its environment's tokens are history, not the answer.
     pairs = [(tokenizer.decode(mine[i].tokens[mine[i].answer_start:].tolist(),

@@ -157,12 +157,9 @@ class GroupScorer:
         continue
       counts["total"] += 1
       rewards_G[j] = c.reward
-      if not np.isfinite(c.reward):
-        counts["errors"] += 1
-        continue
-      correct[j] = (c.reward >= self.rl.reward_correct if c.correct is None
-                    else bool(c.correct))
-      counts["correct" if correct[j] else "wrong"] += 1
+      correct[j], key = scorer_lib.environment_verdict(c.reward, c.correct,
+                                                       self.rl.reward_correct)
+      counts[key] += 1
     if not verify:
       return rewards_G, correct, counts
     keys = [(self.text(completions[j]), bool(completions[j].truncated)) for j in verify]

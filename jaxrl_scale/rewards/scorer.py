@@ -33,6 +33,17 @@ logger = logging.getLogger(__name__)
 
 COUNT_KEYS = ("total", "correct", "wrong", "no_answer", "unparseable", "errors", "timeouts")
 _QUEUED, _RUNNING, _DONE, _ABANDONED = range(4)
+
+
+def environment_verdict(reward: float, correct: bool | None, correct_reward: float
+                        ) -> tuple[bool, str]:
+  """(correct, the COUNT_KEYS entry it counts under) of an episode whose environment gave
+  its reward: the environment's own verdict when it gave one, else reward >= correct_reward;
+  a NaN reward is no verdict ("errors": the sample is invalid)."""
+  if not math.isfinite(reward):
+    return False, "errors"
+  ok = reward >= correct_reward if correct is None else bool(correct)
+  return ok, "correct" if ok else "wrong"
 _LOG_FIRST = 10  # log the first few errors/timeouts in full, then every _LOG_EVERY-th
 _LOG_EVERY = 1000
 
