@@ -133,3 +133,45 @@ def test_merge_adds_an_earlier_results_seeds_and_counts_them(bench, tmp_path, ca
   assert out["checking"]["checking"]["seeds"] == ["seed15", "seed16", "seed17"]
   assert half["fits"] == 3
   assert half["held"] == sum(s["fits"][1]["holds_plateau"] for s in out["seeds"])
+
+
+def test_rescore_applies_the_current_rule_to_recorded_fits(bench, tmp_path, capsys):
+  # Short runs: the 1/3 fits have too few evals for a backtest cut and take the prior.
+  # A result recorded before the prior existed (kappa 0, interval = the eval-noise band)
+  # and rescored must equal a fresh replay under the current rule.
+  dirs = []
+  for i in range(2):
+    row = synthetic.TABLE1[0]
+    x, y, _ = synthetic.simulate_evals(row, n_evals=36, seed=90 + i)
+    d = tmp_path / f"seed{20 + i}"
+    d.mkdir()
+    synthetic.write_metrics_jsonl(str(d / "metrics.jsonl"), x, y)
+    dirs.append(str(d))
+  assert bench.main(["--replay", *dirs, "--x", "compute_hours", "--n-boot", "60",
+                     "--json"]) == 0
+  fresh = json.loads(capsys.readouterr().out)
+  old = json.loads(json.dumps(fresh))
+  priors = 0
+  for s in old["seeds"]:
+    for f in s["fits"]:
+      e = f["extrapolation"]
+      if e["prior"]:
+        priors += 1
+        f["interval"] = f["interval_eval_noise"]
+        f["width"] = f["interval"][1] - f["interval"][0]
+        f["holds_plateau"] = f["eval_noise_holds_plateau"]
+        e.update(kappa=0.0, sd=0.0, half_width=0.0, prior=False)
+  assert priors >= 2  # the case under test happened
+  assert old != fresh
+  path = tmp_path / "old.json"
+  path.write_text(json.dumps(old))
+  assert bench.main(["--rescore", str(path), "--json"]) == 0
+  again = json.loads(capsys.readouterr().out)
+  for s_new, s_fresh in zip(again["seeds"], fresh["seeds"]):
+    for f_new, f_fresh in zip(s_new["fits"], s_fresh["fits"]):
+      for key in ("holds_plateau", "well_determined"):
+        assert f_new[key] == f_fresh[key], key
+      assert f_new["interval"] == pytest.approx(f_fresh["interval"], abs=1e-12)
+      for key in ("kappa", "prior", "sd", "half_width"):
+        assert f_new["extrapolation"][key] == pytest.approx(f_fresh["extrapolation"][key])
+  assert again["checking"] == fresh["checking"] and again["issue64"] == fresh["issue64"]

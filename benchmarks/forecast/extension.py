@@ -87,6 +87,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="train a seed again even when its run directory has a summary.json")
   p.add_argument("--combine", nargs="+", default=None, metavar="JSON",
                  help="only pool the checking-seed targets of these result files (configs)")
+  p.add_argument("--rescore", default=None, metavar="JSON",
+                 help="only re-apply the current extrapolation rule (kappa from the recorded "
+                      "cuts, or the prior) to an earlier result's recorded fits, for runs "
+                      "whose directories are gone; prints the updated result")
   p.add_argument("--merge", default=None, metavar="JSON",
                  help="an earlier result of the same config whose seeds join this run's "
                       "(its rows as recorded; a seed in both is this run's): the checking "
@@ -362,8 +366,57 @@ def merge(result: dict, earlier: dict, args) -> None:
                       "pooled": "this run's seeds only (the merged rows carry no curves)"}
 
 
+def rescore_fit(fit: dict, plateau_mean: float) -> dict:
+  """One recorded fit under the current extrapolation rule (scaling/extrapolation.py).
+
+  The eval-noise band, the cuts' kappas and the distance are as recorded; the interval is
+  the band widened by the rule's kappa as `forecast.analyse` widens it, and a flag the fit's
+  other checks cleared stays cleared (only the extrapolation's own check is redone)."""
+  from jaxrl_scale.scaling import bootstrap as boot_lib  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.scaling import extrapolation  # pylint: disable=g-import-not-at-top
+  ext = fit.get("extrapolation")
+  if "error" in fit or not ext or fit.get("interval_eval_noise") is None:
+    return fit
+  kappa, prior = extrapolation.kappa_of(ext["kappa_cuts"])
+  sd = kappa * ext["distance_log"]
+  lo, hi = extrapolation.widen(fit["forecast"], tuple(fit["interval_eval_noise"]), sd, 0.95)
+  half = extrapolation.z_of(0.95) * sd
+  out = dict(fit, interval=[lo, hi], holds_plateau=bool(lo <= plateau_mean <= hi),
+             width=hi - lo, extrapolation=dict(ext, kappa=kappa, sd=sd, half_width=half,
+                                                prior=prior))
+  if half > boot_lib.PAPER_A_MARGIN:
+    out["well_determined"] = False
+  return out
+
+
+def rescore(result: dict, args) -> dict:
+  """`result` with every recorded fit rescored (`rescore_fit`) and the summaries redone."""
+  out = dict(result)
+  seeds = []
+  for s in result["seeds"]:
+    if "error" not in s:
+      s = dict(s, fits=[rescore_fit(f, s["plateau"]) for f in s["fits"]])
+    seeds.append(s)
+  out["seeds"] = seeds
+  if result.get("pooled"):
+    pooled = result["pooled"]
+    out["pooled"] = dict(pooled, fits=[rescore_fit(f, pooled["plateau"])
+                                       for f in pooled["fits"]])
+  ok = [s for s in seeds if "error" not in s]
+  args.fractions = result["config"]["fractions"]
+  out["targets"] = targets(ok, args)
+  out["checking"] = checking(ok, args.fractions)
+  out["issue64"] = issue64_targets([_with_half_widths(out)])
+  return out
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
+  if args.rescore:
+    earlier = json.loads(pathlib.Path(args.rescore).read_text(encoding="utf-8"))
+    result = rescore(earlier, args)
+    print(json.dumps(_clean(result), allow_nan=False) if args.json else render(result))
+    return 0
   if args.combine:
     results = [json.loads(pathlib.Path(p).read_text(encoding="utf-8")) for p in args.combine]
     combined = {"files": args.combine,

@@ -207,7 +207,7 @@ class RunReport:
                      "interval": _pair(self.forecast_interval),
                      "interval_eval_noise": _pair(self.forecast_interval_noise),
                      "extrapolation": None if self.extrapolation is None else {
-                         k: v if isinstance(v, list) else _num(v)
+                         k: v if isinstance(v, (list, bool)) else _num(v)
                          for k, v in self.extrapolation.to_dict(
                              self.target_distance, self.level).items()},
                      "power_law": _num(self.power_forecast)},
@@ -436,12 +436,10 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
   band = extrap_lib.widen(point, band_noise, ext_sd, options.level)
   half = extrap_lib.z_of(options.level) * ext_sd
   if half > boot_lib.PAPER_A_MARGIN:
-    # The flag and the interval agree: a forecast whose own backtests put its
-    # extrapolation error past the paper's noise margin is not a confident one.
+    # The flag and the interval agree: a forecast whose extrapolation error (the run's
+    # own backtests', or the prior's) lies past the paper's noise margin is not a confident one.
     well = False
-    messages += (f"the run's own backtests miss by more than the eval noise: extrapolating "
-                 f"to the target adds +-{half:.3f} (sd {ext.kappa:.3f} per unit of log "
-                 f"compute beyond the data, {ext.n_cuts} cuts)",)
+    messages += (extrapolation_message(ext, half),)
   extra = {}
   if options.target_pass_rate is not None:
     need, need_band = compute_to_reach(sigmoid, samples, options.target_pass_rate,
@@ -462,6 +460,21 @@ def analyse(curve: io.Curve, options: AnalysisOptions = AnalysisOptions()) -> Ru
       power_forecast=float(power.predict(target)), backtest=backtest, noise=model,
       r0_sd=r0_sd, weights=w, replicates=reps, profile=prof, seed=options.seed, decline=dec,
       floor=floor, extrapolation=ext, forecast_interval_noise=band_noise, **extra)
+
+
+def extrapolation_message(ext: extrap_lib.ExtrapolationError, half: float) -> str:
+  """Why a forecast whose extrapolation error adds +-half is not well determined."""
+  if ext.prior:
+    why = (f"too few evals for the run to test its own extrapolation ({ext.n_cuts} "
+           f"backtest cuts, {extrap_lib.PRIOR_BELOW_CUTS} needed): the reference runs' "
+           f"error, sd {ext.kappa:.3f}")
+  else:
+    why = (f"the run's own backtests miss by more than the eval noise: sd {ext.kappa:.3f}")
+  return (f"{why} per unit of log compute beyond the data, {EXTRAPOLATING} +-{half:.3f}")
+
+
+# Every extrapolation message says this (live.py keeps them when the flag's hysteresis acts).
+EXTRAPOLATING = "extrapolating to the target adds"
 
 
 def _backtest(x, y, heldout, sigmoid, samples, power, options, max_fit, sd_E, prof, floor,

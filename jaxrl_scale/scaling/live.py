@@ -345,7 +345,7 @@ class LiveForecaster:
                                        self.level, was_well=True, unit=UNITS[self.axis])
       if report.extrapolation_half_width > forecast.HYSTERESIS * boot_lib.PAPER_A_MARGIN:
         well = False
-        messages += tuple(m for m in report.messages if "own backtests" in m)
+        messages += tuple(m for m in report.messages if forecast.EXTRAPOLATING in m)
     return LiveForecast(
         step=step, compute=compute, n_points=sig.n_points, a=sig.a, b=sig.b,
         c_mid=sig.c_mid, r0=sig.r0, a_interval=report.interval("a"),

@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxrl_scale.scaling import bootstrap as boot_lib
 from jaxrl_scale.scaling import compare as compare_lib
+from jaxrl_scale.scaling import extrapolation as extrap_lib
 from jaxrl_scale.scaling import forecast
 from jaxrl_scale.scaling import units
 
@@ -68,9 +69,17 @@ def render_run(r: forecast.RunReport, unit: str = "h") -> str:
                + f", power law {r.power_forecast:.3f}")
   ext = r.extrapolation
   if ext is not None:
-    if ext.n_cuts < 3:
+    if ext.prior:
+      lines.append(
+          f"    extrapolation error: too few evals for the run's own backtests ({ext.n_cuts} "
+          f"cuts of the fitted evals); the reference runs' pass-rate sd {ext.kappa:.3f} per "
+          f"unit of ln(compute) at {r.target_distance:.2f} in ln(compute) "
+          f"(x{math.exp(r.target_distance):.3g}) beyond the data adds "
+          f"+-{r.extrapolation_half_width:.3f} (eval noise alone "
+          f"{span(r.forecast_interval_noise)})")
+    elif ext.n_cuts < extrap_lib.MIN_CUTS:
       lines.append(f"    extrapolation error: not measured ({ext.n_cuts} backtest cuts of "
-                   "the fitted evals; more evals needed)")
+                   f"the fitted evals, {extrap_lib.MIN_CUTS} needed; taken as 0)")
     else:
       lines.append(
           f"    extrapolation error from the run's own backtests ({ext.n_cuts} cuts): "

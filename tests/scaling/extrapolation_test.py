@@ -70,7 +70,7 @@ def test_a_run_that_follows_the_law_keeps_its_interval():
     curve, _ = coverage.simulate_curve(coverage.Scenario("iid"), i, seed=i)
     r = forecast.analyse(curve, forecast.AnalysisOptions(
         min_compute=coverage.PAPER_CUTOFF, backtest=0.5, n_boot=200, seed=i))
-    assert r.extrapolation.n_cuts >= 2
+    assert r.extrapolation.n_cuts >= 2 and not r.extrapolation.prior
     kept += r.forecast_interval == r.forecast_interval_noise
   assert kept >= 3, kept
 
@@ -78,8 +78,38 @@ def test_a_run_that_follows_the_law_keeps_its_interval():
 def test_no_calibration_without_a_bootstrap_or_enough_evals():
   r = forecast.analyse(_off_law(1), forecast.AnalysisOptions(backtest=0.5, n_boot=0))
   assert r.extrapolation is None and r.to_dict()["forecast"]["extrapolation"] is None
+
+
+def test_a_fit_too_short_to_test_itself_takes_the_prior():
+  # 9 evals: no backtest cut has MIN_CUT_POINTS, so the run cannot measure its own
+  # extrapolation error and the reference runs' (PRIOR_KAPPA) widens the interval.
   x = np.concatenate([[0.0], np.linspace(1.0, 9.0, 9)])
-  r = forecast.analyse(_curve(x, 0.3 + 0.05 * np.log1p(x)), forecast.AnalysisOptions(
-      n_boot=50, seed=0))
-  assert r.extrapolation.n_cuts == 0 and r.extrapolation.kappa == 0.0
+  y = 0.3 + 0.05 * np.log1p(x) + np.random.default_rng(0).normal(0.0, 0.004, x.size)
+  r = forecast.analyse(_curve(x, y), forecast.AnalysisOptions(n_boot=50, seed=0))
+  ext = r.extrapolation
+  assert ext.n_cuts == 0 and ext.prior and ext.kappa == extrapolation.PRIOR_KAPPA > 0
+  assert r.target_distance == pytest.approx(np.log(2.0))  # default target: 2x the data
+  assert r.forecast_interval == extrapolation.widen(
+      r.forecast, r.forecast_interval_noise, extrapolation.PRIOR_KAPPA * np.log(2.0), 0.95)
+  lo, hi = r.forecast_interval
+  n_lo, n_hi = r.forecast_interval_noise
+  assert lo < n_lo and hi > n_hi
+  # z x 0.017 x ln 2 = 0.023 is past the paper's 0.02 margin: the flag agrees.
+  assert r.extrapolation_half_width > 0.02 and not r.well_determined
+  assert any("too few evals for the run to test its own extrapolation" in m
+             and forecast.EXTRAPOLATING in m for m in r.messages), r.messages
+  assert r.to_dict()["forecast"]["extrapolation"]["prior"] is True
+  # Inside the data there is nothing to extrapolate.
+  r = forecast.analyse(_curve(x, y), forecast.AnalysisOptions(
+      n_boot=50, seed=0, target_compute=9.0))
+  assert r.extrapolation.prior and r.forecast_interval == r.forecast_interval_noise
+
+
+def test_two_cuts_that_find_no_excess_keep_the_interval():
+  # Two cuts are enough to test: a run where the law holds is not widened by the prior.
+  curve, _ = coverage.simulate_curve(coverage.Scenario("iid"), 0, seed=0)
+  r = forecast.analyse(curve, forecast.AnalysisOptions(
+      min_compute=coverage.PAPER_CUTOFF, backtest=0.5, n_boot=200, seed=0))
+  assert r.extrapolation.n_cuts == 2 and not r.extrapolation.prior
+  assert r.extrapolation.kappa == 0.0
   assert r.forecast_interval == r.forecast_interval_noise
