@@ -1,9 +1,17 @@
-"""The GPU measurements of issue 34 in one run, each variant in its own process.
+"""The GPU measurements of issue 34 (and, `--suite loop`, issue 62's) in one run, each
+variant in its own process.
 
     GIT_COMMIT=$(git rev-parse HEAD) python3 benchmarks/gpu/gpu_suite.py   # on the GPU
     ... gpu_suite.py --only decode_b256_triton_tuned --sweep-from PATH      # a second call
     python benchmarks/gpu/gpu_suite.py --dry-run    # the plan, anywhere
     python benchmarks/gpu/gpu_suite.py --cpu-smoke  # every variant, tiny
+    GIT_COMMIT=... python3 benchmarks/gpu/gpu_suite.py --suite loop --only loop --budget-s 300 --deadline-s 560
+    GIT_COMMIT=... python3 benchmarks/gpu/gpu_suite.py --suite loop --only gpu_small_seed0 --deadline-s 560
+
+`--suite loop` (LOOP_RUNS): the whole RL loop at 0.6B and 1.7B colocated on one GPU
+(rl_loop_bench), then configs/gpu_small.yaml's run per seed; its summary sets each against
+issue 62's targets and the loops' peak memory against `plan`'s (gpu_plan_configs_h100.json).
+The rest of this docstring is the default suite's, issue 34's.
 
 The variants, most important first (a budget cut drops the tail; `RUNS` has each one's
 issue item): the decode kernel's check; the train step's loss and gradients with cuDNN's
@@ -102,8 +110,9 @@ sys.path.insert(0, ROOT)  # benchmarks.* and jaxrl_scale from this tree
 
 # pylint: disable=wrong-import-position
 from benchmarks.common.random_checkpoint import CheckpointWriter  # noqa: E402
-from benchmarks.gpu.gpu_suite_report import (DEMO_BENCH, last_json, parse_demo,  # noqa: E402
-                                             parse_sampler, parse_train, summary)
+from benchmarks.gpu.gpu_suite_report import (DEMO_BENCH, RL_BENCH, last_json,  # noqa: E402
+                                             parse_demo, parse_sampler, parse_train,
+                                             read_rl_summary, summary)
 # pylint: enable=wrong-import-position
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -111,7 +120,7 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results")
 # Recorded in every JSON header beside jax and jaxlib: the device image's own versions, not
 # our pins (the suite runs the copied tree with the machine's python3).
 PACKAGES = ("jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint",
-            "transformers", "torch", "numpy")
+            "transformers", "torch", "numpy", "google-tunix")
 
 LHS = "--xla_gpu_enable_latency_hiding_scheduler=true"
 NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="
@@ -197,10 +206,37 @@ RUNS = [
     # second device call runs it with --only demo.
     ("demo_cpu_tiny", 6, "demo", {}),
 ]
+# Issue 62's device measurements (`--suite loop`), most important first: the whole RL loop
+# at real size, colocated on one GPU (rl_loop_bench: each phase's time, loop efficiency, the
+# weight update's share of a step, tokens/s per GPU, peak memory per phase against `plan`'s
+# prediction in gpu_plan_configs_h100.json's `bench_plans`), then configs/gpu_small.yaml's
+# run that learns (the whole `jaxrl-scale train` command timed; its summary.json read back).
+# The 0.6B loop and then the 1.7B one fill one device call; `--only gpu_small_seed0` and
+# `--only gpu_small_seed1` (about 6 minutes each) are a call each.
+LOOP_SHAPE = ["model.path=null", "data.max_prompt_tokens=128", "sampler.prompt_buckets=[128]"]
+LOOP_RUNS = [
+    # Targets: loop efficiency >= 0.85 (sync, colocated), the weight update <= 2% of a step.
+    # The pool at full length: a random policy never stops early.
+    ("loop_0p6b_colocated", 1, "loop",
+     dict(config="configs/scalerl_qwen3_0p6b_h100.yaml",
+          overrides=[*LOOP_SHAPE, "sampler.kv_cache_tokens=0"], steps=6, warmup=2,
+          alone=True, plan_key="rl_loop_bench 0p6b")),
+    # Target: 10 steps without running out of memory, the peak within 15% of the plan's.
+    ("loop_1p7b_colocated", 2, "loop",
+     dict(config="configs/scalerl_qwen3_1p7b_h100.yaml", overrides=LOOP_SHAPE, steps=10,
+          warmup=2, alone=False, plan_key="rl_loop_bench 1p7b")),
+    # Target: validation +0.25 or more after the warm start, the whole command <= 6 minutes.
+    ("gpu_small_seed0", 4, "rl", dict(config="configs/gpu_small.yaml", seed=0)),
+    ("gpu_small_seed1", 4, "rl", dict(config="configs/gpu_small.yaml", seed=1)),
+]
+SUITES = {"kernels": RUNS, "loop": LOOP_RUNS}
 BENCHES = {"train": "train_step_bench", "sampler": "sampler_bench",
-           "check": "paged_decode_check", "attn": "train_attention_check", "demo": DEMO_BENCH}
+           "check": "paged_decode_check", "attn": "train_attention_check", "demo": DEMO_BENCH,
+           "loop": "rl_loop_bench", "rl": RL_BENCH}
 TIMEOUT_S = {"train_1p7b": 200.0, "train": 130.0, "sampler": 120.0, "check": 90.0,
-             "attn": 120.0, "sweep": 180.0, "demo": 240.0}
+             "attn": 120.0, "sweep": 180.0, "demo": 240.0, "loop": 300.0, "loop_1p7b": 420.0,
+             "rl": 480.0}
+PLANS_FILE = os.path.join(RESULTS, "gpu_plan_configs_h100.json")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -208,6 +244,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(RESULTS, "gpu"))
   p.add_argument("--commit", default=os.environ.get("GIT_COMMIT"),
                  help="the commit measured (default $GIT_COMMIT, else git rev-parse HEAD)")
+  p.add_argument("--suite", choices=sorted(SUITES), default="kernels",
+                 help="kernels: issue 34's runs (the default); loop: issue 62's")
   p.add_argument("--only", default=None,
                  help="'train', 'sampler', or comma-separated run names (prefixes match)")
   p.add_argument("--budget-s", type=float, default=400.0,
@@ -236,7 +274,7 @@ def parse_args(argv=None) -> argparse.Namespace:
       p.error(f"--sweep-from {args.sweep_from}: no finished kernel sweep in it")
   if args.only:
     names = [x for x in args.only.split(",") if x]
-    known = [r[0] for r in RUNS] + list(BENCHES)
+    known = [r[0] for r in SUITES[args.suite]] + list(BENCHES)
     bad = [x for x in names if not any(k.startswith(x) for k in known)]
     if bad:
       p.error(f"--only: {', '.join(bad)} matches no run (runs: {', '.join(known)})")
@@ -302,6 +340,45 @@ def sampler_argv(o: dict, checkpoint: str, smoke: bool) -> list[str]:
           "--skip-floor",
           "--decode-attention", o["decode"], *(["--profile"] if o.get("profile") else []),
           *([] if o.get("hf") else ["--skip-hf"]), "--json"]
+
+
+def loop_argv(o: dict, smoke: bool) -> list[str]:
+  """rl_loop_bench in colocated mode; the smoke run is its default CPU demo config, short."""
+  if smoke:
+    shape = ["--steps", "3", "--warmup", "1", "--repeats", "1"]
+  else:
+    shape = [os.path.join(ROOT, o["config"]), *o["overrides"], "--steps", str(o["steps"]),
+             "--warmup", str(o["warmup"])]
+  return ["benchmarks/train/rl_loop_bench.py", *shape, "--modes", "colocated",
+          *([] if o.get("alone") else ["--no-alone"]), "--json"]
+
+
+# configs/gpu_small.yaml at a size that runs on 2 CPU cores in about a minute (the smoke run).
+RL_SMOKE = ["model.hidden_size=64", "model.num_layers=2", "model.intermediate_size=192",
+            "model.dtype=float32", "model.param_dtype=float32", "rl.prompts_per_step=4",
+            "rl.generations_per_prompt=4", "sampler.num_slots=16",
+            "rl.zero_variance_filter=false", "data.num_train=100", "data.num_validation=16",
+            "sft.steps=2", "sft.batch_size=8", "run.sft_stop_pass_rate=null", "run.steps=2",
+            "eval.every=1", "forecast.n_boot=10"]
+
+
+def rl_argv(o: dict, out_dir: str, smoke: bool) -> list[str]:
+  """`jaxrl-scale train CONFIG run.seed=S` into a fresh `out_dir`."""
+  return ["-m", "jaxrl_scale.cli", "train", os.path.join(ROOT, o["config"]),
+          f"run.seed={o['seed']}", *(RL_SMOKE if smoke else []), "--output-dir", out_dir]
+
+
+def planned_peak(key: str) -> dict | None:
+  """`plan`'s prediction for a loop run: each program's GiB per GPU and the largest (the
+  run's peak: colocated programs take turns), from the committed plans file."""
+  try:
+    with open(PLANS_FILE, encoding="utf-8") as f:
+      programs = json.load(f)["bench_plans"][key]["plan"]["programs"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+  gib = {name: round(p["hbm_bytes_per_chip"] / 2**30, 2) for name, p in programs.items()
+         if "hbm_bytes_per_chip" in p}
+  return {"plan": key, "gib": gib, "peak_gib": max(gib.values())} if gib else None
 
 
 def demo_argv(out_dir: str, smoke: bool) -> list[str]:
@@ -396,7 +473,8 @@ def train_size(name: str, big: bool, gpu_mib: int | None,
 
 def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
          only: list[str] | None = None, tokens_dir: str = ".",
-         predicted: dict[tuple[str, int], float] | None = None) -> list[dict]:
+         predicted: dict[tuple[str, int], float] | None = None,
+         suite: str = "kernels") -> list[dict]:
   """The runs, in order: {name, item, bench, argv, env, timeout_s, and the options}.
   Decode runs save their greedy tokens under `tokens_dir` (tokens_NAME.npy). Train runs are
   sized by `predicted` (default: `predictions(gpu_mib)`); one predicted not to fit carries
@@ -405,11 +483,21 @@ def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
   predicted = ({k: float(r["hbm_bytes_per_chip"]) for k, r in rows.items()}
                if predicted is None else predicted)
   runs = []
-  for name, item, bench, o in RUNS:
+  for name, item, bench, o in SUITES[suite]:
     if only and not any(name.startswith(x) or bench == x for x in only):
       continue
     run = dict(name=name, item=item, bench=BENCHES[bench], **o)
-    if bench == "check":
+    if bench == "loop":
+      run["argv"] = loop_argv(o, smoke)
+      run["timeout_s"] = TIMEOUT_S["loop_1p7b" if "1p7b" in name else "loop"]
+      if not smoke and (peak := planned_peak(o["plan_key"])):
+        run["predicted"] = peak
+    elif bench == "rl":
+      run["out_dir"] = os.path.join(os.path.dirname(os.path.abspath(tokens_dir)),
+                                    f"gpu_suite_{name}")
+      run["argv"] = rl_argv(o, run["out_dir"], smoke)
+      run["timeout_s"] = TIMEOUT_S["rl"]
+    elif bench == "check":
       run["argv"] = ["benchmarks/gpu/paged_decode_check.py", *(["--quick"] if smoke else []),
                      *(["--sweep"] if o.get("sweep") else []), "--json"]
       run["timeout_s"] = TIMEOUT_S["sweep" if o.get("sweep") else "check"]
@@ -439,7 +527,7 @@ def plan(gpu_mib: int | None, checkpoint: str, smoke: bool = False,
           "--save-tokens", os.path.join(os.path.abspath(tokens_dir), f"tokens_{name}.npy")]
       run["timeout_s"] = TIMEOUT_S["sampler"] + (60.0 if o.get("hf") else 0.0)
     run["env"] = {"XLA_FLAGS": o["xla_flags"]} if o.get("xla_flags") else {}
-    if bench == "train" and not smoke:
+    if bench in ("train", "loop") and not smoke:
       run["env"]["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(TRAIN_MEM_FRACTION)
     runs.append(run)
   return runs
@@ -474,6 +562,8 @@ def run_one(run: dict, log, timeout: float) -> dict:
     result["report"] = parse_sampler(text) or None
   if run["bench"] == BENCHES["demo"]:
     result["report"] = parse_demo(text) or None
+  if run["bench"] == RL_BENCH:
+    result["report"] = read_rl_summary(run["out_dir"])
   return result
 
 
@@ -486,12 +576,15 @@ def main(argv=None) -> int:
   # The greedy tokens stay beside the checkpoint, not under --out: the device tool returns
   # at most 8 files, and the summary keeps what they are for (the share of equal tokens).
   tokens_dir = os.path.join(tempfile.gettempdir(), "gpu_suite_tokens")
-  runs = plan(gpu_mib, checkpoint, smoke=smoke, only=args.only, tokens_dir=tokens_dir)
+  runs = plan(gpu_mib, checkpoint, smoke=smoke, only=args.only, tokens_dir=tokens_dir,
+              suite=args.suite)
   if args.dry_run:
     for run in runs:
       env = "".join(f"{k}={v} " for k, v in run["env"].items())
       skip = f"  [skipped: {run['skip']}]" if run.get("skip") else ""
       pred = run.get("predicted") or {}
+      if pred.get("peak_gib"):
+        skip += f"  [planned peak {pred['peak_gib']} GiB a GPU]"
       if pred.get("kernel_bound_seconds"):
         skip += (f"  [planned: {pred['temp_gib']} GiB temporaries, step >= "
                  f"{pred['kernel_bound_seconds']:.3g} s kernel by kernel]")
@@ -512,7 +605,7 @@ def main(argv=None) -> int:
     log_file.write(text + "\n")
     log_file.flush()
 
-  header = dict(device=device, gpu_memory_mib=gpu_mib, jax=version("jax"),
+  header = dict(suite=args.suite, device=device, gpu_memory_mib=gpu_mib, jax=version("jax"),
                 jaxlib=version("jaxlib"), python=sys.version.split()[0],
                 packages={name: version(name) for name in PACKAGES},
                 commit=commit_of(args.commit),
@@ -538,7 +631,7 @@ def main(argv=None) -> int:
       log(f"=== {run['name']}: skipped, {why}")
       result = {**{k: v for k, v in run.items() if k != "argv"}, "skipped": why}
     else:
-      if run.get("out_dir"):  # the demo starts fresh: a left-over run directory resumes
+      if run.get("out_dir"):  # a train run starts fresh: a left-over run directory resumes
         shutil.rmtree(run["out_dir"], ignore_errors=True)
       config = tuned(run, results + args.earlier)  # this call's sweep first
       if config:  # the kernel sweep's fastest configuration at this run's batch
@@ -562,11 +655,13 @@ def main(argv=None) -> int:
 
 
 def _write(out: str, header: dict, results: list[dict], tokens_dir: str) -> None:
-  """gpu_suite.json and one file per bench (the demo's run is in gpu_suite.json only),
-  rewritten after every run (5 files with the log; the device tool returns 8)."""
+  """gpu_suite.json and one file per bench that ran in the suite (the train commands' runs,
+  the demo's and gpu_small's, are in gpu_suite.json only), rewritten after every run (at
+  most 5 files with the log; the device tool returns 8)."""
   files = {"gpu_suite.json": {**header, "runs": results,
                               "summary": summary(results, tokens_dir)}}
-  for bench in (BENCHES[k] for k in ("train", "sampler", "check")):
+  suite = {r[2] for r in SUITES[header.get("suite", "kernels")]}
+  for bench in (BENCHES[k] for k in ("train", "sampler", "check", "loop") if k in suite):
     files[f"{bench}.json"] = {**header, "runs": [r for r in results if r["bench"] == bench]}
   for name, body in files.items():
     with open(os.path.join(out, name), "w") as f:

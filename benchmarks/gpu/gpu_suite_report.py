@@ -1,6 +1,6 @@
 """Reading the GPU suite's runs (`gpu_suite.py`): the numbers of a bench's output when its
 JSON line is missing, the demo's from its text, and the summary of the comparisons issue 34
-asks for."""
+asks for (and, for `--suite loop`, issue 62's loop and gpu_small numbers and targets)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,70 @@ import re
 
 # gpu_suite's name for the demo run's "bench" (`jaxrl-scale train`, no JSON of its own).
 DEMO_BENCH = "jaxrl_scale_train"
+# ... and for configs/gpu_small.yaml's runs (`jaxrl-scale train`, read from summary.json).
+RL_BENCH = "gpu_small"
+# Issue 62's targets: a loop's efficiency, the weight update's share of a step, the 1.7B
+# peak against the plan's, and gpu_small's gain within its wall time.
+LOOP_EFFICIENCY_MIN = 0.85
+UPDATE_SHARE_MAX = 0.02
+PEAK_TOLERANCE = 0.15
+GAIN_MIN, RL_WALL_MAX_S = 0.25, 360.0
+
+
+def read_rl_summary(out_dir: str) -> dict | None:
+  """A train run's summary.json (validation before and after RL, the RL steps' wall time)."""
+  try:
+    with open(os.path.join(out_dir, "summary.json"), encoding="utf-8") as f:
+      s = json.load(f)
+  except (OSError, ValueError):
+    return None
+  keys = ("start_pass_rate", "final_pass_rate", "rl_wall_s", "steps", "final_step")
+  return {k: s[k] for k in keys if k in s} or None
+
+
+def loop_summary(run: dict) -> dict | None:
+  """An rl_loop_bench run's colocated numbers, its peak memory beside the plan's, and the
+  issue's targets on them."""
+  mode = ((run.get("report") or {}).get("modes") or {}).get("colocated")
+  if not mode or "median" not in mode:
+    return None
+  med = mode["median"]
+  out = {k: med[k] for k in ("step_s", "generate_s", "train_s", "update_s", "score_s",
+                             "wait_s", "other_s", "generated_tok_s_per_device",
+                             "trained_tok_s_per_device") if k in med}
+  out.update({k: mode[k] for k in ("loop_efficiency", "update_share_of_step", "train_mfu",
+                                   "generate_fraction_of_roofline") if k in mode})
+  out["steps_timed"] = len(mode.get("steps", [])) - int(run["report"].get("warmup", 0))
+  peak = mode.get("peak_bytes_after")
+  if peak:
+    out["peak_gib"] = round(max(peak.values()) / 2**30, 2)
+  pred = run.get("predicted")
+  if pred and out.get("peak_gib"):
+    out["planned_peak_gib"] = pred["peak_gib"]
+    out["peak_over_plan"] = round(out["peak_gib"] / pred["peak_gib"], 3)
+  targets = {}
+  if "loop_efficiency" in out:
+    targets[f"loop efficiency >= {LOOP_EFFICIENCY_MIN}"] = (
+        out["loop_efficiency"] >= LOOP_EFFICIENCY_MIN)
+  if "update_share_of_step" in out:
+    targets[f"weight update <= {UPDATE_SHARE_MAX:.0%} of a step"] = (
+        out["update_share_of_step"] <= UPDATE_SHARE_MAX)
+  if "peak_over_plan" in out:
+    targets[f"peak within {PEAK_TOLERANCE:.0%} of the plan's"] = (
+        abs(out["peak_over_plan"] - 1.0) <= PEAK_TOLERANCE)
+  out["targets"] = targets
+  return out
+
+
+def rl_summary(run: dict) -> dict:
+  """A gpu_small run: its exit, the whole command's seconds, the gain after the warm start."""
+  out = {"rc": run.get("rc"), "seconds": run.get("seconds"), **(run.get("report") or {})}
+  if out.get("start_pass_rate") is not None and out.get("final_pass_rate") is not None:
+    out["gain"] = round(out["final_pass_rate"] - out["start_pass_rate"], 4)
+    out["targets"] = {
+        f"validation +{GAIN_MIN} or more": out["gain"] >= GAIN_MIN,
+        f"whole command <= {RL_WALL_MAX_S:.0f} s": (out["seconds"] or 0) <= RL_WALL_MAX_S}
+  return out
 
 
 def parse_demo(text: str) -> dict:
@@ -131,6 +195,13 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
                    "over_triton": round(rep["ours_tok_s"] / base["ours_tok_s"], 3)}
       if rep.get("triton"):
         out[name]["triton"] = rep["triton"]
+  for r in runs:  # issue 62 (gpu_suite.py --suite loop)
+    if r.get("bench") == "rl_loop_bench" and r.get("rc") == 0 and (loop := loop_summary(r)):
+      out[r["name"]] = loop
+    elif r.get("bench") == "rl_loop_bench" and "rc" in r:
+      out[r["name"]] = {"rc": r["rc"], "seconds": r.get("seconds")}
+    if r.get("bench") == RL_BENCH and "rc" in r:
+      out[r["name"]] = rl_summary(r)
   demo = next((r for r in runs if r.get("bench") == DEMO_BENCH and "rc" in r), None)
   if demo:  # item 6: the README's demo command on this GPU, whatever its exit
     out["demo"] = dict(rc=demo["rc"], seconds=demo.get("seconds"), **(demo.get("report") or {}))
