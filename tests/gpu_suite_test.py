@@ -582,3 +582,22 @@ def test_the_loop_suite_runs_on_cpu(tmp_path):
   assert summary["loop_1p7b_colocated"]["step_s"] > 0
   for seed in (0, 1):
     assert "gain" in summary[f"gpu_small_seed{seed}"]
+
+
+def test_a_loop_run_killed_at_its_limit_keeps_the_steps_it_finished():
+  """The 1.7B loop's target is 10 steps without running out of memory: a run killed at its
+  time limit still says how many steps it finished (rl_loop_bench's own step lines)."""
+  text = ("rl_loop_bench: configs/x.yaml | cuda\n"
+          "  colocated step 0: 61.204 s | generate 40.1, score 0.2, train 20.3\n"
+          "  colocated step 1: 24.870 s | generate 14.2, score 0.2, train 10.1\n"
+          "  colocated step 2: 25.010 s | generate 14.3, score 0.2, train 10.2\n")
+  got = gpu_suite.parse_loop(text)
+  assert got == {"partial": True, "steps_done": 3, "step_s": [61.204, 24.87, 25.01]}
+  oom = gpu_suite.parse_loop(text + "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: "
+                             "Out of memory while trying to allocate 2.1GiB\n")
+  assert oom["out_of_memory"] is True and oom["steps_done"] == 3
+  assert gpu_suite.parse_loop("Traceback: ImportError\n") == {}
+  out = gpu_suite.summary([dict(name="loop_1p7b_colocated", bench="rl_loop_bench", rc=124,
+                                seconds=420.0, report=oom)])
+  assert out["loop_1p7b_colocated"] == {"rc": 124, "seconds": 420.0, "steps_done": 3,
+                                        "step_s": [61.204, 24.87, 25.01], "out_of_memory": True}

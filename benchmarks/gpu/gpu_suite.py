@@ -5,8 +5,8 @@ variant in its own process.
     ... gpu_suite.py --only decode_b256_triton_tuned --sweep-from PATH      # a second call
     python benchmarks/gpu/gpu_suite.py --dry-run    # the plan, anywhere
     python benchmarks/gpu/gpu_suite.py --cpu-smoke  # every variant, tiny
-    GIT_COMMIT=... python3 benchmarks/gpu/gpu_suite.py --suite loop --only loop --budget-s 300 --deadline-s 560
-    GIT_COMMIT=... python3 benchmarks/gpu/gpu_suite.py --suite loop --only gpu_small_seed0 --deadline-s 560
+    GIT_COMMIT=... python3 benchmarks/gpu/gpu_suite.py --suite loop --only loop --budget-s 300 --deadline-s 570
+    GIT_COMMIT=... python3 benchmarks/gpu/gpu_suite.py --suite loop --only gpu_small_seed0 --deadline-s 570
 
 `--suite loop` (LOOP_RUNS): the whole RL loop at 0.6B and 1.7B colocated on one GPU
 (rl_loop_bench), then configs/gpu_small.yaml's run per seed; its summary sets each against
@@ -111,8 +111,8 @@ sys.path.insert(0, ROOT)  # benchmarks.* and jaxrl_scale from this tree
 # pylint: disable=wrong-import-position
 from benchmarks.common.random_checkpoint import CheckpointWriter  # noqa: E402
 from benchmarks.gpu.gpu_suite_report import (DEMO_BENCH, RL_BENCH, last_json,  # noqa: E402
-                                             parse_demo, parse_sampler, parse_train,
-                                             read_rl_summary, summary)
+                                             parse_demo, parse_loop, parse_sampler,
+                                             parse_train, read_rl_summary, summary)
 # pylint: enable=wrong-import-position
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -564,6 +564,8 @@ def run_one(run: dict, log, timeout: float) -> dict:
     result["report"] = parse_demo(text) or None
   if run["bench"] == RL_BENCH:
     result["report"] = read_rl_summary(run["out_dir"])
+  if run["bench"] == BENCHES["loop"] and result["report"] is None:
+    result["report"] = parse_loop(text) or None
   return result
 
 

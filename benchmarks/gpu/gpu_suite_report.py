@@ -31,6 +31,17 @@ def read_rl_summary(out_dir: str) -> dict | None:
   return {k: s[k] for k in keys if k in s} or None
 
 
+def parse_loop(text: str) -> dict:
+  """An rl_loop_bench run without its JSON line (killed at its time limit, or failed): the
+  steps it finished and their seconds, and whether it ran out of device memory."""
+  steps = re.findall(r"^  \w+ step (\d+): ([\d.]+) s \|", text, re.M)
+  out = {"partial": True, "steps_done": len(steps),
+         "step_s": [float(x) for _, x in steps]} if steps else {}
+  if re.search(r"RESOURCE_EXHAUSTED|[Oo]ut of memory", text):
+    out["out_of_memory"] = True
+  return out
+
+
 def loop_summary(run: dict) -> dict | None:
   """An rl_loop_bench run's colocated numbers, its peak memory beside the plan's, and the
   issue's targets on them."""
@@ -199,7 +210,9 @@ def summary(runs: list[dict], out_dir: str | None = None) -> dict:
     if r.get("bench") == "rl_loop_bench" and r.get("rc") == 0 and (loop := loop_summary(r)):
       out[r["name"]] = loop
     elif r.get("bench") == "rl_loop_bench" and "rc" in r:
-      out[r["name"]] = {"rc": r["rc"], "seconds": r.get("seconds")}
+      out[r["name"]] = {"rc": r["rc"], "seconds": r.get("seconds"),
+                        **{k: v for k, v in (r.get("report") or {}).items()
+                           if k in ("steps_done", "step_s", "out_of_memory")}}
     if r.get("bench") == RL_BENCH and "rc" in r:
       out[r["name"]] = rl_summary(r)
   demo = next((r for r in runs if r.get("bench") == DEMO_BENCH and "rc" in r), None)
