@@ -99,3 +99,21 @@ def test_a_bad_override_stops_with_one_line(capsys):
   assert rl_loop_bench.main(["rl.loss=nope", "--steps", "3", "--warmup", "1"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("rl_loop_bench: error:") and "rl.loss" in err[0]
+
+
+# Slow-only (about 20 s on 2 cores).
+@pytest.mark.slow
+def test_a_run_where_no_step_trains_stops_with_one_line(capsys, monkeypatch):
+  # Every completion earns the same reward (as a random policy whose text the tokenizer
+  # cannot decode does: all empty): the loop skips every update, and the bench says so in
+  # one line instead of timing a train phase that never ran (it crashed on the programs
+  # alone before).
+  from jaxrl_scale.rewards import registry
+
+  rl_loop_bench.register_coin()
+  monkeypatch.setitem(registry._REWARDS, rl_loop_bench.COIN, lambda response, answer: True)  # pylint: disable=protected-access
+  assert rl_loop_bench.main([*SHRUNK, "--steps", "3", "--warmup", "1", "--repeats", "1",
+                             "--modes", "sync"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("rl_loop_bench: error: sync: no timed step trained"), err[-1]
+  assert "sampler.max_new_tokens" in err[-1]

@@ -298,8 +298,20 @@ def run_mode(args, mode: str, data_path: pathlib.Path, log, alone: bool) -> dict
     wiring.train(cfg, run_dir, stream=io.StringIO(), on_step=on_step, on_loop=on_loop)
   probe = probes[0]
   timed = steps[args.warmup:]
+  from jaxrl_scale.errors import UserError  # pylint: disable=g-import-not-at-top
+
+  # A step whose groups all had equal rewards trains nothing (the loop skips its update).
+  untrained = sum(1 for s in timed if not s.get("train_s"))
+  if timed and untrained == len(timed):
+    raise UserError(
+        f"{mode}: no timed step trained (every group's rewards were equal, so the loop "
+        "skipped each update). The coin reward hashes the decoded text, and a random policy "
+        "over a vocabulary its tokenizer cannot decode (a preset's, with the byte tokenizer) "
+        "writes mostly empty text: raise sampler.max_new_tokens, or give model.path a "
+        "checkpoint with its tokenizer")
   result: dict[str, Any] = {"steps": steps, "median": medians(timed),
-                            "devices": probe.loop.clock.num_devices}
+                            "devices": probe.loop.clock.num_devices,
+                            "untrained_steps": untrained}
   peak = {k: max(s["memory"][k]["peak"] for s in steps if k in s.get("memory", {}))
           for k in PHASES if any(k in s.get("memory", {}) for s in steps)}
   if peak:
@@ -413,6 +425,9 @@ def summarise(report: dict[str, Any], log) -> None:
       log(f"  loop efficiency {r['loop_efficiency']:.2f} ((generate + train alone) / step) | "
           f"in the loop over alone: {', '.join(inside)} | weight update "
           f"{r['update_share_of_step']:.1%} of a step")
+    if r.get("untrained_steps"):
+      log(f"  {r['untrained_steps']} timed step(s) trained nothing (equal rewards in every "
+          "group): the medians count their train phase as 0")
     if "peak_bytes_after" in r:
       log("  peak device memory after: " + ", ".join(
           f"{k} {v / 2**30:.2f} GiB" for k, v in r["peak_bytes_after"].items()))
