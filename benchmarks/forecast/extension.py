@@ -374,13 +374,15 @@ def rescore_fit(fit: dict, plateau_mean: float) -> dict:
   other checks cleared stays cleared (only the extrapolation's own check is redone)."""
   from jaxrl_scale.scaling import bootstrap as boot_lib  # pylint: disable=g-import-not-at-top
   from jaxrl_scale.scaling import extrapolation  # pylint: disable=g-import-not-at-top
+  from jaxrl_scale.scaling import forecast  # pylint: disable=g-import-not-at-top
   ext = fit.get("extrapolation")
   if "error" in fit or not ext or fit.get("interval_eval_noise") is None:
     return fit
+  level = forecast.AnalysisOptions().level  # `replay` fits at the default level
   kappa, prior = extrapolation.kappa_of(ext["kappa_cuts"])
   sd = kappa * ext["distance_log"]
-  lo, hi = extrapolation.widen(fit["forecast"], tuple(fit["interval_eval_noise"]), sd, 0.95)
-  half = extrapolation.z_of(0.95) * sd
+  lo, hi = extrapolation.widen(fit["forecast"], tuple(fit["interval_eval_noise"]), sd, level)
+  half = extrapolation.z_of(level) * sd
   out = dict(fit, interval=[lo, hi], holds_plateau=bool(lo <= plateau_mean <= hi),
              width=hi - lo, extrapolation=dict(ext, kappa=kappa, sd=sd, half_width=half,
                                                 prior=prior))
