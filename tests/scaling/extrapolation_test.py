@@ -113,3 +113,15 @@ def test_two_cuts_that_find_no_excess_keep_the_interval():
   assert r.extrapolation.n_cuts == 2 and not r.extrapolation.prior
   assert r.extrapolation.kappa == 0.0
   assert r.forecast_interval == r.forecast_interval_noise
+
+
+def test_one_cut_is_no_evidence_either_way_and_the_prior_applies():
+  # 16 evals: only the 70% cut has 10 of them; its own kappa is kept but not used.
+  x = np.concatenate([[0.0], np.linspace(1.0, 16.0, 16)])
+  y = 0.3 + 0.05 * np.log1p(x) + np.random.default_rng(1).normal(0.0, 0.004, x.size)
+  r = forecast.analyse(_curve(x, y), forecast.AnalysisOptions(n_boot=50, seed=0))
+  ext = r.extrapolation
+  assert ext.n_cuts == 1 and len(ext.kappa_cuts) == 1
+  assert ext.prior and ext.kappa == extrapolation.PRIOR_KAPPA
+  assert extrapolation.kappa_of([0.3, 0.0]) == (0.0, False)  # two cuts: taken as 0
+  assert extrapolation.kappa_of([0.03, 0.02, 0.05]) == (0.02, False)  # three: the smallest
