@@ -10,9 +10,11 @@ loop_compare.py runs), in this process, with timers wrapped around the parts of 
 phase (`Loop._train_step`): building the batch, dispatching the step, posting the weights
 to the sampler, and fetching the metrics (which waits for the step's computation). After
 the run, the trainer's compiled step runs alone on the last batch, `--alone` times: the
-step's computation with nothing beside it, alternating with the same step built with the
-other layer loop (`Trainer.unroll_layers`: unrolled on CPU, else one scan). Prints medians over the steps after the first
-(which compiles) and writes `--json`.
+step's computation with nothing beside it, alternating with the same step built with one
+of the CPU program's choices flipped (`placement.cpu_program`): the other layer loop
+(`Trainer.unroll_layers`: unrolled on CPU, else one scan) and the other projections
+(`Trainer.flat_projections`: 2-D matmuls on CPU, else [B, T, D]). Prints medians over the
+steps after the first (which compiles) and writes `--json`.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def main(argv=None) -> int:
   rows, held = [], {}
 
   def on_loop(loop):
-    held["loop"], held["unrolled"] = loop, loop.trainer.unroll_layers
+    held["loop"] = loop
     trainer, source = loop.trainer, loop.source
     orig_step = trainer.step
 
@@ -126,22 +128,27 @@ def main(argv=None) -> int:
     finally:
       loop_lib.rollouts, loop_lib.jax = rollouts, jax
     trainer, batch = held["loop"].trainer, held["batch"]
-    # The step alone, alternating with the same step built with the other layer loop (one
-    # scan over the stacked layers, or unrolled: `Trainer.unroll_layers`), each compiled
-    # once, so that both see the same machine.
-    programs = {trainer.unroll_layers: trainer._compiled}  # pylint: disable=protected-access
-    trainer.unroll_layers = not trainer.unroll_layers
-    trainer._jitted = trainer._compiled = None  # pylint: disable=protected-access
-    trainer.compile(batch)
-    programs[trainer.unroll_layers] = trainer._compiled  # pylint: disable=protected-access
-    alone = {True: [], False: []}
+    # The step alone, alternating with the same step built with one of the CPU program's
+    # choices flipped (`placement.cpu_program`: the layer loop, `Trainer.unroll_layers`;
+    # the projections' matmuls, `Trainer.flat_projections`), each compiled once, so that
+    # all see the same machine.
+    run = (trainer.unroll_layers, trainer.flat_projections)
+    programs = {"run": trainer._compiled}  # pylint: disable=protected-access
+    for name, choice in (("layers_flipped", (not run[0], run[1])),
+                         ("projections_flipped", (run[0], not run[1]))):
+      trainer.unroll_layers, trainer.flat_projections = choice
+      trainer._jitted = trainer._compiled = None  # pylint: disable=protected-access
+      trainer.compile(batch)
+      programs[name] = trainer._compiled  # pylint: disable=protected-access
+    trainer.unroll_layers, trainer.flat_projections = run
+    alone = {name: [] for name in programs}
     for _ in range(args.alone + 1):
-      for unrolled, program in programs.items():
+      for name, program in programs.items():
         trainer._compiled = program  # pylint: disable=protected-access
         t = time.perf_counter()
         jax.block_until_ready(trainer.step(batch))
-        alone[unrolled].append(time.perf_counter() - t)
-    trainer._compiled = programs[held["unrolled"]]  # pylint: disable=protected-access
+        alone[name].append(time.perf_counter() - t)
+    trainer._compiled = programs["run"]  # pylint: disable=protected-access
     top_ops = _trace_ops(trainer, batch, work) if args.trace else None
 
   def med(values):
@@ -154,10 +161,8 @@ def main(argv=None) -> int:
          "devices": len(jax.devices()), "jax": jax.__version__,
          "loop_median_s": {k: med([r[k] for r in rows]) for k in rows[0]},
          "train_phase_median_s": {n: med(timers.parts[n]) for n in names},
-         "step_alone_median_s": statistics.median(alone[held["unrolled"]][1:]),
-         "layers_unrolled_in_run": held["unrolled"],
-         "step_alone_median_s_unrolled": statistics.median(alone[True][1:]),
-         "step_alone_median_s_scan": statistics.median(alone[False][1:]),
+         "step_alone_median_s": {n: statistics.median(v[1:]) for n, v in alone.items()},
+         "run_program": {"layers_unrolled": run[0], "flat_projections": run[1]},
          "step_alone_top_ops": top_ops,
          "per_step": {"rows": rows, "parts": dict(timers.parts)}}
   mode = "colocated, one device" if args.colocated else "pipelined (configs/cpu_tiny.yaml)"
@@ -167,11 +172,14 @@ def main(argv=None) -> int:
   print("the train phase's parts:")
   for k, v in out["train_phase_median_s"].items():
     print(f"  {k:<44} {v * 1e3:8.1f} ms")
-  unrolled, scanned = out["step_alone_median_s_unrolled"], out["step_alone_median_s_scan"]
-  print(f"the compiled step alone on the last batch ({args.alone} runs each, alternating): "
-        f"layers unrolled {unrolled * 1e3:.1f} ms, one layer scan {scanned * 1e3:.1f} ms "
-        f"(scan / unrolled {scanned / unrolled:.2f}x; the run used "
-        f"{'unrolled' if held['unrolled'] else 'the scan'})")
+  alone_s = out["step_alone_median_s"]
+  what = {"run": (f"as run (layers {'unrolled' if run[0] else 'in one scan'}, projections "
+                  f"{'2-D' if run[1] else '3-D'})"),
+          "layers_flipped": f"layers {'in one scan' if run[0] else 'unrolled'}",
+          "projections_flipped": f"projections {'3-D' if run[1] else '2-D'}"}
+  print(f"the compiled step alone on the last batch ({args.alone} runs each, alternating):")
+  for name, sec in alone_s.items():
+    print(f"  {what[name]:<44} {sec * 1e3:8.1f} ms  ({sec / alone_s['run']:.2f}x the run's)")
   if top_ops:
     print(f"the step alone under the profiler ({_TRACED} runs), its costliest operations "
           "(summed over the XLA threads; they run side by side):")

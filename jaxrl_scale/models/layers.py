@@ -11,9 +11,11 @@ Logical axes: 'vocab' V, 'embed' D, 'q_heads' N, 'kv_heads' K, 'head_dim' H, 'ml
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -271,6 +273,12 @@ class Einsum(nnx.Module):
     # einsum contracted (H, N), and XLA:CPU then transposed the whole kernel on every call
     # (o_proj, every decode step; benchmarks/sampler/sampler_bench.py).
     kernel = self.compute_kernel()
+    lead = None
+    if _FLAT.get() and perm is None and _trailing_into_leading(dims, x.ndim):
+      lead, free = x.shape[:x.ndim - len(dims[0][0])], kernel.shape[len(dims[0][1]):]
+      x = x.reshape(math.prod(lead), -1)
+      kernel = kernel.reshape(x.shape[1], -1)
+      dims = (((1,), (0,)), ((), ()))
     # Returned in float32 and rounded to the compute dtype once, after the whole sum. Asked
     # for bf16 output, XLA:CPU's dot gave a row different bf16 values depending on how many
     # rows it multiplied (the sampler's decode rows vs the trainer's B x T), and a
@@ -286,6 +294,8 @@ class Einsum(nnx.Module):
     y = jax.lax.dot_general(x.astype(self.dtype), kernel, dims,
                             precision=HALF_ALGORITHMS.get(jnp.dtype(self.dtype)),
                             preferred_element_type=jnp.float32).astype(self.dtype)
+    if lead is not None:
+      y = y.reshape(lead + free)
     if perm is not None:
       y = jnp.transpose(y, perm)
     if self.bias is not None:
@@ -298,6 +308,46 @@ class Einsum(nnx.Module):
 # projections run), by compute dtype; none for float32.
 HALF_ALGORITHMS = {jnp.dtype(jnp.bfloat16): jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
                    jnp.dtype(jnp.float16): jax.lax.DotAlgorithmPreset.F16_F16_F32}
+
+
+# Whether projections run as 2-D matmuls (`flat_projections`), read while tracing.
+_FLAT = contextvars.ContextVar("flat_projections", default=False)
+
+
+@contextlib.contextmanager
+def flat_projections(enabled: bool = True) -> Iterator[None]:
+  """Within it (while a program is traced), an `Einsum` that contracts the activations'
+  trailing axes with the kernel's leading ones, and the LM head (`flat_rows`), multiply
+  [B*T, D] x [D, F] matrices: the same sums, as 2-D matmuls. On XLA:CPU the backward pass
+  of a [B, T, D] projection ran 2.3x slower than the same matmul on [B*T, D] (a SwiGLU MLP,
+  128 x 24 tokens, hidden 128; the loop task's whole train step 1.5x:
+  benchmarks/peers/profile_loop.py), so the trainer traces its step inside this on CPU
+  (`placement.cpu_program`). Not on TPUs: there the reshapes are copies (the qwen3_0p6b
+  train step compiled for v5p-8 read 47% more bytes); compiled for an H100 it changed
+  nothing."""
+  token = _FLAT.set(enabled)
+  try:
+    yield
+  finally:
+    _FLAT.reset(token)
+
+
+def flat_rows(h_BTD: jax.Array, spec: str, fn: Callable[[jax.Array, str], jax.Array]
+              ) -> jax.Array:
+  """`fn(h, spec)` (an LM head: spec "BTD,..->BTV"), under `flat_projections` on the rows
+  [B*T, D] with spec "TD,..->TV", the result reshaped back to [B, T, V]."""
+  if not _FLAT.get() or h_BTD.ndim != 3 or not spec.startswith("BT"):
+    return fn(h_BTD, spec)
+  b, t, d = h_BTD.shape
+  out = fn(h_BTD.reshape(b * t, d), spec.replace("BT", "T"))
+  return out.reshape(b, t, out.shape[-1])
+
+
+def _trailing_into_leading(dims: Any, ndim: int) -> bool:
+  """Whether dot_general `dims` contract x's last axes, in order, with the kernel's first."""
+  (lhs, rhs), _ = dims
+  n = len(lhs)
+  return 0 < n < ndim and lhs == tuple(range(ndim - n, ndim)) and rhs == tuple(range(n))
 
 
 @functools.lru_cache(maxsize=None)

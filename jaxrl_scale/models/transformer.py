@@ -571,9 +571,11 @@ def _logits(h_BTD: jax.Array, w: jax.Array, spec: str, cfg: ModelConfig,
             operand: jax.Array | None = None) -> jax.Array:
   if cfg.lm_head_fp32:
     # ScaleRL FP32 logits
-    return layers.fp32_logits(h_BTD, w, spec, cfg.param_dtype, operand)
+    return layers.flat_rows(h_BTD, spec, lambda h, sp: layers.fp32_logits(
+        h, w, sp, cfg.param_dtype, operand))
   dtype = jnp.dtype(cfg.dtype)
-  return jnp.einsum(spec, h_BTD.astype(dtype), w.astype(dtype))
+  return layers.flat_rows(h_BTD, spec, lambda h, sp: jnp.einsum(sp, h.astype(dtype),
+                                                                w.astype(dtype)))
 
 
 def create_model(cfg: ModelConfig, seed: int = 0) -> Transformer:

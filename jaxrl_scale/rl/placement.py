@@ -164,12 +164,16 @@ def put_global(tree, shardings):
   return jax.tree.unflatten(treedef, [one(x, s) for x, s in zip(leaves, targets)])
 
 
-def unrolls_layers(mesh: Mesh) -> bool:
-  """Whether the step on `mesh` runs the layers unrolled (`Transformer.hidden_states`):
-  on XLA:CPU, where the layer scan's backward pass spent 15-25% of the step copying weights
-  and residuals in and out of the layer stacks (benchmarks/peers/profile_loop.py,
-  2026-12-07). On TPUs and GPUs (and for `plan`'s compiles for them) one scanned body
-  keeps compiles short and the program the size of one layer."""
+def cpu_program(mesh: Mesh) -> bool:
+  """Whether the step on `mesh` is built for XLA:CPU, which takes two choices there:
+  - the layers unrolled (`Transformer.hidden_states(unroll_layers=True)`): the layer scan's
+    backward pass spent 15-25% of the step copying weights and residuals in and out of the
+    layer stacks (benchmarks/peers/profile_loop.py, 2026-12-07);
+  - the projections as 2-D matmuls (`layers.flat_projections`): their backward pass ran
+    2.3x faster on [B*T, D] than on [B, T, D].
+  On TPUs and GPUs (and for `plan`'s compiles for them) one scanned body keeps compiles
+  short and the program the size of one layer, and the [B, T, D] projections are what
+  XLA:TPU lays out without copies."""
   if isinstance(mesh, jax.sharding.AbstractMesh):  # no devices (it raises on .devices)
     return False
   return all(d.platform == "cpu" for d in np.ravel(mesh.devices))

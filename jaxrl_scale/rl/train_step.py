@@ -76,6 +76,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_scale.config import OptimConfig, RLConfig
 from jaxrl_scale.errors import UserError
+from jaxrl_scale.models import layers
 from jaxrl_scale.rl import aggregation
 from jaxrl_scale.rl import batch as batch_lib
 from jaxrl_scale.rl import logprobs as logprobs_lib
@@ -84,8 +85,8 @@ from jaxrl_scale.rl import optimizer as optimizer_lib
 from jaxrl_scale.rl import placement
 from jaxrl_scale.rl.placement import (DATA_AXIS, _array_shardings, _compute_dtypes,  # noqa: F401
                                       _data_axes, _data_spec, _has_router, _is_abstract,
-                                      _structs, _to_master, master_dtype, put_global,
-                                      unrolls_layers)
+                                      _structs, _to_master, cpu_program, master_dtype,
+                                      put_global)
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +244,9 @@ class Trainer:
     self._compute_dtypes = _compute_dtypes(params, getattr(getattr(model, "cfg", None),
                                                            "dtype", None))
     self.abstract = _is_abstract((params, self._rest))
-    self.unroll_layers = unrolls_layers(mesh)
+    # XLA:CPU programs (`placement.cpu_program`): the layers unrolled, the projections as
+    # 2-D matmuls. Attributes, so a benchmark can build the step with either off.
+    self.unroll_layers = self.flat_projections = cpu_program(mesh)
     self._replicated = NamedSharding(mesh, PartitionSpec())
     self.param_shardings = _array_shardings(params, mesh)
     self._rest_shardings = _array_shardings(self._rest, mesh)
@@ -353,6 +356,10 @@ class Trainer:
     dims = self.objective.example_dims
 
     def loss_of(p):
+      with layers.flat_projections(self.flat_projections):
+        return _loss_of(p)
+
+    def _loss_of(p):
       model = nnx.merge(self.graphdef, p, rest)
       tokens, positions, mask = self.objective.model_inputs(micro)
       tokens_R = _rows(tokens, dims)

@@ -31,6 +31,45 @@ def test_einsum_matches_numpy(spec, shape, x_shape):
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("spec,shape,x_shape", _CASES)
+def test_flat_projections_keep_the_sums_and_gradients(spec, shape, x_shape):
+  """Under `flat_projections` (the CPU trainer's), a projection whose contraction is the
+  input's trailing axes into the kernel's leading ones runs as one 2-D matmul; its value
+  and both gradients are numpy's einsums of the spec (the hand-written chain rule), and a
+  permuted output keeps the 3-D dot_general."""
+  mod = layers.Einsum(spec, shape, (None,) * len(shape), rngs=nnx.Rngs(0),
+                      param_dtype=jnp.float32, dtype=jnp.float32)
+  graphdef, state = nnx.split(mod)
+  rng = np.random.default_rng(2)
+  x = rng.standard_normal(x_shape).astype(np.float32)
+  kernel = np.asarray(mod.kernel[...], np.float64)
+  want = np.einsum(spec, x.astype(np.float64), kernel)
+  g = rng.standard_normal(want.shape).astype(np.float32)
+
+  def loss(state, x):
+    with layers.flat_projections():
+      return jnp.sum(nnx.merge(graphdef, state)(x) * g)
+
+  (lhs, rhs), out = spec.split("->")[0].split(","), spec.split("->")[1]
+  with layers.flat_projections():
+    got = np.asarray(nnx.merge(graphdef, state)(jnp.asarray(x)))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  d_state, d_x = jax.grad(loss, argnums=(0, 1))(state, jnp.asarray(x))
+  np.testing.assert_allclose(np.asarray(d_x), np.einsum(f"{out},{rhs}->{lhs}", g, kernel),
+                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(d_state["kernel"][...]),
+                             np.einsum(f"{lhs},{out}->{rhs}", x, g), rtol=1e-5, atol=1e-4)
+  ranks = _dot_ranks(jax.jit(jax.grad(loss)).lower(state, jnp.asarray(x)).as_text())
+  flat = spec.split("->")[1] != "BTHN"
+  assert ranks and (max(ranks) == 2) == flat, ranks
+
+
+def _dot_ranks(hlo: str) -> list[int]:
+  """The lhs rank of every dot_general in StableHLO text `hlo`."""
+  return [len(m.group(1).split("x")) - 1 for m in re.finditer(
+      r"stablehlo\.dot_general[^\n]*?: \(tensor<([0-9x]+)[a-z0-9]+>", hlo)]
+
+
 def test_einsum_with_batch_axes_is_refused():
   with pytest.raises(ValueError, match="batch axes"):
     layers.Einsum("BTD,BDF->BTF", (2, 16, 24), (None,) * 3, rngs=nnx.Rngs(0),

@@ -1,5 +1,6 @@
 import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -502,19 +503,47 @@ def _abstract_model(mesh, dtype="float32"):
 
 
 def test_the_step_unrolls_the_layers_on_cpu_only():
-  """The trainer's layer loop by platform (`placement.unrolls_layers`): unrolled on CPU
+  """The trainer's layer loop by platform (`placement.cpu_program`): unrolled on CPU
   devices (the tests' meshes), one scan on TPUs and GPUs (what `plan` compiles for them) and
   for a mesh without devices."""
   import types  # pylint: disable=g-import-not-at-top
-  assert placement.unrolls_layers(mesh_8())
+  assert placement.cpu_program(mesh_8())
   for platform in ("tpu", "gpu"):
     fake = types.SimpleNamespace(devices=np.array([[types.SimpleNamespace(platform=platform)]]))
-    assert not placement.unrolls_layers(fake)
-  assert not placement.unrolls_layers(jax.sharding.AbstractMesh((2,), ("fsdp",)))
-  assert train_step.Trainer(fresh_model(mesh_8(), "float32"), mesh_8(),
-                            config.OptimConfig(lr=1e-3, warmup_steps=0),
-                            train_step.RLObjective(config.RLConfig(), temperature=1.0)
-                            ).unroll_layers
+    assert not placement.cpu_program(fake)
+  assert not placement.cpu_program(jax.sharding.AbstractMesh((2,), ("fsdp",)))
+  trainer = train_step.Trainer(fresh_model(mesh_8(), "float32"), mesh_8(),
+                               config.OptimConfig(lr=1e-3, warmup_steps=0),
+                               train_step.RLObjective(config.RLConfig(), temperature=1.0))
+  assert trainer.unroll_layers and trainer.flat_projections
+
+
+def test_the_cpu_step_multiplies_2d_matrices_with_the_same_loss_and_grads():
+  """On CPU the trainer traces its step under `layers.flat_projections`: every dot of
+  the lowered step that contracts without batch axes (the projections, the LM head and
+  their backward) takes a 2-D lhs, where the [B, T, D] step has 3-D ones; the loss and the
+  gradients are the same."""
+  mesh, batch = mesh_8(), make_batch(15)
+  out, ranks = [], []
+  for flat in (True, False):
+    trainer = make_trainer(mesh)
+    trainer.flat_projections = flat
+    out.append(host(trainer.loss_and_grads(batch)))
+    ranks.append(_unbatched_dot_ranks(trainer.lower(batch).as_text()))
+  assert ranks[0] and set(ranks[0]) == {2}, ranks[0]
+  assert 3 in ranks[1], ranks[1]
+  (loss_flat, grads_flat), (loss, grads) = out
+  assert abs(loss_flat - loss) < 1e-5
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_flat)):
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
+def _unbatched_dot_ranks(hlo: str) -> list[int]:
+  """The lhs rank of every dot_general without batching dims in StableHLO text `hlo`."""
+  lines = [line for line in hlo.splitlines()
+           if "stablehlo.dot_general" in line and "batching_dims" not in line]
+  return [len(re.search(r": \(tensor<([0-9x]+)[a-z]", line).group(1).split("x")) - 1
+          for line in lines]
 
 
 def test_abstract_trainer_compiles_the_concrete_program():
