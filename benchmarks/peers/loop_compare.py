@@ -22,6 +22,8 @@ round), the time to run all the steps, the phases each library times itself, and
 reward curve (mean reward and pass rate at every step). `ours_colocated` is our loop in
 its synchronous colocated mode on one device (mesh.colocated, pipeline.mode colocated):
 the same algorithm shape as the peers' (generate, then train, on-policy), not a default.
+`ours_1plus1` is cpu_tiny's PipelineRL on two simulated devices, one for the trainer and
+one for the generator (cpu_tiny splits 8 devices 4 + 4).
 
 Installs nothing; a peer its Python cannot import is reported absent in one line.
 """
@@ -46,9 +48,15 @@ from benchmarks.peers import peer_loops  # noqa: E402
 from benchmarks.peers import peers  # noqa: E402
 
 LOOPS_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_loops.py")
-SIDES = ("ours", "ours_colocated", "tunix", "trl")
+SIDES = ("ours", "ours_colocated", "ours_1plus1", "tunix", "trl")
 # Our loop in its synchronous mode on one device: what the peers' loops do.
 COLOCATED = ["mesh.colocated=true", "mesh.simulated_cpu_devices=1", "pipeline.mode=colocated"]
+# PipelineRL as cpu_tiny.yaml runs it, on one simulated device per core of a 2-core machine:
+# the trainer and the generator each on one (cpu_tiny's 4 + 4 split the step 4 ways).
+SPLIT_1_1 = ["mesh.simulated_cpu_devices=2", "mesh.trainer_devices=1",
+             "mesh.generator_devices=1"]
+# Our sides: the overrides each adds to `peer_loops.ours_overrides`.
+OURS_SETS = {"ours": [], "ours_colocated": COLOCATED, "ours_1plus1": SPLIT_1_1}
 
 LOOP_UNEQUAL = {
     "ours": (
@@ -96,6 +104,12 @@ LOOP_UNEQUAL = {
     "ours_colocated": (
         "not our default: mesh.colocated, pipeline.mode colocated, one simulated device "
         "(generate, then train, on-policy, as the peers); otherwise as 'ours'",
+    ),
+    "ours_1plus1": (
+        "not cpu_tiny.yaml's split: 2 simulated devices, the trainer on one and the "
+        "generator on the other (cpu_tiny: 8, split 4 + 4); otherwise as 'ours' "
+        "(PipelineRL-2: a step trains on completions up to 2 updates old, the peers' on "
+        "their current weights)",
     ),
 }
 
@@ -184,7 +198,7 @@ def compare(runs: dict[str, list[dict]]) -> dict:
   """Ours over each other side in steps per second (1 / median step after the first),
   of the medians and round by round; and in the time to all the steps."""
   out = {}
-  for base in ("ours", "ours_colocated"):
+  for base in OURS_SETS:
     if base not in runs:
       continue
     for peer in ("tunix", "trl"):
@@ -263,7 +277,7 @@ def run(args, log=print) -> dict:
   for name in names:
     specs[name] = os.path.join(workdir, f"spec_{name}.json")
     with open(specs[name], "w") as f:
-      json.dump(dict(spec, ours_set=COLOCATED if name == "ours_colocated" else []), f)
+      json.dump(dict(spec, ours_set=OURS_SETS.get(name, [])), f)
   result["task"] = {k: v for k, v in spec.items() if k not in ("prompts", "workdir")}
   result["task"]["prompts_per_step"] = [[p["prompt"] for p in b] for b in spec["prompts"]]
   result["ours_command"] = "jaxrl-scale train configs/cpu_tiny.yaml " + " ".join(
@@ -279,7 +293,7 @@ def run(args, log=print) -> dict:
       runs[name].append(res)
   result["runs"] = runs
   result["summary"] = {n: [summarize(x) for x in v] for n, v in runs.items()}
-  for name in ("ours", "ours_colocated"):
+  for name in OURS_SETS:
     if name in runs:
       result["summary"][f"{name}_same_prompts_per_step"] = [
           same_prompts(x["rows"], args.prompts) for x in runs[name]]
