@@ -356,10 +356,6 @@ class Trainer:
     dims = self.objective.example_dims
 
     def loss_of(p):
-      with layers.flat_projections(self.flat_projections):
-        return _loss_of(p)
-
-    def _loss_of(p):
       model = nnx.merge(self.graphdef, p, rest)
       tokens, positions, mask = self.objective.model_inputs(micro)
       tokens_R = _rows(tokens, dims)
@@ -384,7 +380,8 @@ class Trainer:
         loss = loss + self.router_aux_coef * counts[2] / self.micro_batches
       return loss, (logp, top1, counts)
 
-    (loss, (logp, top1, counts)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+    with layers.flat_projections(self.flat_projections):  # loss_of is traced in here
+      (loss, (logp, top1, counts)), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
     return loss, grads, logp, top1, counts
 
   def _compute_copy(self, params):
