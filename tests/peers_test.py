@@ -128,6 +128,8 @@ def test_our_side_on_a_tiny_checkpoint(tmp_path):
   assert uniform["lengths"]["ours"]["capped"] == 1.0
   assert 0 < rl["runs"]["ours"][0]["tokens"] <= 2 * 4 * args.new
   assert uniform["vs"] == {} and res["train"]["vs"] == {}  # nothing to compare against
+  assert uniform["runs"]["floor"][0]["tokens"] == 4 * args.new
+  assert set(uniform["of_floor"]) == {"ours"} and "floor" not in rl["runs"]
   train = res["train"]
   losses = train["runs"]["ours"][0]["losses"]
   assert len(losses) == args.train_steps and all(abs(x) < 10 for x in losses)
@@ -136,6 +138,29 @@ def test_our_side_on_a_tiny_checkpoint(tmp_path):
   assert "tunix: absent (no Python at" in text and "trl: absent (no Python at" in text
   assert "Traceback" not in text and "not equal" not in text
   assert peer_sides.versions()["python"]
+
+
+def test_matmul_floor_does_every_product(tmp_path):
+  """The floor's program does the products of a sampling call, counted by hand from the
+  checkpoint's shapes: XLA's cost analysis (which counts a loop's body once) sees the
+  prompt pass, the LM head after it and one decode step, each projection included (no
+  product left out as dead code), and little else."""
+  from benchmarks.common import random_checkpoint  # pylint: disable=g-import-not-at-top
+
+  shape = dict(peers.QUICK_SHAPE, vocab_size=256, num_hidden_layers=2)
+  model = str(tmp_path / "ckpt")
+  random_checkpoint.write_qwen3(model, "float32", **shape)
+  rows, prompt_len, steps = 4, 16, 8
+  run, args = peer_sides.matmul_floor(model, rows, prompt_len, steps)
+  d, f, h = shape["hidden_size"], shape["intermediate_size"], shape["head_dim"]
+  n, k = shape["num_attention_heads"], shape["num_key_value_heads"]
+  per_token = shape["num_hidden_layers"] * (2 * d * n * h + 2 * d * k * h + 3 * d * f)
+  head = d * shape["vocab_size"]
+  hand = 2 * (rows * prompt_len * per_token + rows * head + rows * (per_token + head))
+  flops = run.lower(*args).compile().cost_analysis()["flops"]
+  assert hand <= flops <= 1.05 * hand, (flops, hand)
+  out = run(*args)
+  assert out.shape == (steps, rows)
 
 
 def test_profile_call_shares_the_wall_time_among_the_ops_running():

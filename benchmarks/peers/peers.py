@@ -21,7 +21,10 @@ Sampling (greedy, float32): generated tokens per second of the library call, at 
     A random model's greedy text is near-uniform over the vocabulary, so the EOS is a set
     of `vocab / --eos-every` ids (drawn once, seed 0): a completion ends at each token with
     chance ~1/eos-every, the long-tailed, capped lengths of an RL batch.
-and the fraction of greedy tokens that agree between the sides (`agreement`).
+and the fraction of greedy tokens that agree between the sides (`agreement`). At uniform
+lengths each round also times the floor (`peer_sides.matmul_floor`: the call's weight
+matmuls alone, no attention or cache) and prints each side's share of it (`of_floor`):
+a ratio against a peer can be no larger than the floor over the peer's rate.
 
 Train step: `--train-steps` GRPO updates (clip 0.2, no KL, sample average, AdamW lr
 `--lr`, eps 1e-15, decay 0.01 on matrices) on one batch of `--train-prompts` x
@@ -144,6 +147,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--peers", default="tunix,trl", help="peer sides to run, comma-separated")
   p.add_argument("--skip-sample", action="store_true")
   p.add_argument("--skip-train", action="store_true")
+  p.add_argument("--no-floor", action="store_true",
+                 help="uniform lengths: skip timing the weight matmuls alone (the floor)")
   p.add_argument("--note", default="", help="recorded in the JSON (e.g. the machine's load)")
   p.add_argument("--json", default=None, help="write the result here")
   p.add_argument("--quick", action="store_true", help="tiny model and shapes (smoke run)")
@@ -309,7 +314,21 @@ def compare_sampling(sides: dict, work: dict, args, log) -> dict:
   tokens = {}
   for name, side in sides.items():
     side.must("sample", **req, **extra.get(name, {}))  # compiles
+  # Uniform lengths: the same call's weight matmuls alone (`peer_sides.matmul_floor`), in
+  # our process, timed in each round beside the sides.
+  floor = work["kind"] == "uniform" and not args.no_floor
+  floor_req = dict(rows=work["batch"], prompt_len=args.prompt_len, steps=args.new)
+  if floor:
+    sides["ours"].must("floor", **floor_req)  # compiles
+    runs["floor"] = []
   for r in range(args.rounds):
+    if floor:
+      ans = sides["ours"].must("floor", **floor_req)
+      runs["floor"].append({"seconds": ans["seconds"], "tokens": ans["tokens"],
+                            "tok_s": ans["tokens"] / ans["seconds"]})
+      log(f"  {work['name']} round {r + 1} floor (the weight matmuls alone): "
+          f"{ans['tokens']} tokens in {ans['seconds']:.2f} s = "
+          f"{ans['tokens'] / ans['seconds']:.1f} tok/s")
     for name, side in sides.items():
       ans = side.must("sample", **req, **extra.get(name, {}))
       ans["tokens"] = mark_eos(ans["tokens"], work["eos"])
@@ -323,7 +342,12 @@ def compare_sampling(sides: dict, work: dict, args, log) -> dict:
          "prompts": len(work["prompts"]), "eos_ids": len(work["eos"]), "runs": runs,
          "lengths": {n: lengths_summary(t, args.new) for n, t in tokens.items()},
          "vs": {}}
-  for peer in runs:
+  if floor:
+    # Each side's share of the floor: 1.5x a peer needs ours at 1.5x the peer's share.
+    res["of_floor"] = {n: ratios([x["tok_s"] for x in runs[n]],
+                                 [x["tok_s"] for x in runs["floor"]])
+                       for n in sides}
+  for peer in sides:
     if peer != "ours":
       res["vs"][peer] = {"ratio": ratios([x["tok_s"] for x in runs["ours"]],
                                          [x["tok_s"] for x in runs[peer]]),
@@ -443,6 +467,9 @@ def render(res: dict) -> str:
     med = {n: statistics.median(x["tok_s"] for x in v) for n, v in s["runs"].items()}
     lines.append(f"sampling {s['name']:<12} " + ", ".join(
         f"{n} {v:.1f} tok/s" for n, v in med.items()))
+    if "of_floor" in s:
+      lines.append("    of the floor (the weight matmuls alone, same run): " + ", ".join(
+          f"{n} {v['median']:.0%}" for n, v in s["of_floor"].items()))
     for peer, vs in s.get("vs", {}).items():
       lines.append(f"    ours/{peer} {vs['ratio']['median']:.2f}x (rounds: "
                    f"{', '.join(f'{r:.2f}' for r in vs['ratio']['per_round'])}); greedy "
