@@ -469,7 +469,9 @@ def render(res: dict) -> str:
         f"{n} {v:.1f} tok/s" for n, v in med.items()))
     if "of_floor" in s:
       lines.append("    of the floor (the weight matmuls alone, same run): " + ", ".join(
-          f"{n} {v['median']:.0%}" for n, v in s["of_floor"].items()))
+          f"{n} {v['median']:.0%}" for n, v in s["of_floor"].items()) + "; a sampler at "
+          "the floor would be " + ", ".join(
+              f"{1 / v['median']:.2f}x {n}" for n, v in s["of_floor"].items() if n != "ours"))
     for peer, vs in s.get("vs", {}).items():
       lines.append(f"    ours/{peer} {vs['ratio']['median']:.2f}x (rounds: "
                    f"{', '.join(f'{r:.2f}' for r in vs['ratio']['per_round'])}); greedy "

@@ -1,5 +1,5 @@
 """Where one sampling call of a side spends its time: JAX's profiler around a uniform-length
-call (peers.py's first workload), then the call's wall time split over the compiled ops.
+call (peers.py's first workload; `--workload rl`: its RL-lengths call), then the call's wall time split over the compiled ops.
 
     python benchmarks/peers/profile_call.py ours /tmp/jaxrl_peers/qwen3_8_512_32768_f32
     /work/peers-venv/bin/python benchmarks/peers/profile_call.py tunix CHECKPOINT
@@ -100,6 +100,8 @@ def main(argv=None) -> int:
   p.add_argument("--batch", type=int, default=16)
   p.add_argument("--decode-chunk", type=int, default=16, help="ours only")
   p.add_argument("--top", type=int, default=25, help="rows of the op table (default 25)")
+  p.add_argument("--workload", choices=("uniform", "rl"), default="uniform",
+                 help="peers.py's uniform-length call (default) or its RL-lengths one")
   args = p.parse_args(argv)
   # The HLO after optimisation names each op's JAX source (op_name); before jax loads.
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
@@ -110,10 +112,11 @@ def main(argv=None) -> int:
 
   with open(os.path.join(args.model, "config.json")) as f:
     vocab = __import__("json").load(f)["vocab_size"]
-  work = peers.sample_workloads(vocab, peers.parse_args(["--batches", str(args.batch)]))[0]
+  works = peers.sample_workloads(vocab, peers.parse_args(["--batches", str(args.batch)]))
+  work = next(w for w in works if w["kind"] == args.workload)
   side = peer_sides.SIDES[args.side]()
   side.load(args.model)
-  kw = dict(prompts=work["prompts"], max_new=128, eos=[], slots=args.batch,
+  kw = dict(prompts=work["prompts"], max_new=128, eos=work["eos"], slots=args.batch,
             buckets=work["buckets"])
   if args.side == "ours":
     kw["decode_chunk"] = args.decode_chunk
