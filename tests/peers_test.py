@@ -140,29 +140,6 @@ def test_our_side_on_a_tiny_checkpoint(tmp_path):
   assert peer_sides.versions()["python"]
 
 
-def test_matmul_floor_does_every_product(tmp_path):
-  """The floor's program does the products of a sampling call, counted by hand from the
-  checkpoint's shapes: XLA's cost analysis (which counts a loop's body once) sees the
-  prompt pass, the LM head after it and one decode step, each projection included (no
-  product left out as dead code), and little else."""
-  from benchmarks.common import random_checkpoint  # pylint: disable=g-import-not-at-top
-
-  shape = dict(peers.QUICK_SHAPE, vocab_size=256, num_hidden_layers=2)
-  model = str(tmp_path / "ckpt")
-  random_checkpoint.write_qwen3(model, "float32", **shape)
-  rows, prompt_len, steps = 4, 16, 8
-  run, args = peer_sides.matmul_floor(model, rows, prompt_len, steps)
-  d, f, h = shape["hidden_size"], shape["intermediate_size"], shape["head_dim"]
-  n, k = shape["num_attention_heads"], shape["num_key_value_heads"]
-  per_token = shape["num_hidden_layers"] * (2 * d * n * h + 2 * d * k * h + 3 * d * f)
-  head = d * shape["vocab_size"]
-  hand = 2 * (rows * prompt_len * per_token + rows * head + rows * (per_token + head))
-  flops = run.lower(*args).compile().cost_analysis()["flops"]
-  assert hand <= flops <= 1.05 * hand, (flops, hand)
-  out = run(*args)
-  assert out.shape == (steps, rows)
-
-
 def test_profile_call_shares_the_wall_time_among_the_ops_running():
   """Two ops overlapping on two threads split the overlap; a gap counts as idle; the
   executor's own spans are no op; rows are named by the HLO's op_name."""

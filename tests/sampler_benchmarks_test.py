@@ -44,6 +44,14 @@ def test_matmul_floor_runs_every_weight_matmul_of_a_decode_step(tied, dtype):
   assert matmul_flops <= flops <= 1.25 * matmul_flops
   assert all(w.dtype == dtype for w in jax.tree.leaves(args))  # the model's dtype throughout
   assert sampler_bench.matmul_floor(cfg, batch, dtype, steps=3, repeats=1) > 0
+  # With prompts (benchmarks/peers' whole call): their rows through every projection and
+  # one row per prompt through the LM head, before the loop.
+  prompt_len = 5
+  run, args = sampler_bench.floor_program(cfg, batch, dtype, steps=3, prompt_len=prompt_len)
+  with_prompts = run.lower(*args).compile().cost_analysis()["flops"]
+  prompt_flops = 2 * batch * (prompt_len * cfg.num_layers * per_layer + cfg.vocab_size * d)
+  assert matmul_flops + prompt_flops <= with_prompts <= 1.25 * (matmul_flops + prompt_flops)
+  assert run(*args).shape == (batch, d)
 
 
 @pytest.mark.slow  # spawns torch; the engine tests check greedy parity in the default run

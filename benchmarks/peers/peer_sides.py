@@ -127,12 +127,19 @@ class Ours:
     return {"seconds": seconds, "tokens": [o.tokens.tolist() for o in outs]}
 
   def floor(self, rows: int, prompt_len: int, steps: int) -> dict:
-    """A uniform-length sampling call's weight matmuls alone, timed (`matmul_floor`)."""
+    """A uniform-length sampling call's weight matmuls alone, timed: the prompts' and then
+    `steps` decode steps' (benchmarks/sampler's `floor_program`, at this model's shapes and
+    dtype), what no sampler on XLA:CPU's matmuls can beat."""
     import jax  # pylint: disable=g-import-not-at-top
+
+    from benchmarks.sampler import sampler_bench  # pylint: disable=g-import-not-at-top
 
     key = ("floor", rows, prompt_len, steps)
     if key not in self.samplers:
-      self.samplers[key] = matmul_floor(self.path, rows, prompt_len, steps)
+      run, args = sampler_bench.floor_program(self.model_cfg, rows, self.model_cfg.dtype,
+                                              steps=steps, prompt_len=prompt_len)
+      jax.block_until_ready(run(*args))  # compiles
+      self.samplers[key] = run, args
     run, args = self.samplers[key]
     start = time.perf_counter()
     jax.block_until_ready(run(*args))
@@ -431,61 +438,6 @@ class Trl:
     return {"losses": losses, "seconds": seconds}
 
 
-def matmul_floor(path: str, rows: int, prompt_len: int, steps: int):
-  """(jitted fn, its args): the matrix products of greedy sampling `steps` tokens for `rows`
-  prompts of `prompt_len` ids from the Qwen3 checkpoint at `path`, and nothing else.
-
-  One pass of the rows * prompt_len prompt tokens through every projection (the prefill's
-  matmuls), then `steps` steps of `rows` tokens through every projection and the LM head,
-  each step's input the embedding of the previous step's argmax. No attention (the o
-  projection's input is q plus a sum of the keys and of the values), no norms, no RoPE,
-  no KV cache, no sampling bookkeeping. A sampler does at least these products and reads
-  at least its KV cache besides, so this bounds its speed on XLA:CPU's matmuls from above
-  (with the weights laid out [in, out], one product each). The weights come from the
-  checkpoint's safetensors through NumPy, not through jaxrl_scale."""
-  import glob  # pylint: disable=g-import-not-at-top
-
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-
-  w = {}
-  for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-    w.update(load_file(f))
-  cfg = hf_config(path)
-  names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-  layers = [tuple(jnp.asarray(w[f"model.layers.{i}.{n}.weight"].T) for n in names)
-            for i in range(cfg["num_hidden_layers"])]
-  embed = jnp.asarray(w["model.embed_tokens.weight"])
-  head = jnp.asarray(w.get("lm_head.weight", w["model.embed_tokens.weight"]).T)
-
-  def block(x, layers):
-    for q, k, v, o, g, u, d in layers:
-      # The keys and values feed the o projection's input (a sum each), so that XLA keeps
-      # their products.
-      mixed = x @ q + (x @ k).sum(-1, keepdims=True) + (x @ v).sum(-1, keepdims=True)
-      x = x + mixed @ o
-      x = x + (jax.nn.silu(x @ g) * (x @ u)) @ d
-    return x
-
-  @jax.jit
-  def run(prompt_ids, layers, embed, head):
-    x = block(embed[prompt_ids.reshape(-1)], layers).reshape(rows, prompt_len, -1)[:, -1]
-    tok = jnp.argmax(x @ head, axis=-1)
-
-    def step(tok, _):
-      t = jnp.argmax(block(embed[tok], layers) @ head, axis=-1)
-      return t, t
-
-    return jax.lax.scan(step, tok, None, length=steps)[1]
-
-  ids = jnp.asarray(np.random.default_rng(0).integers(3, embed.shape[0], (rows, prompt_len)))
-  args = (ids, layers, embed, head)
-  jax.block_until_ready(run(*args))  # compiles
-  return run, args
-
-
 SIDES = {"ours": Ours, "tunix": Tunix, "trl": Trl}
 
 
@@ -528,9 +480,9 @@ def main() -> int:
   if len(sys.argv) != 2 or sys.argv[1] not in SIDES:
     print(f"usage: peer_sides.py {{{','.join(SIDES)}}}", file=sys.stderr)
     return 2
-  here = os.path.dirname(os.path.abspath(__file__))
-  if sys.argv[1] == "ours":  # the repository root: jaxrl_scale without an install too
-    sys.path.insert(0, os.path.dirname(here))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  if sys.argv[1] == "ours":  # the repository root: jaxrl_scale and benchmarks.* by package
+    sys.path.insert(0, root)
   serve(SIDES[sys.argv[1]]())
   return 0
 

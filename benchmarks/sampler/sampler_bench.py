@@ -212,7 +212,7 @@ def _timed(sampler, requests, repeats: int = 1) -> tuple[float, list]:
   return best, outs
 
 
-def floor_program(model_cfg, batch: int, dtype: str, steps: int = 32):
+def floor_program(model_cfg, batch: int, dtype: str, steps: int = 32, prompt_len: int = 0):
   """(jitted program, its arguments): a decode step's weight matmuls alone, at `batch` rows.
 
   A jitted loop of `steps` steps. Each step runs every layer's q, k, v, o, gate, up and down
@@ -229,6 +229,11 @@ def floor_program(model_cfg, batch: int, dtype: str, steps: int = 32):
 
   Its tokens/s (`matmul_floor`) bound any decode that uses these matmul kernels: it reads
   the same weights per step as the real decode, from the same memory hierarchy.
+
+  `prompt_len` > 0: before the loop, the prefill's matmuls too: `batch` prompts of
+  `prompt_len` tokens ([batch * prompt_len, D]) through every layer's projections, then the
+  LM head on one row per prompt (a whole sampling call's weight matmuls, as
+  benchmarks/peers times it against the peers' calls).
   """
   import jax
   import jax.numpy as jnp
@@ -251,27 +256,41 @@ def floor_program(model_cfg, batch: int, dtype: str, steps: int = 32):
   x0 = jax.random.normal(jax.random.fold_in(key, 10_001), (batch, d), dtype)
   group = c.num_heads // c.num_kv_heads
 
-  def step(weights, head, x):
+  def layers(weights, x):
+    rows = x.shape[0]
     i = 0
     for layer in layer_shapes:
       wq, wk, wv, wo, wg, wu, wd, *router = weights[i:i + len(layer)]
       i += len(layer)
-      kv = (x @ wk + x @ wv).reshape(batch, c.num_kv_heads, 1, c.head_dim)
-      a = x @ wq + jnp.broadcast_to(kv, (batch, c.num_kv_heads, group, c.head_dim)).reshape(
-          batch, nh)
+      kv = (x @ wk + x @ wv).reshape(rows, c.num_kv_heads, 1, c.head_dim)
+      a = x @ wq + jnp.broadcast_to(kv, (rows, c.num_kv_heads, group, c.head_dim)).reshape(
+          rows, nh)
       x = x + a @ wo
       if router:  # the router's scores scale the experts' input, so it stays in the loop
         x = x * (1 + 1e-3 * jnp.max(x @ router[0], axis=-1, keepdims=True))
       x = x + (jax.nn.silu(x @ wg) * (x @ wu)) @ wd
       x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+    return x
+
+  def with_head(head, x):
     spec = (((1,), (1,)), ((), ())) if c.tie_embeddings else (((1,), (0,)), ((), ()))
     logits = jax.lax.dot_general(x, head, spec, preferred_element_type=jnp.float32)
     return x + 1e-3 * jnp.max(logits, axis=-1, keepdims=True).astype(x.dtype)
 
-  def run(x, weights, head):
+  def step(weights, head, x):
+    return with_head(head, layers(weights, x))
+
+  def run(x, weights, head, *prompt):
+    if prompt:  # each prompt's rows after the layers, averaged (so that every row stays
+      # live: the layers mix no rows, so XLA could cut a slice up through them) and through
+      # the head, start the loop
+      out = layers(weights, prompt[0]).reshape(batch, prompt_len, d).mean(axis=1)
+      x = x + 1e-3 * with_head(head, out)
     return jax.lax.fori_loop(0, steps, lambda _, x: step(weights, head, x), x)
 
-  return jax.jit(run), (x0, weights, head)
+  prompt = ([jax.random.normal(jax.random.fold_in(key, 10_002), (batch * prompt_len, d), dtype)]
+            if prompt_len else [])
+  return jax.jit(run), (x0, weights, head, *prompt)
 
 
 def matmul_floor(model_cfg, batch: int, dtype: str, steps: int = 32, repeats: int = 3) -> float:
