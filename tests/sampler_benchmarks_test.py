@@ -188,3 +188,11 @@ def test_a_transformers_failure_is_reported_and_our_decode_still_measured(tmp_pa
   assert list(dict.fromkeys(logged)) == list(phases) and len(logged) == len(phases) + 2
   assert report["ours_tok_s"] > 0 and "hf_tok_s" not in report and "ratio" not in report
   assert "[decode] transformers failed, no comparison: OutOfMemoryError" in out.err
+
+
+def test_view_bench_quick_gives_the_same_views_both_ways():
+  """view_bench checks paged_view against the whole-pages gather it replaced (an
+  independent formulation) before timing them, and says so."""
+  res = _json("view_bench.py", "--quick", "--json")
+  assert res["equal"] is True and res["speedup"] > 0
+  assert set(res["median_s"]) == {"paged_view", "whole_pages"}
