@@ -22,7 +22,7 @@ Sampling (greedy, float32): generated tokens per second of the library call, at 
     of `vocab / --eos-every` ids (drawn once, seed 0): a completion ends at each token with
     chance ~1/eos-every, the long-tailed, capped lengths of an RL batch.
 and the fraction of greedy tokens that agree between the sides (`agreement`). At uniform
-lengths each round also times the floor (`peer_sides.matmul_floor`: the call's weight
+lengths each round also times the floor (`sampler_bench.floor_program`: the call's weight
 matmuls alone, no attention or cache) and prints each side's share of it (`of_floor`):
 a ratio against a peer can be no larger than the floor over the peer's rate.
 
@@ -314,7 +314,7 @@ def compare_sampling(sides: dict, work: dict, args, log) -> dict:
   tokens = {}
   for name, side in sides.items():
     side.must("sample", **req, **extra.get(name, {}))  # compiles
-  # Uniform lengths: the same call's weight matmuls alone (`peer_sides.matmul_floor`), in
+  # Uniform lengths: the same call's weight matmuls alone (`sampler_bench.floor_program`), in
   # our process, timed in each round beside the sides.
   floor = work["kind"] == "uniform" and not args.no_floor
   floor_req = dict(rows=work["batch"], prompt_len=args.prompt_len, steps=args.new)
