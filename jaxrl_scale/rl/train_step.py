@@ -280,7 +280,11 @@ class Trainer:
 
   def batch_shardings(self, batch) -> Any:
     """NamedShardings for a batch of this shape: one example axis over 'fsdp'."""
-    leading = jax.tree.leaves(batch)[0].shape[:self.objective.example_dims]
+    leaves = jax.tree.leaves(batch)
+    leading = leaves[0].shape[:self.objective.example_dims] if leaves else ()
+    if not leading or 0 in leading:
+      raise UserError(f"an empty batch (example axes {tuple(leading)}): nothing to train on; "
+                      "a step needs at least one prompt with one completion")
     m = self.micro_batches
     if leading[0] % m:
       raise UserError(f"config key 'optim.micro_batch_prompts' (or 'sft.micro_batch_size'): "
