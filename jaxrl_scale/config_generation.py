@@ -45,6 +45,12 @@ class SamplerConfig:
   # memory, for faster decoding (XLA otherwise copies them out every step on GPU, every
   # decode chunk on CPU; README, Sampler). TPUs always keep one copy.
   layer_weight_copies: bool = True
+  # Batch sizes a decode chunk may run at: num_slots, then its halves (down to 4 rows), this
+  # many in all; a chunk runs on the smallest that holds its live rows (a batch's tail). Each
+  # is one more decode program to compile. null: 4 on CPU, whose decode matmuls are bound by
+  # compute (a tail of 8 live rows in 64 slots costs about half a full chunk), 1 elsewhere.
+  # A generator whose slots split over several devices always runs all of them.
+  decode_row_buckets: int | None = None
   # Copies of the weights a generator holds across an update: 2 keeps the posted weights
   # beside the live ones and swaps at the first chunk boundary after they are computed
   # (decoding never waits); 1 stops at the next chunk boundary, frees the live weights and
@@ -73,6 +79,8 @@ class SamplerConfig:
     _check(0 < self.top_p <= 1, "sampler.top_p", f"must be in (0, 1], got {self.top_p}")
     _check(self.top_k >= 0, "sampler.top_k", "must be >= 0")
     _check(self.decode_chunk >= 1, "sampler.decode_chunk", "must be >= 1")
+    _check(self.decode_row_buckets is None or self.decode_row_buckets >= 1,
+           "sampler.decode_row_buckets", f"must be >= 1 or null, got {self.decode_row_buckets}")
     _check(self.page_size >= 1, "sampler.page_size", "must be >= 1")
     _check(self.prefill_chunk >= 0, "sampler.prefill_chunk",
            f"must be >= 0 (0 = whole prompts), got {self.prefill_chunk}")

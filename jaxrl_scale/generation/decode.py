@@ -415,31 +415,91 @@ def resume_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotSt
 
 def decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState,
                    num_steps: int, truncate: bool, all_greedy: bool,
-                   view_pages: int, record_routing: bool = False) -> Callable:
+                   view_pages: int, record_routing: bool = False,
+                   rows: int | None = None) -> Callable:
   """jit(decode_chunk) taking (param_leaves, layer_leaves, state, consts, page table); the
   state is donated. layer_leaves: `layers_program`'s output where `splits_layers`, else
   None. `view_pages` bounds the attention read (see `decode_chunk`); the engine compiles a
   few values of it, so short sequences do not pay for reading the longest. Programs are
-  shared per `paged_attention.AUTO_IMPL` as well (it picks the attention traced in)."""
+  shared per `paged_attention.AUTO_IMPL` as well (it picks the attention traced in).
+
+  `rows` R (fewer than the slots; see `row_buckets`): the program takes one more argument,
+  the R distinct slots to run (`row_index`), and decodes only those: their rows of the
+  state and page table are gathered into an R-row chunk and scattered back after it (the
+  page pool is shared, so nothing of it moves); the output keeps one row per slot, the
+  other slots' rows empty (valid False)."""
   return _decode_program(graphdef, param_treedef, shardings, num_steps, truncate, all_greedy,
-                         view_pages, record_routing, paged_attention.AUTO_IMPL)
+                         view_pages, record_routing, paged_attention.AUTO_IMPL, rows)
 
 
 @functools.lru_cache(maxsize=None)
 def _decode_program(graphdef: nnx.GraphDef, param_treedef: Any, shardings: SlotState,
                     num_steps: int, truncate: bool, all_greedy: bool, view_pages: int,
-                    record_routing: bool, paged_override: str | None) -> Callable:
+                    record_routing: bool, paged_override: str | None,
+                    rows: int | None = None) -> Callable:
   del paged_override  # a cache key only: read again at trace time
 
-  def run(param_leaves, layer_leaves, state, consts, table_SM):
+  def chunk(param_leaves, layer_leaves, state, consts, table_SM):
     params = jax.tree.unflatten(param_treedef, param_leaves)
-    state, out = decode_chunk(graphdef, params, state, consts, table_SM, num_steps=num_steps,
-                              view_pages=view_pages, truncate=truncate, all_greedy=all_greedy,
-                              mesh=shardings.token_S.mesh, layer_leaves=layer_leaves,
-                              record_routing=record_routing)
+    return decode_chunk(graphdef, params, state, consts, table_SM, num_steps=num_steps,
+                        view_pages=view_pages, truncate=truncate, all_greedy=all_greedy,
+                        mesh=shardings.token_S.mesh, layer_leaves=layer_leaves,
+                        record_routing=record_routing)
+
+  def run(param_leaves, layer_leaves, state, consts, table_SM):
+    state, out = chunk(param_leaves, layer_leaves, state, consts, table_SM)
     return jax.lax.with_sharding_constraint(state, shardings), out
 
-  return jax.jit(run, donate_argnums=(2,))
+  def run_rows(param_leaves, layer_leaves, state, consts, table_SM, slots_R):
+    per_slot = [f.name for f in dataclasses.fields(state) if f.name != "cache"]
+    sub = dataclasses.replace(state, **{k: getattr(state, k)[slots_R] for k in per_slot})
+    sub, out_R = chunk(param_leaves, layer_leaves, sub, consts, table_SM[slots_R])
+    state = dataclasses.replace(state, cache=sub.cache, **{
+        k: getattr(state, k).at[slots_R].set(getattr(sub, k)) for k in per_slot})
+    num_slots = state.token_S.shape[0]
+
+    def widen(x_NR):  # [N, R, ...] -> [N, S, ...], zeros (valid False) off the R slots
+      full = jnp.zeros((x_NR.shape[0], num_slots) + x_NR.shape[2:], x_NR.dtype)
+      return full.at[:, slots_R].set(x_NR)
+
+    out = jax.tree.map(widen, out_R)
+    return jax.lax.with_sharding_constraint(state, shardings), out
+
+  return jax.jit(run if rows is None else run_rows, donate_argnums=(2,))
+
+
+# Rows below which a decode chunk does not shrink further (`row_buckets`): a matmul of fewer
+# rows reads the same weights for hardly less time.
+MIN_ROWS = 4
+
+
+def row_buckets(setting: int | None, num_slots: int, mesh: Mesh | None,
+                sharded_slots: bool) -> tuple[int, ...]:
+  """The row counts a decode chunk may run at (`sampler.decode_row_buckets`), largest first:
+  num_slots, then its halves down to MIN_ROWS, `setting` counts in all; None: 4 on CPU,
+  where decode matmuls are bound by compute (8 rows' weight matmuls take 0.79 of 16's time
+  and 0.45 of 64's: `floor.matmul_floor`, 8 layers x 512, vocab 32768), 1 elsewhere (a GPU or TPU decode reads the weights either way, and
+  each count is one more program to compile). Always only num_slots where the slots are
+  sharded over several devices (a smaller chunk would gather rows across them)."""
+  n = setting if setting is not None else (4 if on_cpu(mesh) else 1)
+  out = [num_slots]
+  while (not sharded_slots and len(out) < n and out[-1] % 2 == 0
+         and out[-1] // 2 >= MIN_ROWS):
+    out.append(out[-1] // 2)
+  return tuple(out)
+
+
+def row_index(buckets: Sequence[int], live_slots: Sequence[int]) -> np.ndarray | None:
+  """The slots a decode chunk runs: None for all of them (`buckets[0]`), else the smallest
+  bucket's worth holding every live slot: those first, then free slots (inactive on the
+  device: they decode nothing and are written back unchanged)."""
+  live = sorted(live_slots)
+  rows = min((b for b in buckets if b >= len(live)), default=buckets[0])
+  if rows == buckets[0]:
+    return None
+  taken = set(live)
+  free = [s for s in range(buckets[0]) if s not in taken][:rows - len(live)]
+  return np.asarray(live + free, np.int32)
 
 
 decode_program.cache_clear = _decode_program.cache_clear  # forgets the compiled programs

@@ -30,17 +30,15 @@ Host loop, one iteration per decode chunk:
      pieces through the pages (chunked prefill mixed with decode: a long prompt is
      prefilled c positions per iteration while the live sequences keep decoding, and the
      prefill's activations never exceed c positions per row). A row decodes from the
-     chunk after the piece that completes its prompt; a weight swap between pieces keeps
-     what earlier pieces wrote, as it keeps decoded tokens' keys;
+     chunk after the piece that completes its prompt;
   3. give every live sequence the pages its next chunk writes; where a shard has too few,
      preempt its most recently admitted sequences: their pages go back and their requests
      restart from the prompt later (same seed: with the same weights, the same tokens;
-     Stats.preemptions counts them). The alternative, reserving every sequence's whole
-     budget at admission, would give back the memory paging saves. A sequence whose
-     prompt is still going in piece by piece is not live and is never preempted: it
-     already holds the pages of its prompt and first chunk, so it needs none until it
-     decodes;
-  4. dispatch the next jitted chunk of N decode steps;
+     Stats.preemptions counts them). Reserving every sequence's whole budget at admission
+     would give back the memory paging saves. A sequence whose prompt is still going in
+     piece by piece is not live and needs no pages until it decodes;
+  4. dispatch the next jitted chunk of N decode steps (on CPU, with few live rows, over a
+     smaller bucket of the slots: `sampler.decode_row_buckets`);
   5. read back the chunk dispatched before it, hand out finished sequences and free their
      pages. An episode whose turn ended leaves its slot with its pages held (parked) while
      its environment works; answered, it continues in a free slot before new requests
@@ -59,8 +57,8 @@ Compiled programs: one prefill per (piece length: the prompt bucket or prefill_c
 power-of-two admission count, distinct prompts rounded to 1, 2, 3, 4, 6, 8, 12, ...,
 positions before the piece); one decode chunk per sampling mode and, off
 TPU, pages read per row (a few counts, each about an eighth of the longest; on TPU the
-ragged kernel reads each row's own length). Weights over the mesh's 'tp' axis, slots and
-the page pool over 'data'.
+ragged kernel reads each row's own length) and row bucket. Weights over the mesh's 'tp'
+axis, slots and the page pool over 'data'.
 
 A Sampler runs one generate/stream at a time; update_params is the only method meant to
 be called from other threads.
@@ -205,7 +203,9 @@ class Sampler(weights.WeightSwap, episodes.EpisodeSlots):
     self._admissions = 0
     self._admit_fns: dict[int, Callable] = {}  # by piece start (chunked prefill)
     self._jobs: list[prefill.PrefillJob] = []  # prefills with pieces still to run
-    self._decode_fns: dict[tuple[bool, bool, int], Callable] = {}
+    self._decode_fns: dict[tuple[bool, bool, int, int | None], Callable] = {}
+    self._row_buckets = decode.row_buckets(cfg.decode_row_buckets, self.num_slots, self.mesh,
+                                           sharded_slots=data > 1)
     self._state = self._init_fn()
     self._running = False
     self.stats = Stats()
@@ -261,7 +261,6 @@ class Sampler(weights.WeightSwap, episodes.EpisodeSlots):
 
   def reset_stats(self) -> None:
     self.stats = Stats()
-
   @property
   def asleep(self) -> bool:
     """Whether `sleep` has freed the sampler's device memory (the next run rebuilds it)."""
@@ -339,12 +338,13 @@ class Sampler(weights.WeightSwap, episodes.EpisodeSlots):
       self.stats.prefill_tokens += u * job.piece
       self.stats.unshared_prefill_tokens += n * job.piece
 
-  def _decode_fn(self, truncate: bool, all_greedy: bool, view_pages: int) -> Callable:
-    key = (truncate, all_greedy, view_pages)
+  def _decode_fn(self, truncate: bool, all_greedy: bool, view_pages: int,
+                 rows: int | None) -> Callable:
+    key = (truncate, all_greedy, view_pages, rows)
     if key not in self._decode_fns:
       self._decode_fns[key] = decode.decode_program(
           self._graphdef, self._param_treedef, self._state_shardings, self.cfg.decode_chunk,
-          truncate, all_greedy, view_pages, self.record_routing)
+          truncate, all_greedy, view_pages, self.record_routing, rows)
     return self._decode_fns[key]
 
   def _device_table(self) -> jax.Array:
@@ -360,14 +360,9 @@ class Sampler(weights.WeightSwap, episodes.EpisodeSlots):
             + min(buf.steps_dispatched + self.cfg.decode_chunk, buf.limit))
 
   def _view_pages(self, live: list[records.TokenBuffer]) -> int:
-    """Pages the next chunk reads per row, rounded up to one of a few compiled counts (the
-    whole table on TPU, whose kernel reads each row's own length)."""
-    if self._ragged:
-      return self._pool.width
+    """Pages the next chunk reads per row (all on TPU: its kernel reads each row's length)."""
     need = max(self._positions_after_chunk(b) for b in live)
-    step = max(64, decode.next_pow2(self.max_len) // 8)
-    positions = min(self.max_len, -(-need // step) * step)
-    return min(self._pool.width, self._pool.pages_for(positions))
+    return self._pool.width if self._ragged else self._pool.view_pages(need, self.max_len)
 
   def _run(self, requests: Iterator[records.Request], on_chunk,
            ) -> Iterator[tuple[records.Request, records.Completion]]:
@@ -418,12 +413,17 @@ class Sampler(weights.WeightSwap, episodes.EpisodeSlots):
         live_slots = [s for s, o in enumerate(owners)
                       if o is not None and o.prefilled and not o.surely_done]
         self._grow(live_slots, owners, admitted_at)
-        live = [owners[s] for s in live_slots if owners[s] is not None]
+        live_slots = [s for s in live_slots if owners[s] is not None]  # less the preempted
+        live = [owners[s] for s in live_slots]
         if live:
           truncate, all_greedy = sampling.chunk_modes(self.cfg, live)
-          self._state, out = self._decode_fn(truncate, all_greedy, self._view_pages(live))(
-              self._param_leaves, self._layer_leaves, self._state, self._consts,
-              self._device_table())
+          rows = decode.row_index(self._row_buckets, live_slots)
+          extra = () if rows is None else (rows,)
+          self._state, out = self._decode_fn(
+              truncate, all_greedy, self._view_pages(live), len(rows) if extra else None)(
+                  self._param_leaves, self._layer_leaves, self._state, self._consts,
+                  self._device_table(), *extra)
+          self.stats.row_chunks += bool(extra)
           inflight.append((out, self.version, [(o, o.turn) if o is not None else None
                                                for o in owners]))
           for buf in live:

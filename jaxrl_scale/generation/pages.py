@@ -112,6 +112,13 @@ class PagePool:
     """Pages that hold positions [0, positions)."""
     return -(-positions // self.page_size)
 
+  def view_pages(self, positions: int, max_len: int) -> int:
+    """Pages a decode chunk reads per row to cover positions [0, positions): rounded up to
+    a multiple of about an eighth of `max_len` (at least 64 positions), so a few compiled
+    counts serve every length."""
+    step = max(64, (1 << max(0, (max_len - 1).bit_length())) // 8)
+    return min(self.width, self.pages_for(min(max_len, -(-positions // step) * step)))
+
   def free_pages(self, shard: int) -> int:
     return len(self._free[shard])
 

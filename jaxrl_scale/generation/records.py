@@ -341,6 +341,7 @@ class Stats:
   prefill_tokens: int = 0  # prompt positions the prefill programs computed (padding included)
   prefill_pieces: int = 0  # prefill programs run (one per admission without chunked prefill)
   mixed_chunks: int = 0  # decode chunks dispatched while a chunked prefill was under way
+  row_chunks: int = 0  # decode chunks run on fewer rows than slots (sampler.decode_row_buckets)
   unshared_prefill_tokens: int = 0  # what they would have been with one prefill per row
   seconds: float = 0.0  # wall time inside stream()
   turns: int = 0  # model turns ended (single-turn sequences count one each)

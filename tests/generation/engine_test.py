@@ -92,6 +92,52 @@ def test_greedy_matches_transformers_static_and_continuous(family, hf_checkpoint
       assert not out.forced.any() and (out.versions == 0).all()
 
 
+def test_a_batch_tail_decodes_on_fewer_rows_and_still_matches_transformers(hf_checkpoints,
+                                                                          loaded, prompts):
+  # 16 requests through 8 slots, EOS on: once 4 or fewer are live, a chunk runs on a bucket
+  # of 4 rows (gathered out of the slots, scattered back). Tokens and logprobs must match
+  # transformers' greedy decode, and sampled ones the all-slots run's.
+  model, _ = loaded["qwen3"]
+  eos = _pick_eos([c.tokens.tolist() for c in _sampler(model).generate(prompts)])
+  refs = [_hf_greedy(hf_checkpoints["qwen3"].hf_model, p, SAMPLER.max_new_tokens, eos)
+          for p in prompts]
+  sampler = _sampler(model, eos_ids=[eos], num_slots=8, decode_row_buckets=2)
+  assert sampler._row_buckets == (8, 4)
+  outs = sampler.generate(_samples(prompts, 2))
+  assert sampler.stats.row_chunks > 0 and sampler.stats.row_chunks < sampler.stats.chunks
+  for i, out in enumerate(outs):
+    ref_tokens, ref_logprobs = refs[i // 2]
+    assert out.tokens.tolist() == ref_tokens
+    np.testing.assert_allclose(out.logprobs, ref_logprobs, atol=1e-4, rtol=0)
+
+  def sampled(buckets):  # a sixth of the ids end a sequence, so lengths are ragged
+    s = _sampler(model, eos_ids=list(range(0, 256, 6)), num_slots=8, temperature=1.0,
+                 decode_row_buckets=buckets)
+    return s, s.generate(_samples(prompts, 2))
+
+  (rows, hot), (_, full) = sampled(2), sampled(1)
+  assert rows.stats.row_chunks > 0
+  for a, b in zip(hot, full):
+    assert a.tokens.tolist() == b.tokens.tolist()
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+
+
+def test_row_buckets_halve_down_to_four_rows_and_never_split_sharded_slots():
+  cpu = mesh_lib.single_device_mesh(axes=mesh_lib.GENERATOR_AXES)
+  assert decode.row_buckets(None, 64, cpu, sharded_slots=False) == (64, 32, 16, 8)
+  assert decode.row_buckets(None, 16, cpu, sharded_slots=False) == (16, 8, 4)
+  assert decode.row_buckets(2, 64, cpu, sharded_slots=False) == (64, 32)
+  assert decode.row_buckets(None, 6, cpu, sharded_slots=False) == (6,)
+  assert decode.row_buckets(4, 64, cpu, sharded_slots=True) == (64,)
+  buckets = (16, 8, 4)
+  assert decode.row_index(buckets, list(range(9))) is None  # 9 live: all 16 slots
+  got = decode.row_index(buckets, [13, 2, 7])
+  assert got.tolist() == [2, 7, 13, 0]  # the live slots, then a free one to fill 4 rows
+  assert len(set(decode.row_index(buckets, [1, 3, 5, 15, 0]).tolist())) == 8
+  with pytest.raises(UserError, match="decode_row_buckets"):
+    SamplerConfig(decode_row_buckets=0)
+
+
 def test_long_generation_through_cache_views_matches_transformers(hf_checkpoints, loaded,
                                                                  prompts):
   # Cache length 16 + 80 = 96: early chunks read the first 4 pages of 16 positions, later
