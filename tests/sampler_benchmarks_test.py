@@ -196,3 +196,13 @@ def test_view_bench_quick_gives_the_same_views_both_ways():
   res = _json("view_bench.py", "--quick", "--json")
   assert res["equal"] is True and res["speedup"] > 0
   assert set(res["median_s"]) == {"paged_view", "whole_pages"}
+
+
+def test_rows_bench_quick_runs_a_tail_on_fewer_rows_with_the_same_tokens(tmp_path):
+  """rows_bench checks that the sampler on fewer rows gives the all-slots tokens, and
+  counts the chunks that ran on fewer rows (none would mean it timed nothing new)."""
+  res = _json("rows_bench.py", "--quick", "--json", "--cache", str(tmp_path))
+  (w,) = res["workloads"].values()
+  assert w["same_tokens"] is True and w["row_buckets"] == [8, 4]
+  assert 0 < w["chunks_on_fewer_rows"][0] < w["chunks_on_fewer_rows"][1]
+  assert set(w["median_s"]) == {"rows", "all_slots"} and w["speedup"] > 0
