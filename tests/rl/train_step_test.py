@@ -204,17 +204,11 @@ def test_positive_advantage_up_compile_once_and_nonfinite_skip():
 
 def test_an_empty_batch_is_a_one_line_error_and_the_trainer_still_trains():
   trainer = make_trainer(mesh_8())
-  empty = batch_lib.pack_rl([], [], [], np.zeros((0, G)), seq_len=S)
-  with pytest.raises(UserError, match="empty batch"):
-    trainer.step(empty)
-  with pytest.raises(UserError, match="empty batch"):
-    trainer.lower({})
-  before = host(trainer.state.params)
-  metrics = host(trainer.step(make_batch(0)))
-  assert np.isfinite(metrics["loss"])
-  moved = jax.tree.leaves(jax.tree.map(lambda a, b: np.abs(a - b).max(), before,
-                                       host(trainer.state.params)))
-  assert max(moved) > 0
+  for empty in (batch_lib.pack_rl([], [], [], np.zeros((0, G)), seq_len=S), {}):
+    pytest.raises(UserError, trainer.step, empty).match("empty batch")
+  before = jax.tree.leaves(host(trainer.state.params))
+  assert np.isfinite(host(trainer.step(make_batch(0)))["loss"])
+  assert any((a != b).any() for a, b in zip(before, jax.tree.leaves(host(trainer.state.params))))
 
 
 def test_micro_batches_for_config():
