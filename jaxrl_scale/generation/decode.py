@@ -479,9 +479,10 @@ def row_buckets(setting: int | None, num_slots: int, mesh: Mesh | None,
   """The row counts a decode chunk may run at (`sampler.decode_row_buckets`), largest first:
   num_slots, then its halves down to MIN_ROWS, `setting` counts in all; None: 4 on CPU,
   where decode matmuls are bound by compute (8 rows' weight matmuls take 0.79 of 16's time
-  and 0.45 of 64's: `floor.matmul_floor`, 8 layers x 512, vocab 32768), 1 elsewhere (a GPU or TPU decode reads the weights either way, and
-  each count is one more program to compile). Always only num_slots where the slots are
-  sharded over several devices (a smaller chunk would gather rows across them)."""
+  and 0.45 of 64's: `floor.matmul_floor`, 8 layers x 512, vocab 32768), 1 elsewhere (a GPU
+  or TPU decode reads the weights either way, and each count is one more program to
+  compile). Always only num_slots where the slots are sharded over several devices (a
+  smaller chunk would gather rows across them)."""
   n = setting if setting is not None else (4 if on_cpu(mesh) else 1)
   out = [num_slots]
   while (not sharded_slots and len(out) < n and out[-1] % 2 == 0

@@ -30,7 +30,8 @@ Host loop, one iteration per decode chunk:
      pieces through the pages (chunked prefill mixed with decode: a long prompt is
      prefilled c positions per iteration while the live sequences keep decoding, and the
      prefill's activations never exceed c positions per row). A row decodes from the
-     chunk after the piece that completes its prompt;
+     chunk after the piece that completes its prompt; a weight swap between pieces keeps
+     what earlier pieces wrote, as it keeps decoded tokens' keys;
   3. give every live sequence the pages its next chunk writes; where a shard has too few,
      preempt its most recently admitted sequences: their pages go back and their requests
      restart from the prompt later (same seed: with the same weights, the same tokens;
@@ -261,6 +262,7 @@ class Sampler(weights.WeightSwap, episodes.EpisodeSlots):
 
   def reset_stats(self) -> None:
     self.stats = Stats()
+
   @property
   def asleep(self) -> bool:
     """Whether `sleep` has freed the sampler's device memory (the next run rebuilds it)."""
@@ -339,12 +341,12 @@ class Sampler(weights.WeightSwap, episodes.EpisodeSlots):
       self.stats.unshared_prefill_tokens += n * job.piece
 
   def _decode_fn(self, truncate: bool, all_greedy: bool, view_pages: int,
-                 rows: int | None) -> Callable:
-    key = (truncate, all_greedy, view_pages, rows)
+                 rows: np.ndarray | None) -> Callable:
+    key = (truncate, all_greedy, view_pages, None if rows is None else len(rows))
     if key not in self._decode_fns:
       self._decode_fns[key] = decode.decode_program(
           self._graphdef, self._param_treedef, self._state_shardings, self.cfg.decode_chunk,
-          truncate, all_greedy, view_pages, self.record_routing, rows)
+          truncate, all_greedy, view_pages, self.record_routing, key[3])
     return self._decode_fns[key]
 
   def _device_table(self) -> jax.Array:
@@ -417,13 +419,11 @@ class Sampler(weights.WeightSwap, episodes.EpisodeSlots):
         live = [owners[s] for s in live_slots]
         if live:
           truncate, all_greedy = sampling.chunk_modes(self.cfg, live)
-          rows = decode.row_index(self._row_buckets, live_slots)
-          extra = () if rows is None else (rows,)
-          self._state, out = self._decode_fn(
-              truncate, all_greedy, self._view_pages(live), len(rows) if extra else None)(
-                  self._param_leaves, self._layer_leaves, self._state, self._consts,
-                  self._device_table(), *extra)
-          self.stats.row_chunks += bool(extra)
+          rows = decode.row_index(self._row_buckets, live_slots)  # None: every slot
+          self._state, out = self._decode_fn(truncate, all_greedy, self._view_pages(live), rows)(
+              self._param_leaves, self._layer_leaves, self._state, self._consts,
+              self._device_table(), *(() if rows is None else (rows,)))
+          self.stats.row_chunks += rows is not None
           inflight.append((out, self.version, [(o, o.turn) if o is not None else None
                                                for o in owners]))
           for buf in live:
