@@ -253,3 +253,28 @@ def test_pack_rl_rejects_routing_of_the_wrong_length():
   with pytest.raises(ValueError, match="covers 2 positions, expected 3"):
     batch_lib.pack_rl([[1, 2]], [[[3, 4]]], [[[-1.0, -1.0]]], np.zeros((1, 1)), seq_len=6,
                       routing=[[np.zeros((2, 1, 2), np.uint8)]])
+
+
+def test_a_tail_on_fewer_rows_records_the_same_routing():
+  # EOS on, so rows end at different steps and the tail runs on 4 of the 8 slots: the
+  # routing records are scattered back to their slots with the tokens.
+  model = _model(mesh_lib.single_device_mesh())
+  rng = np.random.default_rng(1)
+  prompts = [[int(t) for t in rng.integers(1, 64, size=rng.integers(2, MAX_PROMPT + 1))]
+             for _ in range(6)]
+  runs = []
+  for buckets in (1, 2):
+    sampler = engine.Sampler(
+        model, config.SamplerConfig(num_slots=8, max_new_tokens=S - MAX_PROMPT,
+                                    temperature=TEMPERATURE, decode_chunk=2,
+                                    prompt_buckets=(8,), decode_row_buckets=buckets),
+        eos_ids=tuple(range(1, 64, 5)), seed=3, max_prompt_len=MAX_PROMPT,
+        record_routing=True)
+    runs.append(sampler.generate([records.Request(p, prompt_id=i, sample_index=g)
+                                  for i, p in enumerate(prompts) for g in range(2)]))
+    assert (sampler.stats.row_chunks > 0) == (buckets == 2)
+  assert len({c.num_tokens for c in runs[0]}) > 2  # ragged lengths: a real tail
+  for full, rows in zip(*runs):
+    assert full.tokens.tolist() == rows.tokens.tolist()
+    np.testing.assert_array_equal(full.routing, rows.routing)
+    np.testing.assert_allclose(full.logprobs, rows.logprobs, atol=1e-5, rtol=0)
