@@ -364,7 +364,7 @@ class Sampler(weights.WeightSwap, episodes.EpisodeSlots):
   def _view_pages(self, live: list[records.TokenBuffer]) -> int:
     """Pages the next chunk reads per row (all on TPU: its kernel reads each row's length)."""
     need = max(self._positions_after_chunk(b) for b in live)
-    return self._pool.width if self._ragged else self._pool.view_pages(need, self.max_len)
+    return self._pool.width if self._ragged else self._pool.view_pages(need)
 
   def _run(self, requests: Iterator[records.Request], on_chunk,
            ) -> Iterator[tuple[records.Request, records.Completion]]:

@@ -91,6 +91,9 @@ class PagePool:
     self.shards = shards
     self.slots_per_shard = slots_per_shard
     self.width = -(-max_len // page_size)
+    self.max_len = max_len
+    # `view_pages` rounds to multiples of about an eighth of max_len, at least 64 positions.
+    self._view_step = max(64, (1 << max(0, (max_len - 1).bit_length())) // 8)
     self.null = pages_per_shard  # the null page's index on every shard
     self.table = np.full((shards * slots_per_shard, self.width), self.null, np.int32)
     self._held = [0] * (shards * slots_per_shard)  # table entries in use per slot
@@ -112,12 +115,11 @@ class PagePool:
     """Pages that hold positions [0, positions)."""
     return -(-positions // self.page_size)
 
-  def view_pages(self, positions: int, max_len: int) -> int:
-    """Pages a decode chunk reads per row to cover positions [0, positions): rounded up to
-    a multiple of about an eighth of `max_len` (at least 64 positions), so a few compiled
-    counts serve every length."""
-    step = max(64, (1 << max(0, (max_len - 1).bit_length())) // 8)
-    return min(self.width, self.pages_for(min(max_len, -(-positions // step) * step)))
+  def view_pages(self, positions: int) -> int:
+    """Pages a decode chunk reads per row to cover positions [0, positions), rounded up so
+    that a few compiled counts serve every length."""
+    step = self._view_step
+    return min(self.width, self.pages_for(min(self.max_len, -(-positions // step) * step)))
 
   def free_pages(self, shard: int) -> int:
     return len(self._free[shard])
