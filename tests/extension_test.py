@@ -175,3 +175,40 @@ def test_rescore_applies_the_current_rule_to_recorded_fits(bench, tmp_path, caps
       for key in ("kappa", "prior", "sd", "half_width"):
         assert f_new["extrapolation"][key] == pytest.approx(f_fresh["extrapolation"][key])
   assert again["checking"] == fresh["checking"] and again["issue64"] == fresh["issue64"]
+
+
+def _half_fit(seed, plateau):
+  return {"seed": f"seed{seed}", "plateau": plateau,
+          "fits": [{"fraction": 1 / 3, "error": "not scored"},
+                   {"fraction": 0.5, "forecast": 0.5, "interval": [0.4, 0.6]}]}
+
+
+def test_narrowest_scale_is_chosen_on_the_tuning_seeds_alone(bench, tmp_path, capsys):
+  # Ten tuning fits: eight land on their forecast, two need x1.3 and x1.8 of their band
+  # (0.627, 0.672); the checking fits need x1.15 and x1.8 (0.615, 0.672). At >= 90% held
+  # the tuning seeds allow x1.3 (9 of 10); the checking fits alone, or all 12 pooled,
+  # would need x1.8.
+  seeds = [_half_fit(i, 0.5) for i in range(8)] + [_half_fit(8, 0.627), _half_fit(9, 0.672)]
+  result = {"config": {"fractions": [1 / 3, 0.5]}, "seeds": seeds + [_half_fit(15, 0.615),
+                                                          _half_fit(16, 0.672)]}
+  fits = bench.half_budget_fits(result)
+  assert [f["checking"] for f in fits] == [False] * 10 + [True] * 2
+  row = bench.narrowest_scale(fits)
+  assert row["scale"] == pytest.approx(1.3)
+  assert row["as_built"]["tuning_held"] == pytest.approx(0.8)
+  assert row["as_built"]["checking_held"] == 0.0
+  assert row["as_built"]["checking_median_width"] == pytest.approx(0.2)
+  assert row["at_scale"]["tuning_held"] == pytest.approx(0.9)
+  assert row["at_scale"]["checking_held"] == 0.5
+  assert row["at_scale"]["checking_median_width"] == pytest.approx(0.26)
+  # A tuning set no scale rescues says so; without checking fits there is nothing to judge.
+  far = [_half_fit(i, 0.95) for i in range(10)] + [_half_fit(15, 0.5)]
+  assert bench.narrowest_scale(bench.half_budget_fits(
+      {"config": {"fractions": [1 / 3, 0.5]}, "seeds": far}))["scale"] is None
+  assert bench.narrowest_scale(fits[:10]) is None
+  path = tmp_path / "r.json"
+  path.write_text(json.dumps({**result, "checking": {"checking": {
+      "seeds": ["seed15"], "by_fraction": {"0.5": {"fits": 1, "held": 0}}}}}))
+  assert bench.main(["--combine", str(path)]) == 0
+  assert "allow (>= 90% held): x1.30: checking held 50%, median width 0.260" in (
+      capsys.readouterr().out)
