@@ -129,6 +129,11 @@ def _accuracy_held(files: list[dict]):
   counts, fits, lone = set(), [], []
   pooled: dict[tuple[str, str], list] = {}
   for d in files:
+    if "narrowest_scale" in d:  # `extension.py --combine --json`: its scaled intervals
+      row = d["narrowest_scale"]
+      lone += [v for part in ("as_built", "at_scale", "checking_would_pick")
+               for k, v in (row.get(part) or {}).items() if "width" in k]
+      continue
     for seed in d["seeds"]:
       lone.append(seed["plateau"])
       for f in seed["fits"]:

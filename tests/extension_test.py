@@ -184,10 +184,10 @@ def _half_fit(seed, plateau):
 
 
 def test_narrowest_scale_is_chosen_on_the_tuning_seeds_alone(bench, tmp_path, capsys):
-  # Ten tuning fits: eight land on their forecast, two need x1.3 and x1.8 of their band
-  # (0.627, 0.672); the checking fits need x1.15 and x1.8 (0.615, 0.672). At >= 90% held
+  # Ten tuning fits: eight land on their forecast, two need x1.3 and x1.75 of their band
+  # (0.627, 0.672); the checking fits need x1.15 and x1.75 (0.615, 0.672). At >= 90% held
   # the tuning seeds allow x1.3 (9 of 10); the checking fits alone, or all 12 pooled,
-  # would need x1.8.
+  # would need x1.75.
   seeds = [_half_fit(i, 0.5) for i in range(8)] + [_half_fit(8, 0.627), _half_fit(9, 0.672)]
   result = {"config": {"fractions": [1 / 3, 0.5]}, "seeds": seeds + [_half_fit(15, 0.615),
                                                           _half_fit(16, 0.672)]}
@@ -201,6 +201,7 @@ def test_narrowest_scale_is_chosen_on_the_tuning_seeds_alone(bench, tmp_path, ca
   assert row["at_scale"]["tuning_held"] == pytest.approx(0.9)
   assert row["at_scale"]["checking_held"] == 0.5
   assert row["at_scale"]["checking_median_width"] == pytest.approx(0.26)
+  assert row["checking_would_pick"]["scale"] == pytest.approx(1.75)
   # A tuning set no scale rescues says so; without checking fits there is nothing to judge.
   far = [_half_fit(i, 0.95) for i in range(10)] + [_half_fit(15, 0.5)]
   assert bench.narrowest_scale(bench.half_budget_fits(

@@ -394,10 +394,15 @@ def narrowest_scale(fits: list[dict]) -> dict | None:
   row = {"tuning_fits": len(tune), "checking_fits": len(check), "scale": scale,
          "as_built": dict(zip(("tuning_held", "tuning_median_width"), scaled(tune, 1.0)))
          | dict(zip(("checking_held", "checking_median_width"), scaled(check, 1.0)))}
+  def at(c):
+    return (dict(zip(("tuning_held", "tuning_median_width"), scaled(tune, c)))
+            | dict(zip(("checking_held", "checking_median_width"), scaled(check, c))))
+
   if scale is not None:
-    row["at_scale"] = (dict(zip(("tuning_held", "tuning_median_width"), scaled(tune, scale)))
-                       | dict(zip(("checking_held", "checking_median_width"),
-                                  scaled(check, scale))))
+    row["at_scale"] = at(scale)
+  # For contrast only: the scale the checking seeds would pick for themselves.
+  own = [c for c in SCALES if scaled(check, c)[0] >= CHECK_HOLD]
+  row["checking_would_pick"] = {"scale": own[0], **at(own[0])} if own else None
   return row
 
 
@@ -411,10 +416,12 @@ def render_scale(row: dict | None) -> str:
           f"({b['checking_median_width']:.3f})")
   if row["scale"] is None:
     return text + f"; no scale up to {SCALES[-1]} holds {CHECK_HOLD:.0%} of the tuning fits"
-  a = row["at_scale"]
+  a, own = row["at_scale"], row["checking_would_pick"]
   return (text + f"\nnarrowest scale the tuning seeds allow (>= {CHECK_HOLD:.0%} held): "
           f"x{row['scale']:.2f}: checking held {a['checking_held']:.0%}, median width "
-          f"{a['checking_median_width']:.3f}")
+          f"{a['checking_median_width']:.3f}" + ("" if own is None else (
+              f"\n(the checking seeds would pick x{own['scale']:.2f} for themselves: width "
+              f"{own['checking_median_width']:.3f}, tuning held {own['tuning_held']:.0%})")))
 
 
 def merge(result: dict, earlier: dict, args) -> None:
