@@ -343,10 +343,9 @@ def _clean(v):
 
 def _with_half_widths(result: dict) -> dict:
   """The checking seeds' half-budget widths, for pooling configs (`--combine`)."""
-  check = [s for s in result["seeds"] if "error" not in s and is_checking(s["seed"])]
-  half = [i for i, f in enumerate(result["config"]["fractions"]) if abs(f - 0.5) < 1e-9]
-  widths = [s["fits"][half[0]].get("width") for s in check] if half else []
-  return {"checking": result["checking"]["checking"], "widths_half": [w for w in widths if w is not None]}
+  return {"checking": result["checking"]["checking"],
+          "widths_half": [f["interval"][1] - f["interval"][0]
+                          for f in half_budget_fits(result) if f["checking"]]}
 
 
 def half_budget_fits(result: dict) -> list[dict]:
