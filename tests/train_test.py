@@ -165,6 +165,23 @@ def test_sft_dev_prompts_must_leave_training_examples(task_file, tmp_path):
     wiring.train(cfg, cfg.run.output_dir)
 
 
+@pytest.mark.parametrize("override, key", [
+    ("rl.loss=cipso", "rl.loss: unknown loss 'cipso'"),
+    ("rl.aggregation=prompt", "rl.aggregation: unknown aggregation"),
+    ("rl.advantage_norm=group", "rl.advantage_norm: unknown advantage normalization"),
+    ("rl.loss=grpo rl.clip_low=-1", "rl.clip_low")])
+def test_a_bad_objective_stops_before_the_run_writes_or_trains(task_file, tmp_path, override,
+                                                               key, monkeypatch):
+  # Read first by the trainer after the warm start (and the first batch): the run must
+  # stop before either, and before it makes its directory.
+  monkeypatch.setattr(wiring.warm_start, "run", lambda *a, **k: pytest.fail("warm start ran"))
+  run = tmp_path / "run"
+  cfg = run_cfg(task_file, run, *override.split(), steps=1)
+  with pytest.raises(UserError, match=key):
+    wiring.train(cfg, cfg.run.output_dir)
+  assert not run.exists()
+
+
 def test_nonfinite_steps_are_skipped_then_abort(task_file, tmp_path, monkeypatch):
   real = rollouts.build_batch
 

@@ -55,6 +55,7 @@ from jaxrl_scale.pipeline import rollouts
 from jaxrl_scale.pipeline import sources
 from jaxrl_scale.pipeline import summary as summary_lib
 from jaxrl_scale.pipeline import warm_start
+from jaxrl_scale.rl import advantages as advantages_lib
 from jaxrl_scale.rl import curriculum as curriculum_lib
 from jaxrl_scale.rl import placement
 from jaxrl_scale.rl import train_step
@@ -144,6 +145,14 @@ def rl_objective(cfg: Config) -> train_step.RLObjective:
   """The run's policy loss, at the temperature its sampler draws with."""
   return train_step.RLObjective(cfg.rl, temperature=cfg.sampler.temperature,
                                 replay_routing=cfg.model.routing == "replay")
+
+
+def check_objective(cfg: Config) -> None:
+  """Stops on an unknown rl.loss, rl.aggregation or rl.advantage_norm, or a bad loss setting,
+  with one line naming it. `train` calls it before it writes or computes anything: the
+  trainer would first read them after the warm start, and the first batch the last."""
+  rl_objective(cfg)
+  advantages_lib.get_normalization(cfg.rl.advantage_norm)
 
 
 def load_tokenizer(cfg: Config) -> tokenizer_lib.Tokenizer:
@@ -387,6 +396,7 @@ def train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool = False,
 def _train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool, config_path: str | None,
            stream: TextIO | None, on_step, stop: preempt.StopRequest,
            on_loop=None) -> loop_lib.Outcome:
+  check_objective(cfg)
   run_dir = pathlib.Path(run_dir)
   run_dir.mkdir(parents=True, exist_ok=True)
   primary = distributed.is_primary()
