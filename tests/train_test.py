@@ -182,6 +182,15 @@ def test_a_bad_objective_stops_before_the_run_writes_or_trains(task_file, tmp_pa
   assert not run.exists()
 
 
+def test_a_missing_downstream_file_stops_before_the_warm_start(task_file, tmp_path,
+                                                               monkeypatch):
+  monkeypatch.setattr(wiring.warm_start, "run", lambda *a, **k: pytest.fail("warm start ran"))
+  cfg = run_cfg(task_file, tmp_path / "run", f"eval.downstream=[{tmp_path / 'gone.jsonl'}]",
+                "eval.every=1", "eval.downstream_every=1", steps=1)
+  with pytest.raises(UserError, match="eval.downstream': .*gone.jsonl: no such file"):
+    wiring.train(cfg, cfg.run.output_dir)
+
+
 def test_nonfinite_steps_are_skipped_then_abort(task_file, tmp_path, monkeypatch):
   real = rollouts.build_batch
 

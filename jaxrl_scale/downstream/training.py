@@ -110,15 +110,10 @@ class WithDownstream:
     return out
 
 
-def from_config(cfg: Config, evaluator: Any, sampler: Any, tokenizer: Any, *,
-                processes: int = 1,
-                progress_for: Callable[[int], Callable[[int, int], None]] | None = None,
-                episode_for: Callable[[Any], Any] | None = None) -> WithDownstream:
-  """Reads cfg.eval.downstream and wraps `evaluator` (UserError naming the key on bad input).
-
-  `episode_for`: the run's environment (`pipeline.environment.episodes`: a prompt's
-  episode maker); each benchmark problem then runs as an episode of it, as the validation
-  eval's prompts do, its correct reward rl.reward_correct."""
+def read_benchmarks(cfg: Config, tokenizer: Any, processes: int = 1
+                    ) -> list[benchmarks.Benchmark]:
+  """cfg.eval.downstream's benchmark files, read and checked (UserError naming the key on
+  bad input): a run reads them before its warm start, so a bad path stops it at once."""
   if processes > 1:
     raise UserError(f"config key 'eval.downstream': not supported in multi-process runs "
                     f"({processes} processes); run `jaxrl-scale eval` on a checkpoint instead")
@@ -139,6 +134,23 @@ def from_config(cfg: Config, evaluator: Any, sampler: Any, tokenizer: Any, *,
   for name in names:
     if names.count(name) > 1:
       raise UserError(f"config key 'eval.downstream': name {name!r} given twice (PATH:NAME)")
+  return benches
+
+
+def from_config(cfg: Config, evaluator: Any, sampler: Any, tokenizer: Any, *,
+                processes: int = 1,
+                progress_for: Callable[[int], Callable[[int, int], None]] | None = None,
+                episode_for: Callable[[Any], Any] | None = None,
+                benches: list[benchmarks.Benchmark] | None = None) -> WithDownstream:
+  """Wraps `evaluator` with cfg.eval.downstream's benchmarks (`benches`, as
+  `read_benchmarks` returned them; read here when None).
+
+  `episode_for`: the run's environment (`pipeline.environment.episodes`: a prompt's
+  episode maker); each benchmark problem then runs as an episode of it, as the validation
+  eval's prompts do, its correct reward rl.reward_correct."""
+  if benches is None:
+    benches = read_benchmarks(cfg, tokenizer, processes)
+  template = templates.PromptTemplate(use_chat_template=cfg.data.chat_template)
   return WithDownstream(evaluator, sampler, tokenizer, benches, every=cfg.eval.downstream_every,
                         last_step=cfg.run.steps, samples=cfg.eval.downstream_samples,
                         temperature=cfg.eval.temperature, seed=cfg.run.seed,

@@ -267,6 +267,10 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
                            record_routing=cfg.model.routing != "own",
                            env_workers=cfg.env.workers)
   episode_for = environment.episodes(cfg, tok)  # None: single-turn
+  benches = None  # benchmark pass@k on eval steps: the files are read before the warm start
+  if cfg.eval.every and validation and cfg.eval.downstream_every:
+    from jaxrl_scale.downstream import training as downstream  # pylint: disable=g-import-not-at-top
+    benches = downstream.read_benchmarks(cfg, tok, processes=shard.count)
   # Driven from this thread (sync modes, evals, SFT checks): stops at a chunk on SIGTERM.
   interruptible = preempt.Interruptible(sampler, stop)
   host = loop_lib.HostState(seed=cfg.run.seed)
@@ -324,13 +328,12 @@ def _run(cfg: Config, run_dir: pathlib.Path, resume: bool, cleanup: contextlib.E
                                        (lambda c: distributed.allgather(c, name="eval"))
                                        if multi else None), stop=stop,
                                    episode_for=episode_for)
-  if evaluator is not None and cfg.eval.downstream_every:  # benchmark pass@k on eval steps
-    from jaxrl_scale.downstream import training as downstream  # pylint: disable=g-import-not-at-top
+  if evaluator is not None and benches is not None:
     evaluator = downstream.from_config(
         cfg, evaluator, eval_sampler, tok, processes=shard.count,
         progress_for=lambda step: progress_lib.eval_progress(progress, step,
                                                              what="downstream eval"),
-        episode_for=episode_for)
+        episode_for=episode_for, benches=benches)
   if distributed.is_primary():
     writer = cleanup.enter_context(metrics_lib.MetricsWriter(
         run_dir, resume_step=host.metrics_rows if resume else 0,
