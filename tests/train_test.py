@@ -182,6 +182,15 @@ def test_a_bad_objective_stops_before_the_run_writes_or_trains(task_file, tmp_pa
   assert not run.exists()
 
 
+def test_a_run_directory_that_is_a_file_stops_with_one_line(task_file, tmp_path):
+  run = tmp_path / "run"
+  run.write_text("mine")
+  cfg = run_cfg(task_file, run, steps=1)
+  with pytest.raises(UserError, match=f"run directory {run}: cannot create it"):
+    wiring.train(cfg, cfg.run.output_dir)
+  assert run.read_text() == "mine"
+
+
 def test_a_missing_downstream_file_stops_before_the_warm_start(task_file, tmp_path,
                                                                monkeypatch):
   monkeypatch.setattr(wiring.warm_start, "run", lambda *a, **k: pytest.fail("warm start ran"))

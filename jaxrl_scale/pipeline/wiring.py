@@ -401,7 +401,10 @@ def _train(cfg: Config, run_dir: str | pathlib.Path, *, resume: bool, config_pat
            on_loop=None) -> loop_lib.Outcome:
   check_objective(cfg)
   run_dir = pathlib.Path(run_dir)
-  run_dir.mkdir(parents=True, exist_ok=True)
+  try:
+    run_dir.mkdir(parents=True, exist_ok=True)
+  except OSError as e:  # a file of that name, no permission, ...
+    raise UserError(f"run directory {run_dir}: cannot create it ({e.strerror or e})") from None
   primary = distributed.is_primary()
   progress = progress_lib.Progress(cfg.run.steps, log_every=cfg.run.log_every, stream=stream,
                                    enabled=cfg.run.progress and primary)
