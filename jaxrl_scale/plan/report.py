@@ -191,6 +191,13 @@ _REMAT_FIX = ("Fewer rows per micro-batch (optim.micro_batch_prompts) or a remat
               "keeps less (optim.remat)")
 # At one row a chip, fewer prompts per micro-batch would only leave chips idle.
 _REMAT_FIX_ONE_ROW = "A remat policy that keeps less (optim.remat) would"
+# The sampler's programs: the optim keys do not reach them; the pool is their argument.
+_REMAT_FIX_SAMPLER = {
+    "prefill": "A chunked prefill (sampler.prefill_chunk) or a smaller page pool "
+               "(sampler.kv_cache_tokens)",
+    "resume": "A smaller page pool (sampler.kv_cache_tokens) would",
+    "decode": "Fewer slots (sampler.num_slots) or a smaller page pool "
+              "(sampler.kv_cache_tokens)"}
 _REMAT_GPU = ("; the limit on a GPU is JAX's share of its memory "
               "(XLA_PYTHON_CLIENT_MEM_FRACTION) less the program's arguments and outputs, "
               "times --xla_gpu_memory_limit_slop_factor (95%)")
@@ -265,7 +272,8 @@ def table(plan: dict[str, Any]) -> str:
     lines.extend(f"  {name}: {note}" for note in r.get("notes", []))
   for name, r in plan["programs"].items():
     if r.get("xla_rematerialized"):
-      fix = _REMAT_FIX_ONE_ROW if r.get("micro_batch_rows_per_chip") == 1 else _REMAT_FIX
+      fix = _REMAT_FIX_SAMPLER.get(name) or (
+          _REMAT_FIX_ONE_ROW if r.get("micro_batch_rows_per_chip") == 1 else _REMAT_FIX)
       note = _REMAT_NOTE.format(n=r["xla_rematerialized"], fix=fix)
       lines.append(f"  {name}: {note}"
                    + (_REMAT_GPU if plan.get("platform") == "gpu" else ""))

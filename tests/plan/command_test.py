@@ -160,6 +160,12 @@ def test_decode_row_counts_the_minimum_bytes(capsys):
   assert "  decode kernels s by family: " + ", ".join(
       f"{f} {t:.3g} ({t / row['kernel_bound_seconds']:.0%})" for f, t in fam.items()) in text
   assert list(fam) == [f for f in ("matmul", "attention", "copy", "other") if f in fam]
+  # Where XLA rematerialised, the note names the sampler's knobs, not the trainer's.
+  assert "XLA recomputes" not in text
+  row["xla_rematerialized"] = 3
+  line = next(x for x in report.table(plan).splitlines() if "decode: XLA recomputes 3" in x)
+  assert "(sampler.num_slots) or a smaller page pool (sampler.kv_cache_tokens)" in line
+  assert "optim." not in line
 
 
 def test_advice_tells_a_compiler_refusal_from_a_shortfall():

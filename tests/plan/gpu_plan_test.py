@@ -258,7 +258,14 @@ def test_plan_command_on_gpus(capsys, monkeypatch):
   plan["programs"]["prefill"]["xla_rematerialized"] = 7
   text = report.table(plan)
   assert "  prefill: XLA recomputes 7 values where they are used" in text
-  assert "optim.micro_batch_prompts" in text and "XLA_PYTHON_CLIENT_MEM_FRACTION" in text
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in text
+  # The sampler's knobs for a sampler's program; the trainer's for the train step.
+  line = next(x for x in text.splitlines() if x.startswith("  prefill: XLA"))
+  assert "(sampler.prefill_chunk) or a smaller page pool" in line and "optim." not in line
+  plan["programs"]["train_step"] = dict(plan["programs"]["weight_cast"], xla_rematerialized=2)
+  line = next(x for x in report.table(plan).splitlines() if x.startswith("  train_step: XLA"))
+  assert "optim.micro_batch_prompts" in line and "sampler." not in line
+  del plan["programs"]["train_step"]
 
   # Under the table: how far a real H100's steps were from these bounds.
   assert report.measured_note() in text and "measured on one H100 (2026-11-28" in text
