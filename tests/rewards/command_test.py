@@ -89,3 +89,11 @@ def test_truncated_flag_refuses_the_last_number(tmp_path, capsys):
   assert cli.main([*argv, "--truncated"]) == 0
   out = json.loads(capsys.readouterr().out)
   assert out["reward"] == -1.0 and out["reason"] == "no_answer"
+
+
+def test_the_help_names_every_registered_reward():
+  from jaxrl_scale.rewards import command, registry
+  # Other tests register rewards of their own in this process: the package's are the ones.
+  ours = [n for n in registry.list_rewards()
+          if registry.get_reward(n).__module__.startswith("jaxrl_scale.")]
+  assert list(command.REWARD_NAMES) == ours
