@@ -285,7 +285,8 @@ def forecast_at(sigmoid: fit_lib.SigmoidFit, samples: boot_lib.SigmoidSamples | 
     band = profile_lib.union(band, profile.predict_range(compute))
   if floor is not None and compute > floor[0]:
     band = (min(band[0], floor[1]), band[1])
-  return point, band
+  # A pass rate: the curve's refits can land a rounding error outside [0, 1].
+  return point, (max(band[0], 0.0), min(band[1], 1.0))
 
 
 def saturation_floor(sigmoid: fit_lib.SigmoidFit, samples: boot_lib.SigmoidSamples | None,

@@ -46,10 +46,11 @@ class ProfileA:
   log_scale: float
 
   def a_interval(self) -> tuple[float, float]:
-    """Smallest and largest kept A, widened by half a grid step (capped at 1)."""
+    """Smallest and largest kept A, widened by half a grid step (within [0, 1], where a
+    pass rate lives)."""
     a = self.a_G[self.kept_G]
     half = 0.5 * (self.a_G[1] - self.a_G[0])
-    return float(a.min() - half), float(min(a.max() + half, 1.0))
+    return float(max(a.min() - half, 0.0)), float(min(a.max() + half, 1.0))
 
   def predict_range(self, compute: float) -> tuple[float, float]:
     """Lowest and highest prediction at `compute` among the kept fits."""

@@ -126,3 +126,16 @@ def test_read_curve_and_pool_keep_the_compute_column(tmp_path):
   assert io.read_curve(path).column == "compute_hours"
   curve = io.read_curve(path, x_key="flops")
   assert curve.column == "flops" and io.pool([curve, curve], "both").column == "flops"
+
+
+def test_a_run_that_never_scores_gets_intervals_inside_zero_one():
+  # Every eval at 0 (a policy that never earns reward): the profile's half grid step and
+  # the refits' rounding used to give A [-0.004, 0.006] and a forecast band below 0.
+  compute = np.linspace(0.0, 5.8e10, 5)
+  r = forecast.analyse(_curve(compute, np.zeros(5)),
+                       forecast.AnalysisOptions(n_boot=100, seed=0))
+  lo, hi = r.interval("a")
+  assert 0.0 <= lo <= r.sigmoid.a <= hi <= 1.0
+  lo, hi = r.forecast_interval
+  assert 0.0 <= lo <= r.forecast <= hi <= 1.0
+  assert not r.well_determined
