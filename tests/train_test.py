@@ -122,6 +122,27 @@ def test_a_long_eval_prints_its_progress_before_its_step_line(task_file, tmp_pat
     assert max(reports) < row, out.getvalue()
 
 
+def test_steps_without_a_reward_signal_say_so_once(task_file, tmp_path):
+  import io
+  # Equal rewards for right and wrong: every group has zero variance, so no step trains.
+  cfg = run_cfg(task_file, tmp_path / "run", "run.progress=true", "checkpoint.every=0",
+                "eval.every=0", "sft.steps=0", "rl.reward_correct=0", "rl.reward_incorrect=0",
+                steps=4)
+  out = io.StringIO()
+  wiring.train(cfg, cfg.run.output_dir, stream=out)
+  rows = read_rows(cfg.run.output_dir)
+  assert [r.get("train/skipped_no_signal") for r in rows if r["step"] > 0] == [1.0] * 4
+  notes = [line for line in out.getvalue().splitlines() if "trained nothing" in line]
+  last = rows[3]  # step 3's counts are the note's
+  assert notes == [
+      f"  note: steps 1-3 trained nothing: every prompt's 4 rewards were equal (step 3: "
+      f"{int(last['rollout/num_all_wrong'])} prompts all wrong, "
+      f"{int(last['rollout/num_all_correct'])} all right), so no sample had an advantage; "
+      + ("a policy that never scores needs a warm start (sft.steps) or easier prompts"
+         if last["rollout/num_all_wrong"] >= last["rollout/num_all_correct"] else
+         "a policy that always scores needs harder prompts")], out.getvalue()
+
+
 @pytest.mark.parametrize("target,near_every,checked", [
     # Checked after steps 2 and 4 (every 2), then after every step once 0.2 >= 0.3 / 2: the
     # check after step 5 reaches the target and stops the warm start there.

@@ -65,6 +65,10 @@ from jaxrl_scale.rl import train_step
 log = logging.getLogger(__name__)
 
 
+# Steps in a row without a reward signal before the loop says so (`Loop._check_signal`).
+NO_SIGNAL_STEPS = 3
+
+
 class TrainingAborted(UserError):
   """Too many non-finite steps in a row; the checkpoints on disk are untouched."""
 
@@ -211,6 +215,7 @@ class Loop:
     self._train_s = 0.0
     self._wait_s = 0.0
     self._part_sizes: list[int] = []
+    self._no_signal = 0  # steps in a row that trained nothing (every group's rewards equal)
     self.on_step: Callable[[int, dict[str, Any]], None] | None = None  # tests, benchmarks
 
   # ---- signals -----------------------------------------------------------------------------
@@ -418,6 +423,7 @@ class Loop:
     if self.on_step is not None:
       self.on_step(step, row)
     self._check_nonfinite(step, row)
+    self._check_signal(step, row)
     if step == cfg.run.steps or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
       self.save(step)
     return False
@@ -509,6 +515,24 @@ class Loop:
     # FLOPs: forward over sampled sequences, forward + backward (3x) over trained ones.
     self.state.flops += self.flops_per_token * (gen_tokens + 3 * train_tokens)
     return row
+
+  def _check_signal(self, step: int, row: dict[str, Any]) -> None:
+    """Says so, once a streak reaches NO_SIGNAL_STEPS, when steps train nothing because
+    every prompt's rewards were equal (a random policy that never scores looks like this)."""
+    if not row.get("train/skipped_no_signal"):
+      self._no_signal = 0
+      return
+    self._no_signal += 1
+    if self._no_signal != NO_SIGNAL_STEPS:
+      return
+    wrong = int(row.get("rollout/num_all_wrong", 0))
+    right = int(row.get("rollout/num_all_correct", 0))
+    fix = ("a policy that never scores needs a warm start (sft.steps) or easier prompts"
+           if wrong >= right else "a policy that always scores needs harder prompts")
+    self.progress.print(
+        f"  note: steps {step - NO_SIGNAL_STEPS + 1}-{step} trained nothing: every prompt's "
+        f"{self.cfg.rl.generations_per_prompt} rewards were equal (step {step}: {wrong} "
+        f"prompts all wrong, {right} all right), so no sample had an advantage; {fix}")
 
   def _check_nonfinite(self, step: int, row: dict[str, Any]) -> None:
     if not row.get("train/nonfinite"):
