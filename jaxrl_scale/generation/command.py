@@ -231,7 +231,8 @@ def run(args: argparse.Namespace, episode_for: Callable[[int, list[int], Any], A
   steady_s = time.perf_counter() - mark.get("time", start)
   steady_tokens = tokens - mark.get("tokens", 0)
   rate = tokens / seconds if seconds > 0 else 0.0
-  steady = steady_tokens / steady_s if steady_s > 0 and steady_tokens > 0 else rate
+  # None when every token came in the first chunk, which holds the compiles.
+  steady = steady_tokens / steady_s if "time" in mark and steady_tokens > 0 else None
 
   if args.json:
     print(json.dumps({
@@ -246,7 +247,7 @@ def run(args: argparse.Namespace, episode_for: Callable[[int, list[int], Any], A
                              "env_stats": c.env_stats} if episode_for is not None else {})}
                         for c in completions],
         "tokens": tokens, "seconds": round(seconds, 4), "tokens_per_second": round(rate, 2),
-        "steady_tokens_per_second": round(steady, 2)}))
+        "steady_tokens_per_second": None if steady is None else round(steady, 2)}))
     return 0
   for c in completions:
     print(f"--- prompt {c.prompt_id} sample {c.sample_index} "
@@ -259,6 +260,7 @@ def run(args: argparse.Namespace, episode_for: Callable[[int, list[int], Any], A
     stats = ", ".join(f"{key} {value:g}" for key, value in sorted(c.env_stats.items()) if value)
     reward = "from the task's verifier" if c.reward is None else f"{c.reward:g}"
     print(f"[end] {c.turns} turn(s), reward {reward}" + (f"; {stats}" if stats else ""))
-  print(f"{tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s "
-        f"({steady:.1f} tokens/s after compilation, {slots} slots)")
+  after = ("every token came in the first chunk, which holds the compiles" if steady is None
+           else f"{steady:.1f} tokens/s after compilation")
+  print(f"{tokens} tokens in {seconds:.2f} s: {rate:.1f} tokens/s ({after}, {slots} slots)")
   return 0

@@ -30,6 +30,14 @@ def test_generate_json_matches_transformers_greedy(hf_checkpoints, capsys):
     assert c["tokens"] == ref_tokens and c["num_tokens"] == len(ref_tokens)
     assert all(np.isfinite(c["logprobs"])) and isinstance(c["text"], str)
   assert out["tokens"] == 2 * len(ref_tokens) and out["tokens_per_second"] > 0
+  # 8 new tokens are one decode chunk (sampler.decode_chunk 8), the one that compiles: there
+  # is no rate after compilation to give.
+  assert out["steady_tokens_per_second"] is None
+  assert cli.main(["generate", "--model", ck.path, "--prompt", "hello", "--greedy",
+                   "--max-new-tokens", "24"]) == 0
+  last = capsys.readouterr().out.splitlines()[-1]
+  assert re.fullmatch(r"\d+ tokens in [\d.]+ s: [\d.]+ tokens/s \([\d.]+ tokens/s after "
+                      r"compilation, \d+ slots\)", last), last
 
 
 def test_prompts_file_and_errors(tmp_path, capsys):
