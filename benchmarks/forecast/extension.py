@@ -388,15 +388,14 @@ def narrowest_scale(fits: list[dict]) -> dict | None:
   check = [f for f in fits if f["checking"]]
   if not tune or not check:
     return None
-  allowed = [c for c in SCALES if scaled(tune, c)[0] >= CHECK_HOLD]
-  scale = allowed[0] if allowed else None
-  row = {"tuning_fits": len(tune), "checking_fits": len(check), "scale": scale,
-         "as_built": dict(zip(("tuning_held", "tuning_median_width"), scaled(tune, 1.0)))
-         | dict(zip(("checking_held", "checking_median_width"), scaled(check, 1.0)))}
   def at(c):
     return (dict(zip(("tuning_held", "tuning_median_width"), scaled(tune, c)))
             | dict(zip(("checking_held", "checking_median_width"), scaled(check, c))))
 
+  allowed = [c for c in SCALES if scaled(tune, c)[0] >= CHECK_HOLD]
+  scale = allowed[0] if allowed else None
+  row = {"tuning_fits": len(tune), "checking_fits": len(check), "scale": scale,
+         "as_built": at(1.0)}
   if scale is not None:
     row["at_scale"] = at(scale)
   # For contrast only: the scale the checking seeds would pick for themselves.

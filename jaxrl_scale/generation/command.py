@@ -232,7 +232,8 @@ def run(args: argparse.Namespace, episode_for: Callable[[int, list[int], Any], A
   steady_tokens = tokens - mark.get("tokens", 0)
   rate = tokens / seconds if seconds > 0 else 0.0
   # None when every token came in the first chunk, which holds the compiles.
-  steady = steady_tokens / steady_s if "time" in mark and steady_tokens > 0 else None
+  steady = (steady_tokens / steady_s if "time" in mark and steady_tokens > 0 and steady_s > 0
+            else None)
 
   if args.json:
     print(json.dumps({
